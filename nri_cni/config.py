@@ -1,0 +1,421 @@
+"""nri-cni's own configuration: the node admin's YAML file.
+
+Parsed into frozen dataclasses and validated as a whole; every problem is reported with where it
+is (file and key path, e.g. `config.yaml: networks[1].file`) and why, so that `nri-cni
+check-config` and a refused hot reload can say exactly what to fix. The CNI network lists the
+config points at are loaded here too (inline, from a file, or by name from a conf dir), so a config
+that validates is one the daemon can run.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from nri_cni.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/nri-cni/config.yaml"
+DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_DAEMON_SOCKET = "/run/nri-cni/nri-cni.sock"
+DEFAULT_STATE_DIR = "/var/lib/nri-cni"
+# nri-cni keeps its attachments in a cache dir of its own (libcni layout, like Multus does with
+# /var/lib/cni/multus) so that it never mistakes the runtime's own attachments for its own.
+DEFAULT_CACHE_DIR = "/var/lib/cni/nri-cni"
+DEFAULT_RUNTIME_CACHE_DIR = "/var/lib/cni"
+DEFAULT_BIN_DIRS = ("/opt/cni/bin",)
+DEFAULT_FINALIZE_DIR = "/etc/cni/net.d/_finalize.d"
+
+MODES = ("shim", "native", "secondary")
+FAILURE_POLICIES = ("auto", "fail", "keep")
+_PLUGIN_NAME = re.compile(r"^[a-zA-Z0-9_.+-]+$")
+_PLUGIN_IDX = re.compile(r"^[0-9]{2}$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$")
+_K8S_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class NriSettings:
+    socket: str = DEFAULT_NRI_SOCKET
+    plugin_name: str = "cni"
+    plugin_index: str = "10"
+    # What nri-cni asks the runtime for in ConfigureResponse (NRI PR #304); 0 = do not ask.
+    request_timeout: float = 0.0
+
+
+@dataclass(frozen=True)
+class CniSettings:
+    bin_dirs: tuple[str, ...] = DEFAULT_BIN_DIRS
+    cache_dir: str = DEFAULT_CACHE_DIR
+    plugin_timeout: float = 60.0
+    finalize_dir: str = DEFAULT_FINALIZE_DIR
+    # Where the runtime's own libcni writes its cache (secondary mode reads the primary's result).
+    runtime_cache_dir: str = DEFAULT_RUNTIME_CACHE_DIR
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """One network nri-cni may attach: a CNI network list plus how pods get it."""
+
+    name: str
+    conflist: Any  # nri_cni.cni.config.NetworkConfigList
+    interface: str = ""  # "" = assigned in order: eth0 for the primary, then net1, net2, ...
+    default: bool = False  # attached to every pod
+    namespaces: tuple[str, ...] = ()  # who may ask for it by annotation; "*" = every namespace
+
+    def allowed_in(self, namespace: str) -> bool:
+        return "*" in self.namespaces or namespace in self.namespaces
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str = ""
+    mode: str = "shim"
+    nri: NriSettings = field(default_factory=NriSettings)
+    daemon_socket: str = DEFAULT_DAEMON_SOCKET
+    state_dir: str = DEFAULT_STATE_DIR
+    log_level: str = "info"
+    log_format: str = "text"
+    cni: CniSettings = field(default_factory=CniSettings)
+    networks: tuple[NetworkSpec, ...] = ()
+    # Secondary mode: the runtime's own network (its result is read from the runtime's cache and
+    # FINALIZE runs for it too). Other modes: the network whose result is the pod's primary one.
+    primary_network: str = ""
+    failure_policy: str = "auto"
+    gc_interval: float = 600.0
+    status_interval: float = 30.0
+    refuse_when_not_ready: bool = False
+    repair_on_sync: bool = True
+    metrics_listen: str = ""
+
+    def network(self, name: str) -> NetworkSpec | None:
+        for net in self.networks:
+            if net.name == name:
+                return net
+        return None
+
+    @property
+    def default_networks(self) -> tuple[NetworkSpec, ...]:
+        return tuple(n for n in self.networks if n.default)
+
+    @property
+    def primary(self) -> NetworkSpec | None:
+        if self.mode == "secondary":
+            return None
+        if self.primary_network:
+            return self.network(self.primary_network)
+        defaults = self.default_networks
+        return defaults[0] if defaults else None
+
+
+class _Reader:
+    """Walks the parsed YAML, collecting every error with its key path instead of stopping."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.errors: list[ConfigError] = []
+
+    def fail(self, where: str, msg: str) -> None:
+        self.errors.append(ConfigError(msg, location=f"{self.path}: {where}" if where else self.path))
+
+    def section(self, data: dict, key: str, where: str = "") -> dict:
+        value = data.get(key, {})
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(_join(where, key), f"must be a mapping, not {_kind(value)}")
+            return {}
+        return value
+
+    def unknown_keys(self, data: dict, known: set[str], where: str) -> None:
+        for key in data:
+            if key not in known:
+                self.fail(_join(where, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
+
+    def string(self, data: dict, key: str, default: str, where: str, *, choices=None,
+               pattern: re.Pattern | None = None, path: bool = False) -> str:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if isinstance(value, int) and not isinstance(value, bool) and pattern is _PLUGIN_IDX:
+            value = f"{value:02d}"  # YAML reads `10` as a number
+        if not isinstance(value, str):
+            self.fail(_join(where, key), f"must be a string, not {_kind(value)}")
+            return default
+        if choices and value not in choices:
+            self.fail(_join(where, key), f"{value!r} is not one of {', '.join(choices)}")
+            return default
+        if pattern and not pattern.match(value):
+            self.fail(_join(where, key), f"{value!r} is not valid (must match {pattern.pattern})")
+            return default
+        if path and not os.path.isabs(value):
+            self.fail(_join(where, key), f"{value!r} must be an absolute path")
+            return default
+        return value
+
+    def boolean(self, data: dict, key: str, default: bool, where: str) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(_join(where, key), f"must be true or false, not {value!r}")
+            return default
+        return value
+
+    def duration(self, data: dict, key: str, default: float, where: str) -> float:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        elif isinstance(value, str) and (m := _DURATION.match(value)):
+            scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+            seconds = float(m.group(1)) * scale
+        else:
+            self.fail(_join(where, key), f"{value!r} is not a duration (e.g. 30s, 500ms, 10m)")
+            return default
+        if seconds < 0:
+            self.fail(_join(where, key), "must not be negative")
+            return default
+        return seconds
+
+    def string_list(self, data: dict, key: str, default: tuple[str, ...], where: str,
+                    *, path: bool = False) -> tuple[str, ...]:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(_join(where, key), "must be a list of strings")
+            return default
+        if path:
+            for i, item in enumerate(value):
+                if not os.path.isabs(item):
+                    self.fail(f"{_join(where, key)}[{i}]", f"{item!r} must be an absolute path")
+        return tuple(value)
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__)
+
+
+_TOP_KEYS = {"mode", "nri", "daemon", "state_dir", "log", "cni", "networks", "primary_network",
+             "failure_policy", "gc", "status", "repair_on_sync", "metrics"}
+_NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir"}
+
+
+def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = None) -> Config:
+    """Validates a parsed YAML document; raises ConfigError listing every problem found."""
+    r = _Reader(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"the document must be a mapping, not {_kind(data)}", location=path)
+    base_dir = base_dir or (os.path.dirname(os.path.abspath(path)) if path != "<config>" else os.getcwd())
+    r.unknown_keys(data, _TOP_KEYS, "")
+
+    nri = r.section(data, "nri")
+    r.unknown_keys(nri, {"socket", "plugin_name", "plugin_index", "request_timeout"}, "nri")
+    nri_settings = NriSettings(
+        socket=r.string(nri, "socket", DEFAULT_NRI_SOCKET, "nri", path=True),
+        plugin_name=r.string(nri, "plugin_name", "cni", "nri", pattern=_PLUGIN_NAME),
+        plugin_index=r.string(nri, "plugin_index", "10", "nri", pattern=_PLUGIN_IDX),
+        request_timeout=r.duration(nri, "request_timeout", 0.0, "nri"),
+    )
+    daemon = r.section(data, "daemon")
+    r.unknown_keys(daemon, {"socket"}, "daemon")
+    log = r.section(data, "log")
+    r.unknown_keys(log, {"level", "format"}, "log")
+    cni = r.section(data, "cni")
+    r.unknown_keys(cni, {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir",
+                         "runtime_cache_dir"}, "cni")
+    cni_settings = CniSettings(
+        bin_dirs=r.string_list(cni, "bin_dirs", DEFAULT_BIN_DIRS, "cni", path=True),
+        cache_dir=r.string(cni, "cache_dir", DEFAULT_CACHE_DIR, "cni", path=True),
+        plugin_timeout=r.duration(cni, "plugin_timeout", 60.0, "cni"),
+        finalize_dir=r.string(cni, "finalize_dir", DEFAULT_FINALIZE_DIR, "cni", path=True),
+        runtime_cache_dir=r.string(cni, "runtime_cache_dir", DEFAULT_RUNTIME_CACHE_DIR, "cni", path=True),
+    )
+    gc = r.section(data, "gc")
+    r.unknown_keys(gc, {"interval"}, "gc")
+    status = r.section(data, "status")
+    r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
+    metrics = r.section(data, "metrics")
+    r.unknown_keys(metrics, {"listen"}, "metrics")
+    metrics_listen = r.string(metrics, "listen", "", "metrics")
+    if metrics_listen and not _local_listen(metrics_listen):
+        r.fail("metrics.listen", f"{metrics_listen!r}: only a unix socket path or 127.0.0.1:PORT")
+
+    networks = _parse_networks(r, data.get("networks"), base_dir)
+    mode = r.string(data, "mode", "shim", "", choices=MODES)
+    primary_network = r.string(data, "primary_network", "", "")
+    if mode != "secondary" and primary_network and primary_network not in {n.name for n in networks}:
+        r.fail("primary_network", f"{primary_network!r} is not one of the networks")
+    if mode == "secondary" and not primary_network:
+        r.fail("primary_network", "secondary mode needs the name of the runtime's own network")
+    if mode != "secondary" and networks and not any(n.default for n in networks):
+        r.fail("networks", "no network has `default: true`: pods would get no primary network")
+
+    cfg = Config(
+        path=path,
+        mode=mode,
+        nri=nri_settings,
+        daemon_socket=r.string(daemon, "socket", DEFAULT_DAEMON_SOCKET, "daemon", path=True),
+        state_dir=r.string(data, "state_dir", DEFAULT_STATE_DIR, "", path=True),
+        log_level=r.string(log, "level", "info", "log", choices=("debug", "info", "warning", "error")),
+        log_format=r.string(log, "format", "text", "log", choices=("text", "json")),
+        cni=cni_settings,
+        networks=tuple(networks),
+        primary_network=primary_network,
+        failure_policy=r.string(data, "failure_policy", "auto", "", choices=FAILURE_POLICIES),
+        gc_interval=r.duration(gc, "interval", 600.0, "gc"),
+        status_interval=r.duration(status, "interval", 30.0, "status"),
+        refuse_when_not_ready=r.boolean(status, "refuse_when_not_ready", False, "status"),
+        repair_on_sync=r.boolean(data, "repair_on_sync", True, ""),
+        metrics_listen=metrics_listen,
+    )
+    if r.errors:
+        raise ConfigErrors(r.errors)
+    return cfg
+
+
+def _local_listen(value: str) -> bool:
+    if value.startswith("/"):
+        return True
+    host, _, port = value.rpartition(":")
+    return host in ("127.0.0.1", "localhost", "[::1]") and port.isdigit()
+
+
+def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
+    from nri_cni.cni import config as cniconf
+    from nri_cni.cni.config import validate_ifname, validate_network_name
+
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        r.fail("networks", f"must be a list, not {_kind(raw)}")
+        return []
+    out: list[NetworkSpec] = []
+    seen_names: set[str] = set()
+    seen_ifnames: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"networks[{i}]"
+        if not isinstance(item, dict):
+            r.fail(where, f"must be a mapping, not {_kind(item)}")
+            continue
+        r.unknown_keys(item, _NETWORK_KEYS, where)
+        name = r.string(item, "name", "", where)
+        if not name:
+            r.fail(_join(where, "name"), "is required")
+            continue
+        try:
+            validate_network_name(name)
+        except ConfigError as exc:
+            r.fail(_join(where, "name"), exc.msg)
+            continue
+        if name in seen_names:
+            r.fail(_join(where, "name"), f"network {name!r} is defined twice")
+            continue
+        seen_names.add(name)
+        interface = r.string(item, "interface", "", where)
+        if interface:
+            try:
+                validate_ifname(interface)
+            except ConfigError as exc:
+                r.fail(_join(where, "interface"), exc.msg)
+            if interface in seen_ifnames:
+                r.fail(_join(where, "interface"), f"interface {interface!r} is used twice")
+            seen_ifnames.add(interface)
+        namespaces = r.string_list(item, "namespaces", (), where)
+        for ns in namespaces:
+            if ns != "*" and not _K8S_NAMESPACE.match(ns):
+                r.fail(_join(where, "namespaces"), f"{ns!r} is not a Kubernetes namespace name")
+        sources = [k for k in ("conflist", "file", "conf_dir") if item.get(k) is not None]
+        if len(sources) != 1:
+            r.fail(where, "needs exactly one of conflist (inline), file or conf_dir")
+            continue
+        conflist = _load_network_list(r, item, sources[0], name, where, base_dir, cniconf)
+        if conflist is None:
+            continue
+        out.append(NetworkSpec(name=name, conflist=conflist, interface=interface,
+                               default=r.boolean(item, "default", False, where),
+                               namespaces=namespaces))
+    return out
+
+
+def _load_network_list(r: _Reader, item: dict, source: str, name: str, where: str,
+                       base_dir: str, cniconf) -> Any:
+    try:
+        if source == "conflist":
+            body = item["conflist"]
+            if not isinstance(body, (dict, str)):
+                r.fail(_join(where, "conflist"), "must be a mapping (or a JSON string)")
+                return None
+            lst = cniconf.parse_conflist(body, source=f"inline:{r.path}:{where}")
+        elif source == "file":
+            path = _resolve(item["file"], base_dir)
+            lst = cniconf.load_conflist_file(path)
+        else:
+            conf_dir = _resolve(item["conf_dir"], base_dir)
+            lists, _errors = cniconf.load_conf_dir(conf_dir)
+            matches = [lst for lst in lists if lst.name == name]
+            if not matches:
+                r.fail(_join(where, "conf_dir"), f"no valid network list named {name!r} in {conf_dir}")
+                return None
+            lst = matches[0]
+    except ConfigError as exc:
+        r.fail(_join(where, source), str(exc))
+        return None
+    except OSError as exc:
+        r.fail(_join(where, source), f"cannot read: {exc.strerror or exc}")
+        return None
+    if lst.name != name:
+        r.fail(_join(where, source), f"the network list is named {lst.name!r}, not {name!r}")
+        return None
+    return lst
+
+
+def _resolve(value: Any, base_dir: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"must be a path string, not {_kind(value)}")
+    return value if os.path.isabs(value) else os.path.join(base_dir, value)
+
+
+class ConfigErrors(ConfigError):
+    """Several problems in one config file, reported together."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        super().__init__(first.msg, location=first.location,
+                         details=f"and {len(errors) - 1} more" if len(errors) > 1 else "")
+        self.errors = errors
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+def load_config(path: str) -> Config:
+    """Reads and validates the YAML file at `path`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
+    return load_config_text(text, path)
+
+
+def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None = None) -> Config:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"not valid YAML: {problem}", location=loc) from exc
+    return parse_config(data, path, base_dir=base_dir)

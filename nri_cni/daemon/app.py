@@ -1,0 +1,237 @@
+"""`nri-cni run`: one daemon, three ways in.
+
+It wires the parts together and owns the little state that is not in the CNI cache: the pods the
+runtime has (from Synchronize and the pod events), each network's STATUS, and the timers (GC,
+STATUS, repair). Start-up order: roll back interrupted ADDs (intent records), open the local
+socket (the shim may call as soon as the runtime starts pods), then connect to the runtime.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+
+from nri_cni.cni.cache import ResultCache
+from nri_cni.cni.result import parse_result
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import Config
+from nri_cni.daemon.local_server import LocalServer
+from nri_cni.daemon.nri_handlers import NriHandlers
+from nri_cni.errors import CNIError, CniCode, NriCniError
+from nri_cni.nri.stub import Stub
+from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
+from nri_cni.pod.plan import PodNetworker
+
+log = logging.getLogger("nri_cni.daemon")
+
+
+class Daemon:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir,
+                              exec_timeout=cfg.cni.plugin_timeout)
+        runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
+        self.networker = PodNetworker(cfg, self.cni, runtime_cache=runtime_cache)
+        self.handlers = NriHandlers(self)
+        self.stub = Stub(self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index,
+                         socket_path=cfg.nri.socket)
+        self.local = LocalServer(self, cfg.daemon_socket)
+        self.pods: dict[str, PodInfo] = {}  # the runtime's pods, as far as we know
+        self.synced = False
+        self.network_status: dict[str, str] = {}  # network -> "" (ready) or the STATUS error
+        self._repair: dict[str, PodInfo] = {}
+        self._background: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+        self.started = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        recovered = await self.networker.recover_intents()
+        if recovered:
+            log.warning("rolled back %d interrupted ADD(s) at start-up", recovered)
+        await self.local.start()
+        await self.refresh_status()
+        stub_task = asyncio.create_task(self.stub.run(), name="nri-stub")
+        timers = [asyncio.create_task(self._every(self.cfg.status_interval, self.refresh_status)),
+                  asyncio.create_task(self._every(self.cfg.gc_interval, self._timed_gc)),
+                  asyncio.create_task(self._notify_ready())]
+        log.info("nri-cni running in %s mode: %d network(s), NRI socket %s, local socket %s",
+                 self.cfg.mode, len(self.cfg.networks), self.cfg.nri.socket, self.cfg.daemon_socket)
+        stop_wait = asyncio.create_task(self._stopping.wait())
+        done, _ = await asyncio.wait({stub_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if stub_task in done and stub_task.exception():
+            log.error("NRI connection ended: %s", stub_task.exception())
+        log.info("stopping")
+        await self.stub.stop()
+        for task in [*timers, stub_task, stop_wait, *self._background]:
+            task.cancel()
+        await asyncio.gather(*timers, stub_task, stop_wait, *self._background, return_exceptions=True)
+        await self.local.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _every(self, interval: float, job) -> None:
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except Exception:  # noqa: BLE001 - a timer must survive one bad round
+                log.exception("periodic %s failed", getattr(job, "__name__", job))
+
+    async def _notify_ready(self) -> None:
+        """systemd Type=notify: READY once registered with the runtime and synchronized."""
+        await self.stub.synchronized.wait()
+        sd_notify("READY=1\nSTATUS=registered and synchronized")
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def pod_seen(self, pod: PodInfo) -> None:
+        self.pods[pod.id] = pod
+
+    def pod_gone(self, pod_id: str) -> None:
+        self.pods.pop(pod_id, None)
+        self._repair.pop(pod_id, None)
+
+    def needs_repair(self, pod: PodInfo) -> None:
+        self._repair[pod.id] = pod
+
+    def pods_in_flight(self) -> set[str]:
+        return set(self.networker.locks._pod_locks)
+
+    async def synchronized(self, pods: list[PodInfo]) -> None:
+        """The runtime's full pod list (every (re)connection). Answered at once: GC and repair
+        run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
+        self.pods = {p.id: p for p in pods}
+        self.synced = True
+        log.info("synchronized: the runtime has %d pod(s)", len(pods))
+        self._spawn(self._after_sync(), "after-sync")
+
+    async def _after_sync(self) -> None:
+        await self.gc_now(reason="synchronize")
+        if self.cfg.repair_on_sync:
+            await self.repair()
+
+    async def repair(self) -> None:
+        """Attach what running pods lack (nri-cni was down when they started, or a failed
+        attachment was kept for retry)."""
+        if self.cfg.mode == "shim":
+            candidates = list(self._repair.values())
+        else:
+            candidates = [p for p in self.pods.values() if p.netns]
+        for pod in candidates:
+            if pod.id not in self.pods or not pod.netns or not os.path.exists(pod.netns):
+                self._repair.pop(pod.id, None)
+                continue
+            try:
+                answer = await self.networker.attach(pod)
+            except NriCniError as exc:
+                log.error("repair of pod %s failed: %s", pod.label(), exc)
+                self._repair[pod.id] = pod
+                continue
+            self._repair.pop(pod.id, None)
+            if answer.attachments:
+                log.debug("pod %s is fully attached", pod.label())
+
+    async def _timed_gc(self) -> None:
+        if self.synced and self.stub.synchronized.is_set():
+            await self.gc_now(reason="timer")
+        if self._repair:
+            await self.repair()
+
+    async def gc_now(self, reason: str) -> dict:
+        if not self.synced:
+            raise NriCniError("no pod list from the runtime yet (not synchronized): GC would "
+                              "delete every attachment")
+        valid = set(self.pods) | self.pods_in_flight()
+        log.info("gc (%s): %d valid pod(s)", reason, len(valid))
+        return await self.networker.gc(valid)
+
+    # -- STATUS ------------------------------------------------------------------------------
+
+    async def refresh_status(self) -> None:
+        for spec in self.cfg.networks:
+            try:
+                await self.cni.status(spec.conflist)
+                error = ""
+            except NriCniError as exc:
+                error = str(exc)
+            if error != self.network_status.get(spec.name):
+                if error:
+                    log.error("network %s is not ready: %s", spec.name, error)
+                else:
+                    log.info("network %s is ready", spec.name)
+            self.network_status[spec.name] = error
+
+    def check_ready(self) -> None:
+        failing = {n: e for n, e in self.network_status.items() if e}
+        if failing:
+            name, error = next(iter(failing.items()))
+            raise CNIError(CniCode.PLUGIN_NOT_AVAILABLE, f"network {name!r} is not ready",
+                           details=error)
+
+    # -- reports (CLI) -----------------------------------------------------------------------
+
+    def status_report(self) -> dict:
+        return {
+            "mode": self.cfg.mode,
+            "ready": self.stub.synchronized.is_set() and not any(self.network_status.values()),
+            "nri": {"socket": self.cfg.nri.socket, "registered": self.stub.registered.is_set(),
+                    "synchronized": self.stub.synchronized.is_set(),
+                    "runtime": f"{self.stub.runtime_name} {self.stub.runtime_version}".strip(),
+                    "requestTimeoutMs": self.stub.request_timeout_ms},
+            "networks": {n.name: {"ready": not self.network_status.get(n.name),
+                                  "error": self.network_status.get(n.name, ""),
+                                  "default": n.default}
+                         for n in self.cfg.networks},
+            "pods": len(self.pods),
+            "attachments": len(self.networker.cached()),
+            "pendingRepair": sorted(self._repair),
+            "uptimeSeconds": round(time.time() - self.started, 1),
+        }
+
+    def pods_report(self) -> list[dict]:
+        pods: dict[str, dict] = {}
+        for entry in self.networker.cached():
+            args = dict(entry.cni_args)
+            pod = pods.setdefault(entry.container_id, {
+                "id": entry.container_id, "namespace": args.get(K8S_POD_NAMESPACE, ""),
+                "name": args.get(K8S_POD_NAME, ""), "networks": []})
+            result = parse_result(entry.result) if entry.result else None
+            pod["networks"].append({
+                "network": entry.network_name, "interface": entry.ifname,
+                "ips": [ip.address for ip in result.ips] if result else [],
+                "mac": next((i.mac for i in result.interfaces if i.name == entry.ifname), "")
+                if result else "",
+            })
+        for pod in pods.values():
+            pod["networks"].sort(key=lambda n: (n["interface"] != "eth0", n["interface"]))
+        return sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["id"]))
+
+
+def sd_notify(message: str) -> None:
+    """The systemd notify protocol: one datagram to $NOTIFY_SOCKET (abstract if it starts with @)."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(message.encode(), path)
+        except OSError as exc:
+            log.warning("cannot notify systemd at %s: %s", path, exc)

@@ -1,0 +1,159 @@
+"""The daemon side of the local socket: CNI calls forwarded by `nri-cni-shim`, and CLI requests.
+
+A shim call is a CNI invocation of the runtime's only network. nri-cni turns it into the pod's
+whole plan: ADD attaches every network the pod gets and answers with the primary network's
+result (converted to the shim's cniVersion), so the runtime and kubelet see nri-cni's IP through
+today's CNI path; DEL detaches all of them; CHECK checks all; STATUS reports the daemon's health;
+GC converges on the attachments the runtime says are valid.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from nri_cni import localproto
+from nri_cni.errors import CniCode, ConfigError, NriCniError
+from nri_cni.pod.model import PodInfo
+
+if TYPE_CHECKING:
+    from nri_cni.daemon.app import Daemon
+
+log = logging.getLogger("nri_cni.local")
+
+POD_ANNOTATIONS_CAP = "io.kubernetes.cri.pod-annotations"
+
+
+class LocalServer:
+    def __init__(self, daemon: "Daemon", path: str) -> None:
+        self.daemon = daemon
+        self.path = path
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+        try:
+            os.unlink(self.path)  # left by a previous run
+        except FileNotFoundError:
+            pass
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        os.chmod(self.path, 0o600)  # root only: the shim runs as root inside the runtime
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                header, body = await localproto.read_request(reader)
+            except localproto.LocalProtocolError as exc:
+                log.error("local socket: malformed request: %s", exc)
+                return
+            op = header.get(localproto.OP_KEY)
+            if op is None:
+                status, payload = await self._cni_call(header, body)
+            else:
+                status, payload = await self._cli_call(op, body)
+            writer.write(localproto.encode_response(status, payload))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the shim was killed (runtime timeout); the work itself is finished regardless
+        finally:
+            writer.close()
+
+    # -- shim --------------------------------------------------------------------------------
+
+    async def _cni_call(self, env: dict[str, str], stdin: bytes) -> tuple[int, bytes]:
+        version = "1.0.0"
+        try:
+            try:
+                conf = json.loads(stdin or b"{}")
+            except ValueError as exc:
+                raise NriCniError("the network config on stdin is not JSON", details=str(exc),
+                                  cni_code=CniCode.DECODING_FAILURE) from None
+            if not isinstance(conf, dict):
+                raise NriCniError("the network config must be a JSON object",
+                                  cni_code=CniCode.DECODING_FAILURE)
+            version = str(conf.get("cniVersion") or version)
+            command = env.get("CNI_COMMAND", "")
+            if command == "STATUS":
+                self.daemon.check_ready()
+                return 0, b""
+            if command == "GC":
+                await self._gc(conf)
+                return 0, b""
+            pod = self._pod_from_env(env, conf)
+            if command == "ADD":
+                runtime_caps = dict(conf.get("runtimeConfig") or {})
+                runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
+                self.daemon.pod_seen(pod)
+                answer = await self.daemon.networker.attach(
+                    pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0"))
+                primary = answer.attachments[0].result
+                return 0, json.dumps(primary.to_dict(version)).encode()
+            if command == "DEL":
+                await self.daemon.networker.detach(pod)
+                return 0, b""
+            if command == "CHECK":
+                await self.daemon.networker.check(pod)
+                return 0, b""
+            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", cni_code=CniCode.INVALID_ENV)
+        except NriCniError as exc:
+            log.error("shim %s for %s: %s", env.get("CNI_COMMAND", "?"),
+                      env.get("CNI_CONTAINERID", "?")[:12], exc)
+            return 1, json.dumps(_cni_error(exc, version)).encode()
+
+    @staticmethod
+    def _pod_from_env(env: dict[str, str], conf: dict) -> PodInfo:
+        cid = env.get("CNI_CONTAINERID", "")
+        if not cid:
+            raise NriCniError("CNI_CONTAINERID is not set", cni_code=CniCode.INVALID_ENV)
+        args: dict[str, str] = {}
+        for item in env.get("CNI_ARGS", "").split(";"):
+            key, sep, value = item.partition("=")
+            if sep:
+                args[key] = value
+        annotations = (conf.get("runtimeConfig") or {}).get(POD_ANNOTATIONS_CAP) or {}
+        if not isinstance(annotations, dict):
+            raise ConfigError(f"runtimeConfig.{POD_ANNOTATIONS_CAP} must be an object")
+        return PodInfo(id=cid, name=args.get("K8S_POD_NAME", ""),
+                       namespace=args.get("K8S_POD_NAMESPACE", ""),
+                       uid=args.get("K8S_POD_UID", ""), netns=env.get("CNI_NETNS", ""),
+                       annotations={str(k): str(v) for k, v in annotations.items()})
+
+    async def _gc(self, conf: dict) -> None:
+        valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
+        pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
+        await self.daemon.networker.gc(pod_ids | self.daemon.pods_in_flight())
+
+    # -- CLI ---------------------------------------------------------------------------------
+
+    async def _cli_call(self, op: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            if op == "status":
+                payload = self.daemon.status_report()
+            elif op == "pods":
+                payload = self.daemon.pods_report()
+            elif op == "gc":
+                payload = await self.daemon.gc_now(reason="requested by the CLI")
+            else:
+                return 1, json.dumps({"error": f"unknown operation {op!r}"}).encode()
+        except NriCniError as exc:
+            return 1, json.dumps({"error": str(exc)}).encode()
+        return 0, json.dumps(payload).encode()
+
+
+def _cni_error(exc: NriCniError, version: str) -> dict:
+    out = exc.to_cni_error(version)
+    # The message a kubelet event shows: the whole chain, not just the outer layer.
+    if not out.get("details"):
+        out.pop("details", None)
+    return out

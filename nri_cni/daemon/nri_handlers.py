@@ -1,0 +1,105 @@
+"""What nri-cni does with each NRI pod event, per mode.
+
+| event  | native                      | shim                         | secondary                        |
+|--------|-----------------------------|------------------------------|----------------------------------|
+| run    | attach all, answer the IPs  | remember the pod (the shim   | attach the extra networks,       |
+|        |                             | attached it already)         | FINALIZE all (primary included)  |
+| stop   | detach (first of NRI stop and the runtime's CNI DEL does it; the other finds nothing)       |
+| remove | detach again if needed (netns gone: DEL still runs so IPAM releases), forget the pod      |
+| sync   | the runtime's pod list: GC everything else, repair pods missing an attachment              |
+
+A failed attach in RunPodSandbox fails the pod, except where the runtime would then leak the
+sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error logged, and
+the attachment retried by the repair loop. `failure_policy` in the config overrides this.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING
+
+from nri_cni.api import nri_pb2
+from nri_cni.errors import NriCniError
+from nri_cni.pod.answer import run_pod_response
+from nri_cni.pod.model import PodInfo
+
+if TYPE_CHECKING:
+    from nri_cni.daemon.app import Daemon
+
+log = logging.getLogger("nri_cni.nri")
+
+# containerd fixed the sandbox leak after a failed NRI RunPodSandbox in 2.2.6.
+_LEAKS_SANDBOX_BEFORE = {"containerd": (2, 2, 6)}
+
+
+def runtime_fails_cleanly(runtime_name: str, runtime_version: str) -> bool:
+    fixed_in = _LEAKS_SANDBOX_BEFORE.get(runtime_name)
+    if fixed_in is None:
+        return True
+    m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", runtime_version)
+    if not m:
+        return False
+    return tuple(int(x) for x in m.groups()) >= fixed_in
+
+
+class NriHandlers:
+    """The plugin object the NRI stub dispatches to."""
+
+    def __init__(self, daemon: "Daemon") -> None:
+        self.daemon = daemon
+        self.runtime_name = ""
+        self.runtime_version = ""
+
+    @property
+    def requested_timeout_ms(self) -> int:
+        return int(self.daemon.cfg.nri.request_timeout * 1000)
+
+    async def configure(self, req: nri_pb2.ConfigureRequest) -> None:
+        self.runtime_name = req.runtime_name
+        self.runtime_version = req.runtime_version
+        if req.config:
+            log.info("runtime-supplied plugin config ignored (%d bytes): nri-cni reads its own file",
+                     len(req.config))
+
+    async def synchronize(self, pods, containers) -> None:
+        infos = [PodInfo.from_nri(p) for p in pods]
+        await self.daemon.synchronized(infos)
+
+    async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse | None:
+        info = PodInfo.from_nri(pod)
+        daemon = self.daemon
+        daemon.pod_seen(info)
+        mode = daemon.cfg.mode
+        if mode == "shim" or info.host_network:
+            return None
+        try:
+            answer = await daemon.networker.attach(info)
+        except NriCniError as exc:
+            if self._fail_pods():
+                raise
+            log.error("pod %s: %s; the pod is kept and the attachment retried (failing it would "
+                      "leak the sandbox on %s %s)", info.label(), exc, self.runtime_name,
+                      self.runtime_version)
+            daemon.needs_repair(info)
+            return None
+        return run_pod_response(answer) if mode == "native" else None
+
+    def _fail_pods(self) -> bool:
+        policy = self.daemon.cfg.failure_policy
+        if policy != "auto":
+            return policy == "fail"
+        return runtime_fails_cleanly(self.runtime_name, self.runtime_version)
+
+    async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
+        info = PodInfo.from_nri(pod)
+        await self.daemon.networker.detach(info)
+
+    async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
+        info = PodInfo.from_nri(pod)
+        try:
+            await self.daemon.networker.detach(info)
+        finally:
+            self.daemon.pod_gone(info.id)
+
+    async def on_disconnect(self) -> None:
+        log.warning("disconnected from the runtime; pod events wait for the reconnect")

@@ -1,0 +1,121 @@
+"""Crash-safe ADD: an intent record is on disk before the first plugin of a pod's ADD runs.
+
+libcni caches an attachment only after its whole chain succeeded, so an ADD interrupted by a
+crash (or a kill -9) leaves resources that no cache entry points at, and no GC will ever find
+them. nri-cni writes, atomically and fsynced, the list of networks it is about to attach (with
+each network's exact config bytes and args) before any plugin runs, and removes the record only
+once every network is cached or rolled back. At start-up every record left behind is rolled back
+with DEL, network by network in reverse, using the config it holds: CNI DEL must succeed for
+resources that were never created, so a DEL of a network that never got its ADD is harmless.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+from nri_cni.errors import CniCode, NriCniError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IntendedNetwork:
+    network: str
+    ifname: str
+    config: bytes
+    cni_args: list[tuple[str, str]] = field(default_factory=list)
+    capability_args: dict = field(default_factory=dict)
+    # A plugin whose ADD failed with a code meaning "nothing was created" (doomed delete):
+    # its DEL failure for this attachment is not reported. Plugin types, by position.
+    doomed_plugins: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Intent:
+    pod_id: str
+    netns: str
+    networks: list[IntendedNetwork]
+
+
+class IntentStore:
+    def __init__(self, state_dir: str) -> None:
+        self.dir = os.path.join(state_dir, "intents")
+
+    def _path(self, pod_id: str) -> str:
+        return os.path.join(self.dir, pod_id)
+
+    def write(self, intent: Intent) -> None:
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        doc = {
+            "podId": intent.pod_id,
+            "netns": intent.netns,
+            "networks": [{
+                "network": n.network, "ifName": n.ifname,
+                "config": base64.b64encode(n.config).decode(),
+                "cniArgs": [list(kv) for kv in n.cni_args],
+                "capabilityArgs": n.capability_args,
+                "doomedPlugins": n.doomed_plugins,
+            } for n in intent.networks],
+        }
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        path = self._path(intent.pod_id)
+        tmp = f"{path}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise NriCniError(f"cannot write the intent record {path}: {exc.strerror}",
+                              cni_code=CniCode.IO_FAILURE) from exc
+
+    def clear(self, pod_id: str) -> None:
+        try:
+            os.unlink(self._path(pod_id))
+        except FileNotFoundError:
+            pass
+
+    def load_all(self) -> list[Intent]:
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            path = os.path.join(self.dir, name)
+            if name.endswith(".tmp"):
+                # A crash while writing the record: no plugin had run yet.
+                os.unlink(path)
+                continue
+            try:
+                with open(path, "rb") as f:
+                    doc = json.loads(f.read())
+                out.append(Intent(
+                    pod_id=doc["podId"], netns=doc.get("netns", ""),
+                    networks=[IntendedNetwork(
+                        network=n["network"], ifname=n["ifName"],
+                        config=base64.b64decode(n["config"]),
+                        cni_args=[tuple(kv) for kv in n.get("cniArgs", [])],
+                        capability_args=n.get("capabilityArgs", {}),
+                        doomed_plugins=n.get("doomedPlugins", []),
+                    ) for n in doc["networks"]]))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                # Written atomically, so this is damage from outside; nothing to roll back with.
+                log.error("intent record %s is unreadable (%s); removing it", path, exc)
+                os.unlink(path)
+        return out

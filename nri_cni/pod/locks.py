@@ -1,0 +1,68 @@
+"""Serialisation rules of the CNI spec, for a daemon that serves many pods at once.
+
+- Operations on one pod (ADD, DEL, CHECK of any of its networks) never overlap.
+- Different pods proceed in parallel.
+- GC runs alone: it waits for every pod operation in flight, and new pod operations wait for it.
+  A waiting GC holds back new pod operations so that a busy node cannot starve it.
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+
+class PodLocks:
+    def __init__(self) -> None:
+        self._pod_locks: dict[str, asyncio.Lock] = {}
+        self._pod_waiters: dict[str, int] = {}
+        self._active = 0  # pod operations inside their critical section
+        self._gc_waiting = 0
+        self._gc_running = False
+        self._cond = asyncio.Condition()
+
+    @asynccontextmanager
+    async def pod(self, pod_id: str) -> AsyncIterator[None]:
+        lock = self._pod_locks.get(pod_id)
+        if lock is None:
+            lock = self._pod_locks[pod_id] = asyncio.Lock()
+        self._pod_waiters[pod_id] = self._pod_waiters.get(pod_id, 0) + 1
+        try:
+            async with lock:
+                async with self._cond:
+                    await self._cond.wait_for(lambda: not self._gc_running and not self._gc_waiting)
+                    self._active += 1
+                try:
+                    yield
+                finally:
+                    async with self._cond:
+                        self._active -= 1
+                        self._cond.notify_all()
+        finally:
+            # Forget the lock once nobody holds or waits for it: pods come and go forever.
+            self._pod_waiters[pod_id] -= 1
+            if not self._pod_waiters[pod_id]:
+                del self._pod_waiters[pod_id]
+                del self._pod_locks[pod_id]
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            self._gc_waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._gc_running and self._active == 0)
+            finally:
+                self._gc_waiting -= 1
+            self._gc_running = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._gc_running = False
+                self._cond.notify_all()
+
+    def busy(self, pod_id: str) -> bool:
+        return pod_id in self._pod_locks
+
+    def __len__(self) -> int:
+        return len(self._pod_locks)
