@@ -240,6 +240,8 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         finalize_dir=r.string(cni, "finalize_dir", DEFAULT_FINALIZE_DIR, "cni", path=True),
         runtime_cache_dir=r.string(cni, "runtime_cache_dir", DEFAULT_RUNTIME_CACHE_DIR, "cni", path=True),
     )
+    if os.path.basename(cni_settings.finalize_dir.rstrip("/")) != "_finalize.d":
+        r.fail("cni.finalize_dir", f"{cni_settings.finalize_dir!r} must be a directory named _finalize.d")
     gc = r.section(data, "gc")
     r.unknown_keys(gc, {"interval"}, "gc")
     status = r.section(data, "status")

@@ -22,6 +22,7 @@ from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
 from nri_cni.errors import CNIError, CniCode, NriCniError
 from nri_cni.nri.stub import Stub
+from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 from nri_cni.pod.plan import PodNetworker
 
@@ -31,10 +32,11 @@ log = logging.getLogger("nri_cni.daemon")
 class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        hooks = PluginHooks()
         self.cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir,
-                              exec_timeout=cfg.cni.plugin_timeout)
+                              exec_timeout=cfg.cni.plugin_timeout, hooks=hooks)
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
-        self.networker = PodNetworker(cfg, self.cni, runtime_cache=runtime_cache)
+        self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)
         self.handlers = NriHandlers(self)
         self.stub = Stub(self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index,
                          socket_path=cfg.nri.socket)

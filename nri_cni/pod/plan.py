@@ -17,6 +17,7 @@ deadline) does not cancel plugins halfway; the work finishes and its state is ke
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -25,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.cni.config import NetworkConfigList, PluginConf, load_conf_dir, parse_conflist
+from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
 from nri_cni.cni.result import Result, parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, RuntimeConf
 from nri_cni.config import Config
 from nri_cni.errors import CNIError, NriCniError, PodError
 from nri_cni.pod import netlink
+from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import NetworkAttachment, PodInfo, PodNetworks
@@ -48,6 +50,7 @@ class OpRecord:
     pod: PodInfo
     started: float = field(default_factory=time.time)
     networks: list[dict] = field(default_factory=list)
+    plugins: list[dict] = field(default_factory=list)
     error: str = ""
 
     def emit(self) -> None:
@@ -56,7 +59,8 @@ class OpRecord:
             "op": self.op, "pod": self.pod.label(), "podId": self.pod.id,
             "start": round(self.started, 6), "end": round(ended, 6),
             "ms": round((ended - self.started) * 1000, 2),
-            "networks": self.networks, "result": "error" if self.error else "ok",
+            "networks": self.networks, "plugins": self.plugins,
+            "result": "error" if self.error else "ok",
         }
         if self.error:
             line["error"] = self.error
@@ -64,20 +68,28 @@ class OpRecord:
 
 
 class PodNetworker:
-    def __init__(self, cfg: Config, cni: CNIRuntime, *, runtime_cache: Any = None,
-                 intents: IntentStore | None = None) -> None:
+    def __init__(self, cfg: Config, cni: CNIRuntime, *, hooks: PluginHooks | None = None,
+                 runtime_cache: Any = None, intents: IntentStore | None = None) -> None:
         self.cfg = cfg
         self.cni = cni
+        self.hooks = hooks  # the same object the CNI runtime calls: per-plugin timings
         self.locks = PodLocks()
         self.intents = intents or IntentStore(cfg.state_dir)
         self.runtime_cache = runtime_cache  # ResultCache of the runtime's libcni (secondary mode)
-        self.finalize_dropins = load_finalize_dropins(cfg.cni.finalize_dir)
+        self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir)
         self.on_operation: Callable[[OpRecord], None] | None = None
 
     def reconfigure(self, cfg: Config) -> None:
         """A new config (hot reload) applies to the next ADD; cached pods keep their config."""
         self.cfg = cfg
-        self.finalize_dropins = load_finalize_dropins(cfg.cni.finalize_dir)
+        self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir)
+
+    def _emit(self, record: OpRecord) -> None:
+        if self.hooks is not None:
+            record.plugins = self.hooks.drain(record.pod.id)
+        record.emit()
+        if self.on_operation:
+            self.on_operation(record)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -112,9 +124,7 @@ class PodNetworker:
                 record.error = str(exc)
                 raise
             finally:
-                record.emit()
-                if self.on_operation:
-                    self.on_operation(record)
+                self._emit(record)
 
     async def _attach_locked(self, pod: PodInfo, selected: list[Selected], runtime_caps: dict,
                              record: OpRecord) -> PodNetworks:
@@ -191,10 +201,7 @@ class PodNetworker:
                 continue
             t0 = time.perf_counter()
             result = await self.cni.finalize(net, rt, results[name], extra)
-            result = await netlink.fill_interface_details(rt.netns, result)
-            results[name] = result
-            if self.cni.cache.read(net.name, rt.container_id, rt.ifname) is not None:
-                self.cni.cache.update_result(net.name, rt.container_id, rt.ifname, result.to_dict(net.cni_version))
+            results[name] = result  # finalize() cached it when a plugin changed it
             record.networks.append({"network": name, "ifname": rt.ifname, "op": "finalize",
                                     "ms": _ms(t0)})
         for name, net, rt, *_ in nets:
@@ -245,9 +252,7 @@ class PodNetworker:
                                         "op": "del", "ms": _ms(t0)})
             if errors:
                 record.error = "; ".join(errors)
-            record.emit()
-            if self.on_operation:
-                self.on_operation(record)
+            self._emit(record)
             if errors:
                 raise PodError(f"pod {pod.label()}: DEL failed for {len(errors)} network(s): "
                                + "; ".join(errors))
@@ -259,7 +264,7 @@ class PodNetworker:
             netns = ""
         elif not netns and entry.netns and os.path.exists(entry.netns):
             netns = entry.netns
-        await self.cni.delete_cached(entry, netns=netns)
+        await self.cni.delete_cached(dataclasses.replace(entry, netns=netns))
 
     @staticmethod
     def _attach_order(entries: list[CacheEntry]) -> list[CacheEntry]:
@@ -329,24 +334,15 @@ class PodNetworker:
         return len(intents)
 
 
-def load_finalize_dropins(path: str) -> tuple[PluginConf, ...]:
-    """`_finalize.d/*.conf`: single plugin configs applied to every network, lexical order."""
+def _finalize_dropins(path: str) -> tuple[PluginConf, ...]:
+    # The config names the `_finalize.d` dir itself (validated); libcni's rule reads it below
+    # a conf dir.
     if not path or not os.path.isdir(path):
         return ()
-    out = []
-    for name in sorted(os.listdir(path)):
-        if not name.endswith((".conf", ".json")):
-            continue
-        full = os.path.join(path, name)
-        try:
-            with open(full, "rb") as f:
-                obj = json.loads(f.read())
-            wrapped = parse_conflist({"cniVersion": obj.get("cniVersion", "1.1.0"),
-                                      "name": "finalize-dropin", "plugins": [obj]}, source=full)
-            out.extend(wrapped.plugins)
-        except (OSError, ValueError, NriCniError) as exc:
-            log.error("%s: finalize drop-in skipped: %s", full, exc)
-    return tuple(out)
+    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")))
+    for err in errors:
+        log.error("finalize drop-in skipped: %s", err)
+    return plugins
 
 
 def _pod_error(pod: PodInfo, exc: NriCniError) -> PodError:

@@ -1,0 +1,179 @@
+"""Harness for the pod-networking tests: a real daemon, the NRI test double, real plugins.
+
+`node` gives a Janitor (everything it makes is removed), a CNI bin dir holding the real plugins
+from Debian sid plus the scriptable fake plugin (tests/plugins/fake_plugin.py) under a few names,
+and a DaemonHarness that runs `Daemon` in-process against the runtime-side NRI double.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nri_cni.api import nri_pb2
+from nri_cni.config import parse_config
+from nri_cni.daemon.app import Daemon
+from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+from tests.support.nri_runtime import NriRuntime
+
+DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
+REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
+FAKE_PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "fake_plugin.py"
+FAKE_NAMES = ("fake-finalize", "fake-finalize2", "fake-fail", "fake-ok")
+
+
+def install_bin_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if not (REAL_PLUGINS / "bridge").exists():
+        raise RuntimeError(f"real CNI plugins missing at {REAL_PLUGINS}: run .ci/install-deps")
+    for plugin in REAL_PLUGINS.iterdir():
+        (path / plugin.name).symlink_to(plugin)
+    text = f"#!{os.path.realpath(sys.executable)} -IS\n" + FAKE_PLUGIN.read_text()
+    for name in FAKE_NAMES:
+        target = path / name
+        target.write_text(text)
+        target.chmod(0o755)
+    return path
+
+
+def pod_message(pod_id: str, netns: str, *, name: str = "", namespace: str = "default",
+                annotations: dict | None = None) -> nri_pb2.PodSandbox:
+    pod = nri_pb2.PodSandbox(id=pod_id, name=name or f"pod-{pod_id[:6]}", namespace=namespace,
+                             uid=str(uuid.uuid4()), annotations=annotations or {})
+    if netns:
+        pod.linux.namespaces.add(type="network", path=netns)
+    return pod
+
+
+def new_pod_id() -> str:
+    return uuid.uuid4().hex + uuid.uuid4().hex[:32]
+
+
+class Node:
+    """One test's private world: dirs, bin dir, janitor, subnets, names."""
+
+    def __init__(self, tmp_path: Path, jan: Janitor) -> None:
+        self.tmp = tmp_path
+        self.jan = jan
+        self.bin_dir = install_bin_dir(tmp_path / "bin")
+        self.cache_dir = tmp_path / "cache"
+        self.state_dir = tmp_path / "state"
+        self.ipam_dir = tmp_path / "ipam"
+        self.log = tmp_path / "fake.log"
+        self.finalize_dir = tmp_path / "net.d" / "_finalize.d"
+        self.finalize_dir.mkdir(parents=True)
+
+    def bridge_net(self, name: str, subnet: str, *, bridge: str | None = None, **extra) -> dict:
+        bridge = bridge or unique_name("br")
+        self.jan.track_link(bridge)
+        return {"cniVersion": "1.1.0", "name": name, **extra, "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
+             "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                      "ranges": [[{"subnet": subnet}]]}},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ]}
+
+    def macvlan_net(self, name: str, subnet: str, master: str) -> dict:
+        return {"cniVersion": "1.1.0", "name": name, "plugins": [
+            {"type": "macvlan", "master": master, "mode": "bridge",
+             "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                      "ranges": [[{"subnet": subnet}]]}}]}
+
+    def fake(self, name: str = "fake-finalize", **behaviour) -> dict:
+        """A fake plugin config logging to self.log; behaviour as in fake_plugin.py ("fake")."""
+        conf = {"type": name, "log": str(self.log)}
+        if behaviour:
+            conf["fake"] = behaviour
+        return conf
+
+    def calls(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def config(self, mode: str, networks: list[dict], **extra) -> dict:
+        return {
+            "mode": mode,
+            "nri": {"socket": str(self.tmp / "nri.sock")},
+            "daemon": {"socket": str(self.tmp / "daemon.sock")},
+            "state_dir": str(self.state_dir),
+            "cni": {"bin_dirs": [str(self.bin_dir)], "cache_dir": str(self.cache_dir),
+                    "finalize_dir": str(self.finalize_dir), "plugin_timeout": "20s"},
+            "networks": networks,
+            "gc": {"interval": 0}, "status": {"interval": 0},
+            **extra,
+        }
+
+    def leak_checker(self, *netns) -> LeakChecker:
+        return LeakChecker(dirs=[self.cache_dir, self.ipam_dir, self.state_dir / "intents"],
+                           netns=list(netns))
+
+    def reservations(self):
+        return host_local_reservations(self.ipam_dir) if self.ipam_dir.exists() else []
+
+
+class DaemonHarness:
+    """`nri-cni run` in-process, connected to the runtime-side NRI double."""
+
+    def __init__(self, node: Node, cfg: dict, *, runtime_name: str = "nri-test-double",
+                 runtime_version: str = "1.0.0", pods=()) -> None:
+        self.node = node
+        self.cfg = parse_config(cfg, str(node.tmp / "config.yaml"))
+        self.runtime = NriRuntime(self.cfg.nri.socket, runtime_name=runtime_name,
+                                  runtime_version=runtime_version, request_timeout_ms=20000,
+                                  pods=pods)
+        self.daemon: Daemon | None = None
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> "DaemonHarness":
+        await self.runtime.start()
+        self.daemon = Daemon(self.cfg)
+        self.task = asyncio.create_task(self.daemon.run())
+        await self.runtime.wait_plugin()
+        await asyncio.wait_for(self.daemon.stub.synchronized.wait(), 10)
+        await self.settle()
+        return self
+
+    async def settle(self) -> None:
+        """Wait for the background work started by Synchronize (GC, repair)."""
+        for _ in range(200):
+            if not self.daemon._background:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("background work after Synchronize did not finish")
+
+    async def stop(self) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+            await asyncio.wait_for(self.task, 20)
+        await self.runtime.stop()
+
+    async def __aenter__(self) -> "DaemonHarness":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+
+@pytest.fixture
+def node(tmp_path):
+    jan = Janitor()
+    n = Node(tmp_path, jan)
+    yield n
+    jan.cleanup_or_raise()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_loggers():
+    logging.getLogger("nri_cni").setLevel(logging.INFO)
+    yield
+
+
+def run(coro):
+    return asyncio.run(coro)
