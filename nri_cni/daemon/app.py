@@ -51,10 +51,15 @@ class Daemon:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Serves until SIGTERM/SIGINT (or stop()). An embedding test passes
+        handle_signals=False: asyncio's signal wakeup fd is inherited by anything the process
+        forks (pyroute2 forks for netns queries), and such a child's own SIGTERM would read
+        as ours."""
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stopping.set)
         recovered = await self.networker.recover_intents()
         if recovered:
             log.warning("rolled back %d interrupted ADD(s) at start-up", recovered)

@@ -134,7 +134,7 @@ class DaemonHarness:
     async def start(self) -> "DaemonHarness":
         await self.runtime.start()
         self.daemon = Daemon(self.cfg)
-        self.task = asyncio.create_task(self.daemon.run())
+        self.task = asyncio.create_task(self.daemon.run(handle_signals=False))
         await self.runtime.wait_plugin()
         await asyncio.wait_for(self.daemon.stub.synchronized.wait(), 10)
         await self.settle()
