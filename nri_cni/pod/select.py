@@ -63,18 +63,19 @@ def select_networks(cfg: Config, namespace: str, annotations: dict[str, str],
             raise AnnotationRefused(f"{where}: network {req.name!r} is attached to every pod already")
         chosen.append((net, req.interface or net.interface, req.capability_args))
 
+    # The primary network (first, outside secondary mode) is eth0 unless the admin named its
+    # interface: reserve that name before any request can take it.
+    if chosen and not chosen[0][1] and cfg.mode != "secondary":
+        chosen[0] = (chosen[0][0], "eth0", chosen[0][2])
     out: list[Selected] = []
     used = {ifname for _, ifname, _ in chosen if ifname}
     counter = 0
-    for index, (net, ifname, caps) in enumerate(chosen):
+    for net, ifname, caps in chosen:
         if not ifname:
-            if index == 0 and "eth0" not in used and cfg.mode != "secondary":
-                ifname = "eth0"
-            else:
+            counter += 1
+            while f"net{counter}" in used:
                 counter += 1
-                while f"net{counter}" in used:
-                    counter += 1
-                ifname = f"net{counter}"
+            ifname = f"net{counter}"
             used.add(ifname)
         out.append(Selected(network=net, ifname=ifname, capability_args=caps))
     seen: set[str] = set()
