@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""nri-cni's CNI runtime against the floor: the same plugin binaries exec'd directly.
+
+Two chains, each run for N pods, the two drivers ALTERNATED pod by pod (A then B for even
+pods, B then A for odd ones) so that drift of the machine hits both alike:
+
+  real   bridge + host-local + portmap (the reference plugins, one portMapping per pod)
+  noop   three no-op plugins (a static C program built here with gcc): they read stdin and
+         print their prevResult (or a minimal result); what is left is nri-cni's own cost,
+         with the cache dir on the temp dir's file system (a disk here, like /var/lib/cni)
+  noop-tmpfs  the same with the cache dir on /dev/shm: the cost without the cache's fsyncs
+
+The floor driver does what a runtime must do and nothing more: per plugin, inject name,
+cniVersion, runtimeConfig and prevResult into the config, os.posix_spawn the binary with stdin
+in a pipe and the six CNI_* variables appended to the environment, read stdout, wait. DEL gets
+the ADD result as prevResult (kept in memory: the floor writes no cache file; nri-cni's cache
+write and read are part of what is measured).
+
+Output: per chain and verb, the medians, the median of the per-pod ratios nri-cni/floor, and
+for the noop chain nri-cni's own cost per plugin call (median of per-pod differences / 3).
+Targets: ratio <= 1.03 on the real chain, own cost < 0.3 ms per call.
+
+Everything the bench makes (netns, bridge, veths, iptables rules, host-local reservations,
+cache, temp dir) is removed at the end, also on failure or Ctrl-C. Needs root.
+Run:  sudo /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_cni.py [--pods 50]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.support.netns import (  # noqa: E402  (netns/bridge helpers with cleanup)
+    Janitor,
+    free_subnet,
+    host_local_reservations,
+    iptables_lines,
+    remove_cni_scaffolding,
+    unique_name,
+)
+
+CNI_VERSION = "1.1.0"
+DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
+CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
+
+NOOP_C = r"""
+/* A no-op CNI plugin: ADD prints the prevResult object of its config (or a minimal result),
+   VERSION prints the supported versions, every other command prints nothing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char buf[1 << 20];
+
+int main(void) {
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(0, buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
+    buf[n] = 0;
+    const char *cmd = getenv("CNI_COMMAND");
+    if (!cmd) return 1;
+    if (!strcmp(cmd, "VERSION")) {
+        fputs("{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\",\"1.1.0\"]}", stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "ADD")) return 0;
+    const char *p = strstr(buf, "\"prevResult\":");
+    if (!p) {
+        fputs("{\"cniVersion\":\"1.1.0\",\"interfaces\":[{\"name\":\"eth0\",\"sandbox\":\"/x\"}],"
+              "\"ips\":[{\"address\":\"10.248.255.2/24\",\"interface\":0}],\"dns\":{}}", stdout);
+        return 0;
+    }
+    p = strchr(p + 13, '{');
+    if (!p) return 1;
+    int depth = 0, in_str = 0;
+    const char *q = p;
+    for (; *q; q++) {
+        if (in_str) {
+            if (*q == '\\' && q[1]) q++;
+            else if (*q == '"') in_str = 0;
+        } else if (*q == '"') in_str = 1;
+        else if (*q == '{') depth++;
+        else if (*q == '}' && --depth == 0) break;
+    }
+    if (!*q) return 1;
+    fwrite(p, 1, (size_t)(q - p + 1), stdout);
+    return 0;
+}
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# the floor
+
+
+class Floor:
+    """The minimal direct driver (see the module docstring)."""
+
+    def __init__(self, bin_dir: str) -> None:
+        self.bin_dir = bin_dir
+        self.base_env = dict(os.environ)
+
+    def _exec(self, path: str, env: dict[str, str], stdin: bytes) -> bytes:
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            os.write(in_w, stdin)  # fits: configs here are far below the 64 KiB pipe buffer
+            os.close(in_w)
+            in_w = -1
+            pid = os.posix_spawn(path, [path], env, file_actions=[
+                (os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1)])
+            os.close(out_w)
+            out_w = -1
+            chunks = []
+            while True:
+                b = os.read(out_r, 65536)
+                if not b:
+                    break
+                chunks.append(b)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            for fd in (in_r, in_w, out_r, out_w):
+                if fd >= 0:
+                    os.close(fd)
+        out = b"".join(chunks)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"{path} failed: {out[:500]!r}")
+        return out
+
+    def _env(self, command: str, cid: str, netns: str, ifname: str, cni_args: str) -> dict:
+        env = dict(self.base_env)
+        env.update(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=netns, CNI_IFNAME=ifname,
+                   CNI_ARGS=cni_args, CNI_PATH=self.bin_dir)
+        return env
+
+    @staticmethod
+    def _stdin(conflist: dict, plugin: dict, caps: dict, prev: dict | None) -> bytes:
+        conf = dict(plugin)
+        conf["name"] = conflist["name"]
+        conf["cniVersion"] = conflist["cniVersion"]
+        if prev is not None:
+            conf["prevResult"] = prev
+        rc = {k: caps[k] for k, on in (plugin.get("capabilities") or {}).items() if on and k in caps}
+        if rc:
+            conf["runtimeConfig"] = rc
+        return json.dumps(conf, separators=(",", ":")).encode()
+
+    def add(self, conflist: dict, cid: str, netns: str, ifname: str, cni_args: str, caps: dict) -> dict:
+        env = self._env("ADD", cid, netns, ifname, cni_args)
+        prev = None
+        for plugin in conflist["plugins"]:
+            out = self._exec(os.path.join(self.bin_dir, plugin["type"]), env,
+                             self._stdin(conflist, plugin, caps, prev))
+            prev = json.loads(out)
+        return prev
+
+    def delete(self, conflist: dict, cid: str, netns: str, ifname: str, cni_args: str, caps: dict,
+               prev: dict | None) -> None:
+        env = self._env("DEL", cid, netns, ifname, cni_args)
+        for plugin in reversed(conflist["plugins"]):
+            self._exec(os.path.join(self.bin_dir, plugin["type"]), env,
+                       self._stdin(conflist, plugin, caps, prev))
+
+
+# --------------------------------------------------------------------------------------------
+# the measurement
+
+
+def build_noop(workdir: Path) -> str:
+    """Compile the no-op plugin (static) and install it as noop1..noop3 in a bin dir."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise SystemExit("gcc is needed to build the no-op plugin")
+    src = workdir / "noop.c"
+    src.write_text(NOOP_C)
+    bin_dir = workdir / "noop-bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "noop1"
+    subprocess.run([gcc, "-O2", "-static", "-o", str(exe), str(src)], check=True)
+    for name in ("noop2", "noop3"):
+        shutil.copy2(exe, bin_dir / name)
+    return str(bin_dir)
+
+
+def run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods: int, warmup: int,
+              cache_dir: str, caps_for, cni_args: str) -> dict:
+    from nri_cni.cni.config import parse_conflist
+    from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+
+    net = parse_conflist(json.dumps(conflist).encode(), source=f"bench:{label}")
+    rt = CNIRuntime([bin_dir], cache_dir=cache_dir)
+    floor = Floor(bin_dir)
+    loop = asyncio.new_event_loop()
+    pairs = [tuple(kv.split("=", 1)) for kv in cni_args.split(";") if kv]
+    times = {("nri", "ADD"): [], ("nri", "DEL"): [], ("floor", "ADD"): [], ("floor", "DEL"): []}
+    pending: list = []
+    try:
+        for i in range(warmup + pods):
+            ns_nri, ns_floor = namespaces[2 * i], namespaces[2 * i + 1]
+            cid_nri = f"nct-b-{uuid.uuid4().hex[:16]}"
+            cid_floor = f"nct-b-{uuid.uuid4().hex[:16]}"
+            caps_nri, caps_floor = caps_for(2 * i), caps_for(2 * i + 1)
+            conf = RuntimeConf(container_id=cid_nri, netns=ns_nri, ifname="eth0", args=pairs,
+                               capability_args=caps_nri)
+            floor_args = ";".join(["IgnoreUnknown=1", cni_args]) if cni_args else "IgnoreUnknown=1"
+
+            def nri_add():
+                loop.run_until_complete(rt.add(net, conf))
+
+            def nri_del():
+                loop.run_until_complete(rt.delete(net, conf))
+
+            state = {}
+
+            def floor_add():
+                state["prev"] = floor.add(conflist, cid_floor, ns_floor, "eth0", floor_args, caps_floor)
+
+            def floor_del():
+                floor.delete(conflist, cid_floor, ns_floor, "eth0", floor_args, caps_floor, state["prev"])
+
+            order = [("nri", nri_add, nri_del), ("floor", floor_add, floor_del)]
+            if i % 2:
+                order.reverse()
+            sample = {}
+            for who, add, delete in order:
+                pending.append(delete)  # before the ADD: a failed ADD is owed a DEL too
+                t0 = time.perf_counter()
+                add()
+                sample[(who, "ADD")] = time.perf_counter() - t0
+            for who, _, delete in order:
+                t0 = time.perf_counter()
+                delete()
+                sample[(who, "DEL")] = time.perf_counter() - t0
+                pending.remove(delete)
+            if i >= warmup:
+                for k, v in sample.items():
+                    times[k].append(v * 1000.0)
+    finally:
+        for delete in reversed(pending):  # only after a failure: undo what is still attached
+            try:
+                delete()
+            except Exception as exc:  # keep going; report
+                print(f"bench_cni: cleanup DEL failed: {exc}", file=sys.stderr)
+        loop.close()
+    return times
+
+
+def summarize(label: str, times: dict, calls_per_op: int | None) -> dict:
+    out = {}
+    for verb in ("ADD", "DEL"):
+        nri, flo = times[("nri", verb)], times[("floor", verb)]
+        ratios = [a / b for a, b in zip(nri, flo)]
+        diffs = [a - b for a, b in zip(nri, flo)]
+        row = {
+            "nri_median_ms": statistics.median(nri),
+            "floor_median_ms": statistics.median(flo),
+            "ratio_of_medians": statistics.median(nri) / statistics.median(flo),
+            "median_paired_ratio": statistics.median(ratios),
+            "median_paired_diff_ms": statistics.median(diffs),
+            "nri_p90_ms": sorted(nri)[int(0.9 * (len(nri) - 1))],
+            "floor_p90_ms": sorted(flo)[int(0.9 * (len(flo) - 1))],
+        }
+        if calls_per_op:
+            row["own_ms_per_call"] = statistics.median(diffs) / calls_per_op
+        out[verb] = row
+    return out
+
+
+def print_table(label: str, summary: dict, pods: int) -> None:
+    print(f"\n{label} ({pods} pods, drivers alternated pod by pod)")
+    print(f"  {'verb':4} {'nri-cni ms':>11} {'floor ms':>9} {'ratio':>7} {'paired':>7} {'diff ms':>8}"
+          f" {'own/call ms':>12}")
+    for verb, r in summary.items():
+        own = f"{r['own_ms_per_call']:12.3f}" if "own_ms_per_call" in r else f"{'':12}"
+        print(f"  {verb:4} {r['nri_median_ms']:11.2f} {r['floor_median_ms']:9.2f}"
+              f" {r['ratio_of_medians']:7.3f} {r['median_paired_ratio']:7.3f}"
+              f" {r['median_paired_diff_ms']:8.2f} {own}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pods", type=int, default=50, help="measured pods per chain (default 50)")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
+    ap.add_argument("--chains", default="real,noop,noop-tmpfs",
+                    help="comma-separated: real, noop (cache dir on the temp dir's disk), noop-tmpfs "
+                         "(cache dir on /dev/shm); default all three")
+    ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_cni: needs root (netns, veth, iptables)", file=sys.stderr)
+        return 2
+    chains = [c.strip() for c in args.chains.split(",") if c.strip()]
+    if "real" in chains and not (CNI_BIN / "bridge").exists():
+        print(f"bench_cni: no CNI plugins in {CNI_BIN} (run .ci/install-deps)", file=sys.stderr)
+        return 2
+
+    jan = Janitor()
+    workdir = Path(tempfile.mkdtemp(prefix="nct-bench-"))
+    jan.track_path(workdir)
+    ipt_baseline = set(iptables_lines())
+    report: dict = {"pods": args.pods, "warmup": args.warmup, "chains": {}}
+    try:
+        n = args.warmup + args.pods
+        namespaces = [jan.netns().path for _ in range(2 * n)]
+        print(f"bench_cni: {2 * n} netns ready; python {sys.version.split()[0]}; "
+              f"cache dir {workdir / 'cache'} ({_fstype(workdir)})")
+
+        if "real" in chains:
+            subnet = free_subnet(prefixlen=22)
+            bridge = unique_name("bb")
+            jan.track_link(bridge)
+            gw = str(subnet.network_address + 1)
+            conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-real", "plugins": [
+                {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": str(subnet)}]],
+                          "dataDir": str(workdir / "ipam")}},
+                {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False,
+                 "backend": "iptables"},
+            ]}
+
+            def caps_for(k: int) -> dict:
+                return {"portMappings": [{"hostPort": 20000 + k, "containerPort": 80,
+                                          "protocol": "tcp", "hostIP": gw}]}
+
+            times = run_chain("real", conflist, str(CNI_BIN), namespaces, args.pods, args.warmup,
+                              str(workdir / "cache"), caps_for,
+                              "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod")
+            s = summarize("real", times, None)
+            print_table("real chain: bridge + host-local + portmap", s, args.pods)
+            report["chains"]["real"] = {"summary": s, "times_ms": _raw(times)}
+            left = host_local_reservations(workdir / "ipam")
+            if left:
+                print(f"bench_cni: WARNING {len(left)} host-local reservations left", file=sys.stderr)
+
+        noop_bin = build_noop(workdir) if {"noop", "noop-tmpfs"} & set(chains) else ""
+        for chain in ("noop", "noop-tmpfs"):
+            if chain not in chains:
+                continue
+            if chain == "noop":
+                cache, where = workdir / "cache", f"cache on {_fstype(workdir)}"
+            else:
+                tmpfs = Path(tempfile.mkdtemp(prefix="nct-bench-", dir="/dev/shm"))
+                jan.track_path(tmpfs)
+                cache, where = tmpfs / "cache", f"cache on {_fstype(tmpfs)}"
+            conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-noop",
+                        "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}]}
+            times = run_chain(chain, conflist, noop_bin, namespaces, args.pods, args.warmup,
+                              str(cache), lambda k: {}, "K8S_POD_NAMESPACE=bench")
+            s = summarize(chain, times, 3)
+            print_table(f"no-op chain: 3 static C plugins, {where} (nri-cni's own cost)", s, args.pods)
+            report["chains"][chain] = {"summary": s, "times_ms": _raw(times)}
+
+        real = report["chains"].get("real", {}).get("summary")
+        print()
+        if real:
+            for verb in ("ADD", "DEL"):
+                r = real[verb]["median_paired_ratio"]
+                print(f"real {verb}: median ratio nri-cni/floor {r:.3f} "
+                      f"({'ok' if r <= 1.03 else 'ABOVE'} target 1.03)")
+        for chain in ("noop", "noop-tmpfs"):
+            noop = report["chains"].get(chain, {}).get("summary")
+            if not noop:
+                continue
+            for verb in ("ADD", "DEL"):
+                c = noop[verb]["own_ms_per_call"]
+                print(f"{chain} {verb}: nri-cni own cost {c:.3f} ms per plugin call "
+                      f"({'ok' if c < 0.3 else 'ABOVE'} target 0.3)")
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+    finally:
+        errors = jan.cleanup()
+        remove_cni_scaffolding(ipt_baseline)
+        if errors:
+            print("bench_cni: cleanup errors: " + "; ".join(errors), file=sys.stderr)
+    return 0
+
+
+def _raw(times: dict) -> dict:
+    return {f"{who}_{verb}": v for (who, verb), v in times.items()}
+
+
+def _fstype(path: Path) -> str:
+    try:
+        return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

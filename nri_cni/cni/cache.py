@@ -1,0 +1,217 @@
+"""libcni's attachment cache (<cache_dir>/results/<net>-<cid>-<ifname>), byte-compatible.
+
+Files are written the way Go's encoding/json writes libcni's cachedInfo struct (field order,
+compact, nested maps with sorted keys, <>& escaped, config as base64), so containerd, CRI-O,
+cnitool and nri-cni can read each other's entries. Unlike libcni the write is atomic and
+durable (temp file, fsync, rename, dir fsync): a crash never leaves a half entry that would
+make DEL run without its prevResult. Keys are read case-insensitively, as Go does (ocicni
+writes "containerID").
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from nri_cni.errors import CniCode, CNIError, ConfigError
+
+log = logging.getLogger(__name__)
+
+KIND = "cniCacheV1"
+DEFAULT_CACHE_DIR = "/var/lib/cni"
+
+# Go's json.Marshal escapes these even inside strings (HTML safety); match it byte for byte.
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                             "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_tmp_seq = itertools.count()
+
+
+def _go_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                      sort_keys=True).translate(_GO_ESCAPES)
+
+
+class CorruptEntry(ValueError):
+    """A cache file that is empty, not JSON, or not a cniCacheV1 object."""
+
+
+@dataclass
+class CacheEntry:
+    container_id: str
+    ifname: str
+    network_name: str
+    config: bytes  # the conflist bytes the attachment was made with
+    netns: str = ""
+    cni_args: list[tuple[str, str]] = field(default_factory=list)
+    capability_args: dict = field(default_factory=dict)
+    result: dict | None = None  # the final ADD result, in the version it was printed in
+    path: str = ""  # where it was read from (not serialised)
+
+    def to_json(self) -> bytes:
+        """libcni's cachedInfo as Go marshals it."""
+        parts = [
+            f'"kind":{_go_json(KIND)}',
+            f'"containerId":{_go_json(self.container_id)}',
+            f'"config":"{base64.b64encode(self.config).decode()}"',
+            f'"ifName":{_go_json(self.ifname)}',
+            f'"networkName":{_go_json(self.network_name)}',
+        ]
+        if self.netns:
+            parts.append(f'"netns":{_go_json(self.netns)}')
+        if self.cni_args:
+            parts.append(f'"cniArgs":{_go_json([list(kv) for kv in self.cni_args])}')
+        if self.capability_args:
+            parts.append(f'"capabilityArgs":{_go_json(self.capability_args)}')
+        if self.result:
+            parts.append(f'"result":{_go_json(self.result)}')
+        return ("{" + ",".join(parts) + "}").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, path: str = "") -> CacheEntry:
+        """Parses an entry; raises CorruptEntry."""
+        if not data.strip():
+            raise CorruptEntry("empty file")
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptEntry(f"not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise CorruptEntry("not a JSON object")
+        folded = {k.lower(): v for k, v in obj.items()}  # later duplicates win, as in Go
+        if folded.get("kind") != KIND:
+            raise CorruptEntry(f"kind is {folded.get('kind')!r}, not {KIND!r}")
+        strs = {}
+        for key in ("containerid", "ifname", "networkname", "netns", "config"):
+            val = folded.get(key)
+            if val is not None and not isinstance(val, str):
+                raise CorruptEntry(f"{key} is not a string")
+            strs[key] = val or ""
+        try:
+            config = base64.b64decode(strs["config"], validate=True)
+        except binascii.Error:
+            raise CorruptEntry("config is not base64") from None
+        args = folded.get("cniargs") or []
+        if not isinstance(args, list) or not all(
+                isinstance(kv, list) and len(kv) == 2 and all(isinstance(s, str) for s in kv)
+                for kv in args):
+            raise CorruptEntry("cniArgs is not a list of [key, value] pairs")
+        caps = folded.get("capabilityargs") or {}
+        result = folded.get("result")
+        if not isinstance(caps, dict) or (result is not None and not isinstance(result, dict)):
+            raise CorruptEntry("capabilityArgs or result is not an object")
+        return cls(container_id=strs["containerid"], ifname=strs["ifname"],
+                   network_name=strs["networkname"], config=config, netns=strs["netns"],
+                   cni_args=[(k, v) for k, v in args], capability_args=caps,
+                   result=result or None, path=path)
+
+
+class ResultCache:
+    def __init__(self, cache_dir: str = DEFAULT_CACHE_DIR) -> None:
+        self.cache_dir = cache_dir
+        self.results_dir = os.path.join(cache_dir, "results")
+
+    def path(self, network: str, container_id: str, ifname: str) -> str:
+        for part in (network, container_id, ifname):
+            # DEL does not validate IDs (libcni doesn't); never let one leave the directory
+            if not part or "/" in part or "\0" in part:
+                raise ConfigError(f"cannot name a cache file after {part!r}", location=self.results_dir)
+        return os.path.join(self.results_dir, f"{network}-{container_id}-{ifname}")
+
+    def write(self, entry: CacheEntry) -> None:
+        """Atomic and durable; raises CNIError(IO_FAILURE) and leaves no partial file."""
+        path = self.path(entry.network_name, entry.container_id, entry.ifname)
+        data = entry.to_json()
+        tmp = os.path.join(self.results_dir, f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp")
+        try:
+            os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            dfd = os.open(self.results_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
+                           details=exc.strerror or str(exc)) from exc
+
+    def read(self, network: str, container_id: str, ifname: str, *,
+             drop_corrupt: bool = False) -> CacheEntry | None:
+        """The entry, or None when it is missing or corrupt (a warning is logged for a corrupt
+        one, which `drop_corrupt` also removes, as libcni's list DEL does)."""
+        path = self.path(network, container_id, ifname)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read CNI cache file %s: %s", path, exc.strerror)
+            return None
+        try:
+            return CacheEntry.from_json(data, path)
+        except CorruptEntry as exc:
+            log.warning("ignoring corrupt CNI cache file %s: %s%s", path, exc,
+                        " (removed)" if drop_corrupt else "")
+            if drop_corrupt:
+                self._unlink(path)
+            return None
+
+    def delete(self, network: str, container_id: str, ifname: str) -> None:
+        """Removes an entry; a missing one is fine, a failure is logged (GC retries later)."""
+        self._unlink(self.path(network, container_id, ifname))
+
+    def entries(self, container_id: str | None = None, network: str | None = None) -> list[CacheEntry]:
+        """Valid entries, sorted by file name; unreadable or foreign files are skipped."""
+        try:
+            names = sorted(os.listdir(self.results_dir))
+        except OSError:
+            return []
+        out = []
+        part = f"-{container_id}-" if container_id else ""
+        for name in names:
+            if name.startswith("."):  # our temp files
+                continue
+            if part:
+                pos = name.find(part)
+                if pos <= 0 or pos + len(part) >= len(name):
+                    continue
+            path = os.path.join(self.results_dir, name)
+            try:
+                with open(path, "rb") as f:
+                    entry = CacheEntry.from_json(f.read(), path)
+            except (OSError, CorruptEntry):
+                continue
+            if not (entry.container_id and entry.ifname and entry.network_name):
+                continue
+            if container_id and entry.container_id != container_id:
+                continue
+            if network is not None and entry.network_name != network:
+                continue
+            out.append(entry)
+        return out
+
+    @staticmethod
+    def _unlink(path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove CNI cache file %s: %s", path, exc.strerror)

@@ -1,0 +1,349 @@
+"""libcni's verbs over a network config list: ADD, CHECK, DEL, FINALIZE, STATUS, GC, VERSION.
+
+Semantics follow libcni/api.go (AddNetworkList, DelNetworkList, CheckNetworkList,
+GCNetworkList, GetStatusNetworkList, GetVersionInfo). nri-cni's additions: CNI_ARGS built
+from validated pairs with IgnoreUnknown=1, a FINALIZE verb (CNI proposal), hooks around
+each plugin call, and an atomic cache write.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nri_cni.cni import versions
+from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, ResultCache
+from nri_cni.cni.config import (NetworkConfigList, PluginConf, parse_conflist, validate_container_id,
+                                validate_ifname, validate_network_name)
+from nri_cni.cni.exec import PluginExecutor, excerpt
+from nri_cni.cni.result import Result, parse_result
+from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginExecError, PluginRef
+
+log = logging.getLogger(__name__)
+
+_ARG_KEY_RE = re.compile(r"[A-Za-z0-9_]+")
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class RuntimeConf:
+    container_id: str
+    netns: str
+    ifname: str
+    args: list[tuple[str, str]] = field(default_factory=list)  # CNI_ARGS pairs (K8S_POD_NAME, ...)
+    capability_args: dict = field(default_factory=dict)  # runtimeConfig, filtered per plugin
+
+
+@dataclass(frozen=True)
+class Attachment:
+    container_id: str
+    ifname: str
+
+
+class RuntimeHooks:
+    """Optional callbacks around plugin calls (crash-safe intent records, fault injection).
+
+    Subclass and override what you need; CNIRuntime only looks up the methods an object
+    has, so any object with some of them works too. An exception raised here aborts the
+    operation as a plugin failure would.
+    """
+
+    async def before_plugin(self, command: str, net: NetworkConfigList, plugin_index: int,
+                            rt: RuntimeConf | None) -> None:
+        """Before each plugin of ADD, CHECK, DEL or FINALIZE is exec'd."""
+
+    async def after_plugin(self, command: str, net: NetworkConfigList, plugin_index: int,
+                           rt: RuntimeConf | None, result: Result | None) -> None:
+        """After each plugin returned successfully; `result` is the chain's result so far."""
+
+    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
+        """After a successful chain, before its result is cached."""
+
+
+class GCError(CNIError):
+    """Several steps of a GC failed; `errors` holds each one (the code is the first's)."""
+
+    def __init__(self, network: str, errors: list[NriCniError]) -> None:
+        first = errors[0]
+        super().__init__(getattr(first, "code", first.cni_code),
+                         f"GC of network {network!r} failed in {len(errors)} step(s)",
+                         details="; ".join(str(e) for e in errors), ref=PluginRef(network=network))
+        self.errors = errors
+
+
+def cni_args(pairs: Sequence[tuple[str, str]]) -> str:
+    """CNI_ARGS with IgnoreUnknown=1 first. A key or value that could smuggle in another key
+    (a pod name or annotation is user input) is refused rather than escaped: CNI_ARGS has no
+    escaping, and a plugin would read `K8S_POD_NAME=a;IP=10.0.0.1` as two keys."""
+    parts = [] if any(k == "IgnoreUnknown" for k, _ in pairs) else ["IgnoreUnknown=1"]
+    for key, value in pairs:
+        if not isinstance(key, str) or not _ARG_KEY_RE.fullmatch(key):
+            raise ConfigError(f"invalid CNI_ARGS key {key!r}", location="CNI_ARGS")
+        if not isinstance(value, str) or any(c in value for c in ";=\0"):
+            raise ConfigError(f"CNI_ARGS value for {key} must not contain ';', '=' or NUL: {value!r}",
+                              location="CNI_ARGS")
+        parts.append(f"{key}={value}")
+    return ";".join(parts)
+
+
+class CNIRuntime:
+    def __init__(self, bin_dirs: list[str], cache_dir: str = DEFAULT_CACHE_DIR, *,
+                 exec_timeout: float = 60.0, executor: PluginExecutor | None = None,
+                 hooks: object | None = None) -> None:
+        self.bin_dirs = list(bin_dirs)
+        self.cache = ResultCache(cache_dir)
+        self.exec_timeout = exec_timeout
+        self.executor = executor or PluginExecutor()
+        self._before_plugin = getattr(hooks, "before_plugin", None)
+        self._after_plugin = getattr(hooks, "after_plugin", None)
+        self._before_cache_write = getattr(hooks, "before_cache_write", None)
+        # plugins inherit the daemon's environment (PATH at least: they exec iptables etc.)
+        self._base_env = dict(os.environ)
+        self._base_env.setdefault("PATH", _DEFAULT_PATH)
+        self._cni_path = ":".join(self.bin_dirs)
+
+    # ---- verbs -----------------------------------------------------------------------------
+
+    async def add(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
+        """Runs the chain with ADD, each plugin getting the previous result; caches the last."""
+        validate_container_id(rt.container_id)
+        validate_network_name(net.name)
+        validate_ifname(rt.ifname)
+        env = self._env("ADD", rt)
+        result: Result | None = None
+        for i, plugin in enumerate(net.plugins):
+            if self._before_plugin:
+                await self._before_plugin("ADD", net, i, rt)
+            prev = result.to_dict(net.cni_version) if result is not None else None
+            out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev))
+            result = self._result(net, plugin, "ADD", out)
+            if self._after_plugin:
+                await self._after_plugin("ADD", net, i, rt, result)
+        assert result is not None  # a list always has a plugin (config.py)
+        await self.cache_result(net, rt, result)
+        return result
+
+    async def check(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+        if not versions.at_least(net.cni_version, "0.4.0"):
+            raise CNIError(CniCode.INCOMPATIBLE_VERSION,
+                           f"configuration version {net.cni_version!r} does not support the CHECK command",
+                           ref=PluginRef(network=net.name, command="CHECK"))
+        if net.disable_check:
+            return
+        prev = self._cached_prev(net, rt, "CHECK")
+        env = self._env("CHECK", rt)
+        for i, plugin in enumerate(net.plugins):
+            if self._before_plugin:
+                await self._before_plugin("CHECK", net, i, rt)
+            await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev))
+            if self._after_plugin:
+                await self._after_plugin("CHECK", net, i, rt, None)
+
+    async def delete(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+        """DEL in reverse order with the cached result as prevResult (from 0.4.0 on); a
+        missing or corrupt cache entry only costs the prevResult. The entry is removed after."""
+        prev = self._cached_prev(net, rt, "DEL") if versions.at_least(net.cni_version, "0.4.0") else None
+        env = self._env("DEL", rt)
+        for i in range(len(net.plugins) - 1, -1, -1):
+            plugin = net.plugins[i]
+            if self._before_plugin:
+                await self._before_plugin("DEL", net, i, rt)
+            await self._call(net, plugin, "DEL", env, self._stdin(net, plugin, rt, prev))
+            if self._after_plugin:
+                await self._after_plugin("DEL", net, i, rt, None)
+        self.cache.delete(net.name, rt.container_id, rt.ifname)
+
+    async def delete_cached(self, entry: CacheEntry) -> None:
+        """DEL an attachment from its cache entry alone (its network left the config)."""
+        net = parse_conflist(entry.config, source=f"cache:{entry.path}")
+        if net.name != entry.network_name:
+            raise ConfigError(f"cached config names network {net.name!r}, entry says {entry.network_name!r}",
+                              location=entry.path)
+        await self.delete(net, _rt_of(entry))
+
+    async def finalize(self, net: NetworkConfigList, rt: RuntimeConf, prev_result: Result,
+                       extra: Sequence[PluginConf] = ()) -> Result:
+        """Runs the list's finalize_plugins, then `extra`, with CNI_COMMAND=FINALIZE.
+
+        Each gets the current result as prevResult; one that prints a result replaces it, one
+        that prints nothing leaves it. A changed result is written to the cache, so a later
+        DEL sees what FINALIZE made.
+        """
+        plugins = (*net.finalize_plugins, *extra)
+        if not plugins:
+            return prev_result
+        validate_container_id(rt.container_id)
+        validate_ifname(rt.ifname)
+        env = self._env("FINALIZE", rt)
+        result, changed = prev_result, False
+        for i, plugin in enumerate(plugins):
+            if self._before_plugin:
+                await self._before_plugin("FINALIZE", net, i, rt)
+            out = await self._call(net, plugin, "FINALIZE", env,
+                                   self._stdin(net, plugin, rt, result.to_dict(net.cni_version)))
+            if out.strip():
+                result, changed = self._result(net, plugin, "FINALIZE", out), True
+            if self._after_plugin:
+                await self._after_plugin("FINALIZE", net, i, rt, result)
+        if changed:
+            await self.cache_result(net, rt, result)
+        return result
+
+    async def status(self, net: NetworkConfigList) -> None:
+        """STATUS on each plugin, stopping at the first error, which is raised as the plugin
+        reported it (codes 50/51 intact). Lists below 1.1.0 have no STATUS: ready."""
+        if not versions.at_least(net.cni_version, "1.1.0"):
+            return
+        env = self._env("STATUS", None)
+        for plugin in net.plugins:
+            await self._call(net, plugin, "STATUS", env, self._stdin(net, plugin, None, None))
+
+    async def gc(self, net: NetworkConfigList, valid: list[Attachment]) -> None:
+        """DEL every cached attachment of this network not in `valid` (with its cached
+        netns/args but the current config), then GC on each plugin (1.1.0 lists). Every step
+        runs; failures are raised together as GCError. The caller keeps ADD/DEL out meanwhile."""
+        if net.disable_gc:
+            return
+        keep = {(a.container_id, a.ifname) for a in valid}
+        errors: list[NriCniError] = []
+        for entry in self.cache.entries(network=net.name):
+            if (entry.container_id, entry.ifname) in keep:
+                continue
+            try:
+                await self.delete(net, _rt_of(entry))
+            except NriCniError as exc:
+                errors.append(exc)
+        if versions.at_least(net.cni_version, "1.1.0"):
+            attachments = [{"containerID": a.container_id, "ifname": a.ifname} for a in valid]
+            # both keys: the spec first named it cni.dev/attachments (containernetworking/cni#1101)
+            extra = {"cni.dev/valid-attachments": attachments, "cni.dev/attachments": attachments}
+            env = self._env("GC", None)
+            for plugin in net.plugins:
+                try:
+                    await self._call(net, plugin, "GC", env, self._stdin(net, plugin, None, None, extra))
+                except NriCniError as exc:
+                    errors.append(exc)
+        if errors:
+            raise GCError(net.name, errors)
+
+    async def version(self, plugin_type: str) -> dict:
+        """The plugin's VERSION answer: {"cniVersion", "supportedVersions"}."""
+        ref = PluginRef(plugin=plugin_type, command="VERSION")
+        env = dict(self._base_env, CNI_COMMAND="VERSION", CNI_CONTAINERID="", CNI_NETNS="dummy",
+                   CNI_IFNAME="dummy", CNI_ARGS="", CNI_PATH="dummy")
+        try:
+            path = self.executor.find(plugin_type, self.bin_dirs)
+            out = await self.executor.exec(path, env, json.dumps({"cniVersion": versions.CURRENT}).encode(),
+                                           self.exec_timeout)
+        except CNIError as exc:
+            if exc.msg == "unknown CNI_COMMAND: VERSION" and not exc.details:  # pre-0.2.0 plugin
+                return {"cniVersion": versions.CURRENT, "supportedVersions": ["0.1.0"]}
+            exc.ref = ref
+            raise
+        try:
+            info = json.loads(out)
+        except (ValueError, UnicodeDecodeError):
+            info = None
+        if not isinstance(info, dict) or not isinstance(info.get("cniVersion"), str) or not info["cniVersion"]:
+            raise PluginExecError(f"plugin {plugin_type} printed no valid VERSION answer",
+                                  details=excerpt(out, getattr(out, "stderr", b"")), ref=ref,
+                                  code=CniCode.DECODING_FAILURE)
+        supported = info.get("supportedVersions")
+        if not supported and info["cniVersion"] == "0.2.0":
+            info["supportedVersions"] = ["0.1.0", "0.2.0"]
+        elif not isinstance(supported, list) or not supported or not all(isinstance(v, str) for v in supported):
+            raise PluginExecError(f"plugin {plugin_type} VERSION answer has no supportedVersions",
+                                  ref=ref, code=CniCode.DECODING_FAILURE)
+        return info
+
+    # ---- steps -----------------------------------------------------------------------------
+
+    async def cache_result(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
+        """Writes the attachment's cache entry; a separate step so it can be overridden."""
+        if self._before_cache_write:
+            await self._before_cache_write(net, rt, result)
+        entry = CacheEntry(container_id=rt.container_id, ifname=rt.ifname, network_name=net.name,
+                           config=net.bytes, netns=rt.netns, cni_args=list(rt.args),
+                           capability_args=dict(rt.capability_args),
+                           result=result.to_dict(result.cni_version))
+        # fsync takes milliseconds on a real disk: keep it off the event loop
+        await asyncio.to_thread(self.cache.write, entry)
+
+    def _cached_prev(self, net: NetworkConfigList, rt: RuntimeConf, command: str) -> dict | None:
+        """The cached result in the list's version, or None (with a warning) when there is none
+        usable; a corrupt entry is removed on DEL, as libcni does."""
+        entry = self.cache.read(net.name, rt.container_id, rt.ifname, drop_corrupt=command == "DEL")
+        if entry is None or entry.result is None:
+            log.warning("%s of network %r for %s/%s: no cached result, running without prevResult",
+                        command, net.name, rt.container_id, rt.ifname)
+            return None
+        try:
+            return parse_result(entry.result, net.cni_version).to_dict(net.cni_version)
+        except CNIError as exc:
+            log.warning("%s of network %r for %s/%s: unusable cached result (%s), running without "
+                        "prevResult", command, net.name, rt.container_id, rt.ifname, exc)
+            if command == "DEL":
+                self.cache.delete(net.name, rt.container_id, rt.ifname)
+            return None
+
+    def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
+        """The inherited environment with all six CNI variables set after it (libcni sets
+        empty strings for GC and STATUS)."""
+        env = dict(self._base_env)
+        env["CNI_COMMAND"] = command
+        env["CNI_CONTAINERID"] = rt.container_id if rt else ""
+        env["CNI_NETNS"] = rt.netns if rt else ""
+        env["CNI_IFNAME"] = rt.ifname if rt else ""
+        env["CNI_ARGS"] = cni_args(rt.args) if rt else ""
+        env["CNI_PATH"] = self._cni_path
+        return env
+
+    @staticmethod
+    def _stdin(net: NetworkConfigList, plugin: PluginConf, rt: RuntimeConf | None,
+               prev: dict | None, extra: dict | None = None) -> bytes:
+        """The plugin's config with name, cniVersion, prevResult and runtimeConfig injected
+        (runtimeConfig: only the capabilities the plugin declares true, and only if any)."""
+        conf = dict(plugin.conf)
+        conf["name"] = net.name
+        conf["cniVersion"] = net.cni_version
+        if prev is not None:
+            conf["prevResult"] = prev
+        if rt is not None and rt.capability_args:
+            rc = {cap: rt.capability_args[cap] for cap, on in plugin.capabilities.items()
+                  if on and cap in rt.capability_args}
+            if rc:
+                conf["runtimeConfig"] = rc
+        if extra:
+            conf.update(extra)
+        return json.dumps(conf, separators=(",", ":")).encode()
+
+    async def _call(self, net: NetworkConfigList, plugin: PluginConf, command: str,
+                    env: dict[str, str], stdin: bytes) -> bytes:
+        try:
+            path = self.executor.find(plugin.type, self.bin_dirs)
+            return await self.executor.exec(path, env, stdin, self.exec_timeout)
+        except CNIError as exc:
+            exc.ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
+            raise
+
+    @staticmethod
+    def _result(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes) -> Result:
+        ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
+        stderr = getattr(out, "stderr", b"")
+        if not out.strip():
+            raise PluginExecError(f"plugin {plugin.type} exited 0 but printed no result",
+                                  details=excerpt(b"", stderr), ref=ref, code=CniCode.DECODING_FAILURE)
+        try:
+            return parse_result(out, net.cni_version)
+        except CNIError as exc:
+            raise PluginExecError(f"plugin {plugin.type} printed an unusable result: {exc.msg}",
+                                  details=excerpt(out, stderr), ref=ref, code=exc.code) from None
+
+
+def _rt_of(entry: CacheEntry) -> RuntimeConf:
+    return RuntimeConf(container_id=entry.container_id, netns=entry.netns, ifname=entry.ifname,
+                       args=list(entry.cni_args), capability_args=dict(entry.capability_args))

@@ -1,0 +1,86 @@
+"""NRI's connection multiplexer (containerd/nri pkg/net/multiplex), without any I/O.
+
+NRI runs two ttrpc connections over one socket. Each chunk on the socket has an 8-byte header,
+u32 BE connection id and u32 BE length, then that many bytes of the connection's byte stream.
+Id 0 is reserved; on 1 the runtime calls the plugin, on 2 the plugin calls the runtime.
+Chunks hold at most one ttrpc frame's worth (10 + 4 MiB); frames may still be split across
+chunks, so the payloads of one id are a byte stream, not messages.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+
+from nri_cni.errors import ProtocolError
+
+HEADER = struct.Struct(">II")
+HEADER_SIZE = HEADER.size
+RESERVED_CONN = 0
+PLUGIN_SERVICE_CONN = 1
+RUNTIME_SERVICE_CONN = 2
+MAX_PAYLOAD = 10 + (4 << 20)
+_COMPACT_AT = 64 << 10
+
+
+class MuxProtocolError(ProtocolError):
+    """The socket's byte stream broke the multiplexer's framing; the trunk is unusable."""
+
+
+def encode(conn_id: int, data: bytes) -> bytes:
+    """The chunks carrying data on conn_id, split at MAX_PAYLOAD as the Go mux does."""
+    if len(data) <= MAX_PAYLOAD:
+        return HEADER.pack(conn_id, len(data)) + data
+    parts = []
+    with memoryview(data) as view:
+        for start in range(0, len(data), MAX_PAYLOAD):
+            piece = view[start:start + MAX_PAYLOAD]
+            parts += (HEADER.pack(conn_id, len(piece)), piece)
+        return b"".join(parts)
+
+
+class MuxDecoder:
+    """Socket bytes in, (conn_id, payload) out, for the ids in `conn_ids` (others dropped)."""
+
+    def __init__(self, conn_ids: Iterable[int]) -> None:
+        self._ids = frozenset(conn_ids) - {RESERVED_CONN}
+        self._buf = bytearray()
+        self._pos = 0
+        self._error: MuxProtocolError | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._error is not None:
+            raise self._error
+        self._buf += data
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return self
+
+    def __next__(self) -> tuple[int, bytes]:
+        while True:
+            if self._error is not None:
+                raise self._error
+            buf, pos = self._buf, self._pos
+            if len(buf) - pos < HEADER_SIZE:
+                self._compact()
+                raise StopIteration
+            conn_id, length = HEADER.unpack_from(buf, pos)
+            if length > MAX_PAYLOAD:
+                self._error = MuxProtocolError(
+                    f"mux chunk of {length} bytes exceeds {MAX_PAYLOAD} (conn {conn_id})")
+                raise self._error
+            end = pos + HEADER_SIZE + length
+            if len(buf) < end:
+                self._compact()
+                raise StopIteration
+            self._pos = end
+            if conn_id in self._ids and length:
+                with memoryview(buf) as view:
+                    return conn_id, bytes(view[pos + HEADER_SIZE:end])
+
+    def _compact(self) -> None:
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif self._pos >= _COMPACT_AT:
+            del self._buf[:self._pos]
+            self._pos = 0

@@ -1,0 +1,145 @@
+"""The plugin side of nri.pkg.api.v1alpha1.Plugin: runtime requests → the plugin's methods.
+
+The plugin object implements any subset of these async methods:
+
+    configure(req: ConfigureRequest) -> None
+    synchronize(pods: list[PodSandbox], containers: list[Container]) -> None
+    run_pod_sandbox(pod: PodSandbox) -> RunPodSandboxResponse | None
+    stop_pod_sandbox(pod: PodSandbox) -> None
+    remove_pod_sandbox(pod: PodSandbox) -> None
+    shutdown() -> None
+    on_disconnect() -> None          (called by the Stub, not by the runtime)
+
+and optionally `requested_timeout_ms` (an int, or a method returning one), sent in
+ConfigureResponse.request_timeout (PR #304). The pod events it subscribes to are the ones whose
+method it has. One PluginService serves one connection: Synchronize pages collect in it.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from nri_cni.api import nri_pb2
+from nri_cni.errors import GrpcCode, ProtocolError
+from nri_cni.ttrpc.server import Handler
+
+log = logging.getLogger(__name__)
+_M = TypeVar("_M", bound=Message)
+
+PLUGIN_SERVICE = nri_pb2.DESCRIPTOR.services_by_name["Plugin"].full_name
+RUNTIME_SERVICE = nri_pb2.DESCRIPTOR.services_by_name["Runtime"].full_name
+
+# Event → the plugin method handling it, for the pod events nri-cni cares about.
+POD_EVENT_METHODS = {
+    nri_pb2.RUN_POD_SANDBOX: "run_pod_sandbox",
+    nri_pb2.STOP_POD_SANDBOX: "stop_pod_sandbox",
+    nri_pb2.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
+}
+
+
+def event_mask(events: list[int]) -> int:
+    """ConfigureResponse.events: bit (event - 1) per subscribed event."""
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+def subscribed_events(plugin: object) -> list[int]:
+    return [event for event, name in POD_EVENT_METHODS.items() if hasattr(plugin, name)]
+
+
+def _decode(cls: type[_M], payload: bytes) -> _M:
+    try:
+        return cls.FromString(payload)
+    except DecodeError as exc:
+        raise ProtocolError(f"undecodable {cls.__name__}", details=str(exc),
+                            grpc_code=GrpcCode.INVALID_ARGUMENT) from None
+
+
+def requested_timeout_ms(plugin: object) -> int:
+    value = getattr(plugin, "requested_timeout_ms", 0)
+    return int(value() if callable(value) else value)
+
+
+class PluginService:
+    def __init__(self, plugin: Any, *, on_configured: Callable[[nri_pb2.ConfigureRequest], None],
+                 on_synchronized: Callable[[], None]) -> None:
+        self._plugin = plugin
+        self._on_configured = on_configured
+        self._on_synchronized = on_synchronized
+        self._sync_pods: list[nri_pb2.PodSandbox] = []
+        self._sync_containers: list[nri_pb2.Container] = []
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "Configure": self.configure,
+            "Synchronize": self.synchronize,
+            "Shutdown": self.shutdown,
+            "RunPodSandbox": self.run_pod_sandbox,
+            "StopPodSandbox": self.stop_pod_sandbox,
+            "RemovePodSandbox": self.remove_pod_sandbox,
+            "StateChange": self.state_change,
+        }
+
+    async def configure(self, payload: bytes) -> bytes:
+        req = _decode(nri_pb2.ConfigureRequest, payload)
+        if hasattr(self._plugin, "configure"):
+            await self._plugin.configure(req)
+        self._on_configured(req)
+        return nri_pb2.ConfigureResponse(
+            events=event_mask(subscribed_events(self._plugin)),
+            request_timeout=requested_timeout_ms(self._plugin),
+        ).SerializeToString()
+
+    async def synchronize(self, payload: bytes) -> bytes:
+        req = _decode(nri_pb2.SynchronizeRequest, payload)
+        self._sync_pods.extend(req.pods)
+        self._sync_containers.extend(req.containers)
+        if req.more:  # the runtime wants more=true and no updates until the last page
+            return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
+        pods, self._sync_pods = self._sync_pods, []
+        containers, self._sync_containers = self._sync_containers, []
+        if hasattr(self._plugin, "synchronize"):
+            await self._plugin.synchronize(pods, containers)
+        self._on_synchronized()
+        return nri_pb2.SynchronizeResponse().SerializeToString()
+
+    async def shutdown(self, payload: bytes) -> bytes:
+        if hasattr(self._plugin, "shutdown"):
+            await self._plugin.shutdown()
+        return b""  # Empty
+
+    async def run_pod_sandbox(self, payload: bytes) -> bytes:
+        pod = _decode(nri_pb2.RunPodSandboxRequest, payload).pod
+        resp = None
+        if hasattr(self._plugin, "run_pod_sandbox"):
+            resp = await self._plugin.run_pod_sandbox(pod)
+        return resp.SerializeToString() if resp is not None else b""
+
+    async def stop_pod_sandbox(self, payload: bytes) -> bytes:
+        await self._pod_event(nri_pb2.STOP_POD_SANDBOX,
+                              _decode(nri_pb2.StopPodSandboxRequest, payload).pod)
+        return b""  # StopPodSandboxResponse is empty
+
+    async def remove_pod_sandbox(self, payload: bytes) -> bytes:
+        await self._pod_event(nri_pb2.REMOVE_POD_SANDBOX,
+                              _decode(nri_pb2.RemovePodSandboxRequest, payload).pod)
+        return b""
+
+    async def state_change(self, payload: bytes) -> bytes:
+        """The deprecated catch-all (what containerd 2.1 sends). Other events: answered OK."""
+        evt = _decode(nri_pb2.StateChangeEvent, payload)
+        resp = await self._pod_event(evt.event, evt.pod)
+        if resp is not None and resp.HasField("adjust"):
+            log.debug("pod %s/%s: StateChange cannot carry the network result back",
+                      evt.pod.namespace, evt.pod.name)
+        return b""  # Empty
+
+    async def _pod_event(self, event: int, pod: nri_pb2.PodSandbox) -> Any:
+        name = POD_EVENT_METHODS.get(event)
+        method = getattr(self._plugin, name, None) if name else None
+        return await method(pod) if method is not None else None

@@ -1,0 +1,1 @@
+"""Developer tools (code generation); nothing here is imported at run time."""

@@ -1,0 +1,151 @@
+"""libcni's cache format, byte for byte, and the tolerant / atomic file handling."""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nri_cni.cni.cache import CacheEntry, ResultCache
+from nri_cni.errors import CniCode, CNIError, ConfigError
+
+GOLDEN = (Path(__file__).parent / "golden" / "libcni-cache-v1.json").read_bytes()
+GOLDEN_CONFIG = b'{"cniVersion":"1.0.0","name":"nct-golden","plugins":[{"type":"fake-a"},{"type":"fake-b"}]}'
+
+
+def golden_entry() -> CacheEntry:
+    return CacheEntry(
+        container_id="c0ffee", ifname="eth0", network_name="nct-golden", config=GOLDEN_CONFIG,
+        netns="/var/run/netns/nct-golden",
+        cni_args=[("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", "web-0")],
+        capability_args={"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+                         "io.kubernetes.cri.pod-annotations": {"note": "a<b & c>d"}},
+        result={"cniVersion": "1.0.0",
+                "interfaces": [{"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/var/run/netns/nct-golden"}],
+                "ips": [{"interface": 0, "address": "10.244.0.5/24", "gateway": "10.244.0.1"}],
+                "routes": [{"dst": "0.0.0.0/0"}]})
+
+
+def test_golden_bytes_written_exactly(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    cache.write(golden_entry())
+    path = tmp_path / "results" / "nct-golden-c0ffee-eth0"
+    assert path.read_bytes() == GOLDEN
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "results").stat().st_mode) == 0o700
+    assert os.listdir(tmp_path / "results") == ["nct-golden-c0ffee-eth0"]  # no temp file left
+
+
+def test_golden_read(tmp_path):
+    entry = CacheEntry.from_json(GOLDEN, "p")
+    want = golden_entry()
+    want.path = "p"
+    assert entry == want
+
+
+def test_minimal_entry_omits_empty_fields():
+    entry = CacheEntry(container_id="c", ifname="eth0", network_name="n", config=b"{}")
+    assert entry.to_json() == b'{"kind":"cniCacheV1","containerId":"c","config":"e30=","ifName":"eth0","networkName":"n"}'
+
+
+def test_keys_read_case_insensitively():
+    # ocicni writes "containerID"; Go's decoder folds case
+    data = GOLDEN.replace(b'"containerId"', b'"containerID"').replace(b'"ifName"', b'"ifname"')
+    entry = CacheEntry.from_json(data)
+    assert (entry.container_id, entry.ifname) == ("c0ffee", "eth0")
+
+
+def test_rewrite_replaces(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    cache.write(golden_entry())
+    entry = golden_entry()
+    entry.netns = "/var/run/netns/other"
+    cache.write(entry)
+    assert cache.read("nct-golden", "c0ffee", "eth0").netns == "/var/run/netns/other"
+
+
+@pytest.mark.parametrize("content", [b"", b"  \n", b"{trunc", b"[]", b'{"kind":"other"}',
+                                     b'{"kind":"cniCacheV1","config":"***"}',
+                                     b'{"kind":"cniCacheV1","cniArgs":[["a"]]}'])
+def test_corrupt_entries(tmp_path, caplog, content):
+    cache = ResultCache(str(tmp_path))
+    path = Path(cache.path("n", "c", "eth0"))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with caplog.at_level(logging.WARNING):
+        assert cache.read("n", "c", "eth0") is None
+    assert "corrupt" in caplog.text
+    assert path.exists()
+    assert cache.read("n", "c", "eth0", drop_corrupt=True) is None
+    assert not path.exists()
+
+
+def test_missing_entry(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    assert cache.read("n", "c", "eth0") is None
+    cache.delete("n", "c", "eth0")  # deleting nothing is fine
+
+
+def test_path_cannot_escape(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    for cid in ("../../etc/x", "a/b", ""):
+        with pytest.raises(ConfigError):
+            cache.path("n", cid, "eth0")
+
+
+def test_entries_filters(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    for net, cid, ifname in (("net-a", "c1", "eth0"), ("net-a", "c2", "eth0"), ("net-b", "c1", "net1"),
+                             ("a-c1-b", "c3", "eth0")):
+        cache.write(CacheEntry(container_id=cid, ifname=ifname, network_name=net, config=b"{}"))
+    results = tmp_path / "results"
+    (results / "net-a-c9-eth0").write_text("{corrupt")
+    (results / ".net-a-c1-eth1.1.2.tmp").write_bytes(
+        CacheEntry(container_id="c1", ifname="eth1", network_name="net-a", config=b"{}").to_json())
+    key = lambda e: (e.network_name, e.container_id, e.ifname)  # noqa: E731
+    assert [key(e) for e in cache.entries()] == [("a-c1-b", "c3", "eth0"), ("net-a", "c1", "eth0"),
+                                                 ("net-a", "c2", "eth0"), ("net-b", "c1", "net1")]
+    # the file name of "a-c1-b" contains "-c1-", but its JSON says c3
+    assert [key(e) for e in cache.entries(container_id="c1")] == [("net-a", "c1", "eth0"), ("net-b", "c1", "net1")]
+    assert [key(e) for e in cache.entries(network="net-a")] == [("net-a", "c1", "eth0"), ("net-a", "c2", "eth0")]
+    assert all(e.path.startswith(str(results)) for e in cache.entries())
+    assert ResultCache(str(tmp_path / "none")).entries() == []
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "nct-tiny", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.mark.netns
+def test_full_filesystem_fails_cleanly(tiny_tmpfs):
+    cache = ResultCache(str(tiny_tmpfs))
+    old = golden_entry()
+    cache.write(old)
+    path = Path(cache.path("nct-golden", "c0ffee", "eth0"))
+    # fill the filesystem to the last byte
+    with open(tiny_tmpfs / "filler", "wb", buffering=0) as f:
+        with pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+    new = golden_entry()
+    new.capability_args = {"big": "x" * 20000}
+    with pytest.raises(CNIError) as err:
+        cache.write(new)
+    assert err.value.code == CniCode.IO_FAILURE
+    assert str(path) in str(err.value)
+    assert os.listdir(path.parent) == [path.name]  # no temp file
+    assert path.read_bytes() == GOLDEN  # the old entry is intact
+    fresh = CacheEntry(container_id="c2", ifname="eth0", network_name="n", config=b"x" * 20000)
+    with pytest.raises(CNIError):
+        cache.write(fresh)
+    assert os.listdir(path.parent) == [path.name]

@@ -1,0 +1,214 @@
+"""The plugin executor: output handling, errors, timeouts, process groups, fds."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+
+from nri_cni.cni import exec as cni_exec
+from nri_cni.cni.exec import PluginExecutor
+from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginTimeout
+
+ENV = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/x",
+       "CNI_IFNAME": "eth0", "CNI_ARGS": "IgnoreUnknown=1", "CNI_PATH": "/nowhere"}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def fake(fake_bin, act: dict, command: str = "ADD", timeout: float = 10.0, **conf):
+    stdin = json.dumps({"type": "fake", "cniVersion": "1.1.0", "fake": {command: act}, **conf}).encode()
+    env = dict(ENV, CNI_COMMAND=command)
+    return run(PluginExecutor().exec(str(fake_bin / "fake"), env, stdin, timeout))
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def live_members(pgid: int) -> list[int]:
+    """Processes of group `pgid` that are not zombies. (Killed orphans are reaped by PID 1,
+    which on some machines takes a second or two: a zombie has stopped running.)"""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def group_gone(pgid: int, within: float = 1.0) -> bool:
+    end = time.monotonic() + within
+    while live_members(pgid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_success_returns_stdout_and_env(fake_bin, tmp_path):
+    log = tmp_path / "log"
+    out = fake(fake_bin, {"result": {"cniVersion": "1.1.0"}, "stderr": "note"}, log=str(log))
+    assert json.loads(out) == {"cniVersion": "1.1.0"}
+    assert out.stderr == b"note"
+    call = json.loads(log.read_text())
+    assert call["env"] == ENV  # exactly what was passed, nothing else of ours
+    assert call["stdin"]["fake"]["ADD"]["stderr"] == "note"
+
+
+def test_empty_output_is_returned(fake_bin):
+    assert fake(fake_bin, {}, command="DEL") == b""
+
+
+def test_cni_error_object(fake_bin):
+    with pytest.raises(CNIError) as err:
+        fake(fake_bin, {"error": {"code": 11, "msg": "busy", "details": "try later"}})
+    exc = err.value
+    assert type(exc) is CNIError and (exc.code, exc.msg, exc.details) == (11, "busy", "try later")
+    assert (exc.ref.plugin, exc.ref.command) == ("fake", "ADD")
+
+
+def test_nonzero_exit_without_output(fake_bin):
+    with pytest.raises(PluginExecError) as err:
+        fake(fake_bin, {"exit": 3, "stderr": "cannot open /dev/net/tun"})
+    assert "exit status 3" in str(err.value) and "no output" in str(err.value)
+    assert "cannot open /dev/net/tun" in str(err.value)
+
+
+def test_stderr_tail_kept(fake_bin):
+    with pytest.raises(PluginExecError) as err:
+        run(PluginExecutor().exec(str(fake_bin / "chatty"), ENV, b"{}", 10))
+    details = err.value.details
+    assert "the real reason" in details and "noise line 0\\n" not in details
+    assert details.count("noise line") <= cni_exec.STDERR_TAIL // len("noise line 1999\n") + 1
+
+
+def test_garbage_output_on_failure(fake_bin):
+    with pytest.raises(PluginExecError) as err:
+        fake(fake_bin, {"print": "panic: runtime error " + "x" * 500, "exit": 2, "stderr": "goroutine 1"})
+    msg = str(err.value)
+    assert "not a CNI error" in msg and "panic: runtime error" in msg and "goroutine 1" in msg
+    assert "x" * 250 not in msg  # only the first ~200 bytes
+    assert err.value.code == CniCode.DECODING_FAILURE
+
+
+def test_killed_by_signal(fake_bin, tmp_path):
+    script = tmp_path / "bin" / "selfkill"
+    script.write_text("#!/bin/sh\nkill -9 $$\n")
+    script.chmod(0o755)
+    with pytest.raises(PluginExecError, match="killed by signal 9"):
+        run(PluginExecutor().exec(str(script), ENV, b"", 10))
+
+
+def test_timeout_kills_process_group(fake_bin, tmp_path):
+    pidfile = tmp_path / "hang.pid"
+    before = open_fds()
+    t0 = time.monotonic()
+    with pytest.raises(PluginTimeout) as err:
+        run(PluginExecutor().exec(str(fake_bin / "hang"), dict(ENV, HANG_PIDFILE=str(pidfile)), b"{}", 0.5))
+    assert 0.5 <= time.monotonic() - t0 < 2.0
+    assert "timeout" in str(err.value)
+    pgid = int(pidfile.read_text())
+    assert group_gone(pgid), "the plugin's process group survived the timeout"
+    assert open_fds() == before
+
+
+def test_cancel_kills_and_reaps(fake_bin, tmp_path):
+    pidfile = tmp_path / "hang.pid"
+    before = open_fds()
+
+    async def go():
+        in_loop = open_fds()  # plus the loop's own epoll fd and self-pipe
+        task = asyncio.create_task(PluginExecutor().exec(str(fake_bin / "hang"),
+                                                         dict(ENV, HANG_PIDFILE=str(pidfile)), b"{}", 30))
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pgid = int(pidfile.read_text())
+        for _ in range(200):  # the loop keeps watching the pidfd and reaps the child
+            await asyncio.sleep(0.01)
+            if open_fds() == in_loop:
+                break
+        assert open_fds() == in_loop
+        return pgid
+
+    pgid = run(go())
+    assert group_gone(pgid)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)  # already reaped: no zombie left
+    assert open_fds() == before
+
+
+def test_large_stdin_and_stdout(fake_bin, tmp_path):
+    blob = "y" * (3 * cni_exec.PIPE_CAPACITY)
+    out = fake(fake_bin, {"result": {"echo": blob}}, pad=blob)
+    assert json.loads(out)["echo"] == blob
+
+
+def test_stdout_limit(fake_bin, monkeypatch):
+    monkeypatch.setattr(cni_exec, "MAX_STDOUT", 1000)
+    with pytest.raises(PluginExecError, match="more than 1000 bytes"):
+        fake(fake_bin, {"print": "z" * 5000})
+
+
+def test_signals_restored_for_plugins(fake_bin):
+    out = run(PluginExecutor().exec(str(fake_bin / "sigstate"), ENV, b"", 10)).decode()
+    state = dict(line.split(":\t") for line in out.splitlines())
+    # Python ignores SIGPIPE and SIGXFSZ; a plugin (and the iptables it runs) must not.
+    # Signals 32/33 are glibc's internal ones: its posix_spawn leaves them ignored, and both
+    # glibc and Go install their own handlers for them at start-up, so only 1-31 matter.
+    assert int(state["SigIgn"], 16) & 0x7FFFFFFF == 0  # bit n-1 is signal n
+    assert int(state["SigBlk"], 16) == 0
+
+
+def test_not_executable(fake_bin, tmp_path):
+    path = tmp_path / "bin" / "noexec"
+    path.write_text("#!/bin/sh\n")
+    with pytest.raises(PluginExecError, match="cannot run plugin.*Permission denied"):
+        run(PluginExecutor().exec(str(path), ENV, b"", 10))
+
+
+def test_text_file_busy_retried(fake_bin, tmp_path):
+    path = tmp_path / "bin" / "busy"
+    path.write_text("#!/bin/sh\necho '{}'\n")
+    path.chmod(0o755)
+    writer = os.open(path, os.O_WRONLY)  # exec of a file open for writing fails with ETXTBSY
+
+    async def go():
+        asyncio.get_running_loop().call_later(0.12, os.close, writer)
+        return await PluginExecutor().exec(str(path), ENV, b"", 10)
+
+    assert run(go()).strip() == b"{}"
+
+
+def test_find(fake_bin, tmp_path):
+    ex = PluginExecutor()
+    (tmp_path / "first").mkdir()
+    (tmp_path / "first" / "fake-b").mkdir()  # a directory is not a plugin
+    assert ex.find("fake-b", [str(tmp_path / "first"), str(fake_bin)]) == str(fake_bin / "fake-b")
+    with pytest.raises(PluginExecError) as err:
+        ex.find("nct-missing", [str(tmp_path / "first"), str(fake_bin)])
+    assert "nct-missing" in str(err.value) and str(tmp_path / "first") in str(err.value)
+    with pytest.raises(PluginExecError, match="invalid plugin name"):
+        ex.find("../fake", [str(fake_bin)])
+
+
+def test_concurrent_calls(fake_bin):
+    async def go():
+        ex = PluginExecutor()
+        stdin = [json.dumps({"fake": {"ADD": {"result": {"n": i}, "sleep": 0.05}}}).encode() for i in range(8)]
+        return await asyncio.gather(*(ex.exec(str(fake_bin / "fake"), ENV, s, 10) for s in stdin))
+
+    assert [json.loads(o)["n"] for o in run(go())] == list(range(8))

@@ -1,0 +1,103 @@
+"""Fixtures for the tests that drive a real containerd.
+
+- ``pause_image`` (session): the static pause image archive (built once into .cache/).
+- ``cri_modules`` (session): the compiled CRI proto (into .cache/cri/).
+- ``make_containerd(**kwargs)``: starts a private containerd (see
+  tests/support/containerd.py for the arguments; ``cni_bin_dirs`` defaults to the Debian CNI
+  plugins, ``start=False`` returns it unstarted). Every instance is cleaned up after the test;
+  when the test failed, the tail of its log is printed.
+- ``make_bridge_network(**kwargs)`` / ``bridge_network``: a bridge + host-local + portmap CNI
+  conf dir (nctbr0, 10.246.0.0/24 by default) whose host-side traces are removed afterwards.
+  Request it BEFORE ``make_containerd`` so that containerd's pods are gone first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from tests.e2e.hostnet import BridgeNetwork  # noqa: E402
+from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
+from tests.support.cri import CriModules, compile_cri  # noqa: E402
+from tests.support.pause.image import PauseImage, build_pause_image  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"_nct_rep_{report.when}", report)
+
+
+def _test_failed(node: pytest.Item) -> bool:
+    return any(getattr(getattr(node, f"_nct_rep_{when}", None), "failed", False)
+               for when in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def pause_image() -> PauseImage:
+    return build_pause_image()
+
+
+@pytest.fixture(scope="session")
+def cri_modules() -> CriModules:
+    return compile_cri()
+
+
+@pytest.fixture
+def make_containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                    pause_image: PauseImage, cri_modules: CriModules
+                    ) -> Iterator[Callable[..., Containerd]]:
+    instances: list[Containerd] = []
+
+    def factory(*, start: bool = True, **kwargs: Any) -> Containerd:
+        kwargs.setdefault("cni_bin_dirs", [cni_plugin_dir()])
+        kwargs.setdefault("pause", pause_image)
+        inst = Containerd(tmp_path_factory.mktemp("ctd"), **kwargs)
+        instances.append(inst)
+        if start:
+            inst.start()
+        return inst
+
+    yield factory
+
+    problems: list[str] = []
+    failed = _test_failed(request.node)
+    for inst in reversed(instances):
+        if failed:
+            print(f"\n---- tail of {inst.log_path}\n{inst.log_tail()}")
+        problems += inst.cleanup()
+    if problems:
+        pytest.fail("containerd cleanup left problems:\n  " + "\n  ".join(problems))
+
+
+@pytest.fixture
+def make_bridge_network(tmp_path_factory: pytest.TempPathFactory
+                        ) -> Iterator[Callable[..., BridgeNetwork]]:
+    nets: list[BridgeNetwork] = []
+
+    def factory(**kwargs: Any) -> BridgeNetwork:
+        net = BridgeNetwork(tmp_path_factory.mktemp("cni"), **kwargs)
+        nets.append(net)
+        return net
+
+    yield factory
+
+    problems: list[str] = []
+    for net in reversed(nets):
+        problems += net.cleanup()
+    if problems:
+        pytest.fail("network cleanup left problems:\n  " + "\n  ".join(problems))
+
+
+@pytest.fixture
+def bridge_network(make_bridge_network: Callable[..., BridgeNetwork]) -> BridgeNetwork:
+    return make_bridge_network()

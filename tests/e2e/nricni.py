@@ -1,0 +1,159 @@
+"""`nri-cni run` as a real process next to a test containerd, and the shim-mode CNI setup.
+
+The shim-mode CNI list is config/containerd/net.d/10-nri-cni.conflist itself, with only its
+daemon socket path pointed at the test's daemon (the shipped file, not a copy).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from nri_cni import localproto
+from nri_cni.shim import install
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM_CONFLIST = REPO / "config" / "containerd" / "net.d" / "10-nri-cni.conflist"
+DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
+REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
+FAKE_PLUGIN = REPO / "tests" / "plugins" / "fake_plugin.py"
+
+
+class NriCni:
+    """One daemon process with a private config, state, cache and sockets."""
+
+    def __init__(self, tmp: Path, cfg: dict) -> None:
+        self.tmp = tmp
+        self.cfg = cfg
+        self.config_path = tmp / "nri-cni.yaml"
+        self.log_path = tmp / "nri-cni.log"
+        self.socket = cfg["daemon"]["socket"]
+        self.proc: subprocess.Popen | None = None
+        self.env = dict(os.environ)
+
+    def start(self, *, wait_registered: bool = True, env: dict | None = None) -> "NriCni":
+        self.config_path.write_text(yaml.safe_dump(self.cfg))
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nri_cni.cli", "run", "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
+        log.close()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nri-cni exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                st = self.status()
+                if not wait_registered or st["nri"]["synchronized"]:
+                    return self
+            except (OSError, localproto.LocalProtocolError, Exception):  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"nri-cni did not become ready:\n{self.log_tail()}")
+
+    def ask(self, op: str):
+        status, payload = localproto.call(self.socket, {localproto.OP_KEY: op}, timeout=60)
+        data = json.loads(payload)
+        if status:
+            raise RuntimeError(data)
+        return data
+
+    def status(self) -> dict:
+        return self.ask("status")
+
+    def pods(self) -> list[dict]:
+        return self.ask("pods")
+
+    def wait_idle(self, timeout: float = 20) -> None:
+        """Until the background work after a (re)synchronization is done (GC, repair)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st["nri"]["synchronized"] and "gc (synchronize)" in self.log_path.read_text() \
+                    and not st["pendingRepair"]:
+                time.sleep(0.3)
+                return
+            time.sleep(0.05)
+        raise RuntimeError("nri-cni did not settle")
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def op_lines(self) -> list[dict]:
+        """The structured pod operation lines from the log."""
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            if "nri_cni.podop: " in line:
+                out.append(json.loads(line.split("nri_cni.podop: ", 1)[1]))
+        return out
+
+    def log_tail(self, n: int = 60) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text().splitlines()[-n:])
+
+
+class ShimSetup:
+    """Dirs for a shim-mode node: CNI bin dir (shim + real plugins + fakes), the runtime's conf
+    dir holding the shipped shim list, nri-cni's state and cache, a short socket dir."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="nct-"))  # unix socket paths are short
+        self.socket = str(self.sock_dir / "d.sock")
+        self.bin_dir = tmp / "bin"
+        self.bin_dir.mkdir()
+        for plugin in REAL_PLUGINS.iterdir():
+            (self.bin_dir / plugin.name).symlink_to(plugin)
+        install(str(self.bin_dir), self.socket)
+        fake = f"#!{os.path.realpath(sys.executable)} -IS\n" + FAKE_PLUGIN.read_text()
+        for name in ("fake-finalize", "fake-fail"):
+            (self.bin_dir / name).write_text(fake)
+            (self.bin_dir / name).chmod(0o755)
+        self.conf_dir = tmp / "net.d"
+        self.conf_dir.mkdir()
+        shim_list = json.loads(SHIM_CONFLIST.read_text())
+        for plugin in shim_list["plugins"]:
+            if plugin["type"] == "nri-cni-shim":
+                plugin["daemonSocket"] = self.socket
+        (self.conf_dir / SHIM_CONFLIST.name).write_text(json.dumps(shim_list))
+        self.cache_dir = tmp / "cache"
+        self.state_dir = tmp / "state"
+        self.ipam_dir = tmp / "ipam"
+        self.finalize_dir = tmp / "nri-net.d" / "_finalize.d"
+        self.finalize_dir.mkdir(parents=True)
+
+    def config(self, nri_socket: str, networks: list[dict], mode: str = "shim", **extra) -> dict:
+        return {
+            "mode": mode,
+            "nri": {"socket": nri_socket},
+            "daemon": {"socket": self.socket},
+            "state_dir": str(self.state_dir),
+            "log": {"level": "info"},
+            "cni": {"bin_dirs": [str(self.bin_dir)], "cache_dir": str(self.cache_dir),
+                    "finalize_dir": str(self.finalize_dir), "plugin_timeout": "30s"},
+            "networks": networks,
+            **extra,
+        }
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.sock_dir, ignore_errors=True)

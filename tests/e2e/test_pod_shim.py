@@ -1,0 +1,197 @@
+"""Shim mode through real containerd 2.1.9: nri-cni-shim is containerd's only CNI network; the
+daemon attaches the pod's whole plan (bridge eth0, macvlan net1 over a veth master the test made,
+FINALIZE), and containerd reports nri-cni's IP through CRI."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+
+pytestmark = pytest.mark.e2e
+
+FINALIZE_PROBE = """#!/bin/sh
+# FINALIZE probe: records which interfaces the pod has when FINALIZE runs; prints nothing.
+cat >/dev/null
+links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort | tr '\\n' ,)
+echo "$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME $links" >> "%s"
+"""
+
+
+@pytest.fixture
+def shim_node(tmp_path, make_containerd):
+    jan = Janitor()
+    setup = ShimSetup(tmp_path)
+    daemons: list[NriCni] = []
+    node = type("ShimNode", (), {})()
+    node.jan, node.setup = jan, setup
+    node.bridge = unique_name("br")
+    jan.track_link(node.bridge)
+    node.master, _ = jan.veth()
+    node.probe_log = tmp_path / "finalize.log"
+    probe = setup.finalize_dir / "50-probe.conf"
+    (setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
+    (setup.bin_dir / "fin-probe").chmod(0o755)
+    probe.write_text('{"type": "fin-probe"}')
+
+    def networks(*, net1_default=False, eth0_subnet="10.246.40.0/24", net1_subnet="10.246.41.0/24"):
+        return [
+            {"name": "podnet", "default": True, "conflist": {
+                "cniVersion": "1.1.0", "name": "podnet", "plugins": [
+                    {"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
+                     "ipam": {"type": "host-local", "dataDir": str(setup.ipam_dir),
+                              "ranges": [[{"subnet": eth0_subnet}]]}},
+                    {"type": "portmap", "capabilities": {"portMappings": True}}]}},
+            {"name": "fastnet", "default": net1_default, "namespaces": ["nct-e2e"], "conflist": {
+                "cniVersion": "1.0.0", "name": "fastnet", "plugins": [
+                    {"type": "macvlan", "master": node.master, "mode": "bridge",
+                     "ipam": {"type": "host-local", "dataDir": str(setup.ipam_dir),
+                              "ranges": [[{"subnet": net1_subnet}]]}}]}},
+        ]
+
+    def start(nets=None, *, containerd=True, **extra):
+        ctd = make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir]) \
+            if containerd else None
+        node.ctd = ctd
+        cfg = setup.config(ctd.nri_socket if ctd else str(tmp_path / "nri.sock"),
+                           nets or networks(), **extra)
+        d = NriCni(tmp_path, cfg)
+        daemons.append(d)
+        node.daemon = d.start(wait_registered=containerd)
+        return node.daemon
+
+    node.networks, node.start = networks, start
+    node.leaks = LeakChecker(dirs=[setup.cache_dir, setup.ipam_dir, setup.state_dir],
+                             bridges=[node.bridge]).start()
+    yield node
+    for d in daemons:
+        if d.proc and d.proc.poll() is None:
+            d.stop()
+    failed = jan.cleanup()
+    setup.cleanup()
+    if failed:
+        pytest.fail(f"cleanup: {failed}")
+
+
+def _run_pod(ctd, name, annotations=None):
+    return ctd.cri.run_pod(name, "nct-e2e", str(uuid.uuid4()), annotations=annotations or {})
+
+
+def _addrs(netns_path, ifname):
+    out = subprocess.run(["nsenter", f"--net={netns_path}", "ip", "-o", "-4", "addr", "show", "dev",
+                          ifname], capture_output=True, text=True)
+    return [line.split()[3] for line in out.stdout.splitlines()]
+
+
+def test_two_networks_finalize_cri_ip_reachability_and_clean_removal(shim_node):
+    node = shim_node
+    node.start()
+    ctd, daemon = node.ctd, node.daemon
+    ann = {"k8s.v1.cni.cncf.io/networks": "fastnet"}
+    pods = [_run_pod(ctd, f"web-{i}", ann) for i in range(2)]
+    statuses = [ctd.cri.pod_status(p) for p in pods]
+    for pod, st in zip(pods, statuses):
+        node.leaks.add_markers(pod, st.ip)
+        assert st.ready
+        # CRI reports the address nri-cni's bridge network assigned
+        assert ipaddress.ip_address(st.ip) in ipaddress.ip_network("10.246.40.0/24")
+        assert f"{st.ip}/24" in _addrs(st.netns_path, "eth0")
+        net1 = _addrs(st.netns_path, "net1")
+        assert len(net1) == 1 and ipaddress.ip_interface(net1[0]) in ipaddress.ip_network("10.246.41.0/24")
+    node.leaks.learn()
+    # the two pods reach each other over nri-cni's bridge
+    ping = subprocess.run(["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2",
+                           statuses[1].ip], capture_output=True, text=True)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    # FINALIZE ran for both networks, after both ADDs: eth0 and net1 both existed each time
+    lines = [ln.split() for ln in node.probe_log.read_text().splitlines()]
+    for pod in pods:
+        mine = [ln for ln in lines if ln[1] == pod]
+        assert [ln[2] for ln in mine] == ["eth0", "net1"], lines
+        assert all(ln[0] == "FINALIZE" and ln[3] == "eth0,lo,net1," for ln in mine), lines
+    # `nri-cni pods` shows both pods with both networks
+    table = {p["id"]: p for p in daemon.pods()}
+    assert set(table) == set(pods)
+    assert [n["interface"] for n in table[pods[0]]["networks"]] == ["eth0", "net1"]
+    assert table[pods[0]]["networks"][0]["ips"] == [f"{statuses[0].ip}/24"]
+
+    for pod in pods:
+        ctd.cri.stop_pod(pod)
+        ctd.cri.remove_pod(pod)
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == []
+    assert node.leaks.leaks() == []
+
+
+def test_daemon_down_fails_the_pod_cleanly(shim_node):
+    node = shim_node
+    node.start()
+    node.daemon.stop()
+    with pytest.raises(Exception) as err:
+        _run_pod(node.ctd, f"down-{uuid.uuid4().hex[:6]}")
+    assert "nri-cni daemon is not reachable" in str(err.value)
+    # containerd tears the failed sandbox down; nothing of nri-cni's exists
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert node.leaks.leaks() == []
+
+
+def test_second_network_failure_in_shim_mode_is_clear_and_leaves_nothing(shim_node):
+    node = shim_node
+    nets = node.networks(net1_default=True)
+    nets[1]["conflist"]["plugins"][0]["master"] = "nctnomaster9"
+    node.start(nets)
+    with pytest.raises(Exception) as err:
+        _run_pod(node.ctd, f"bad-{uuid.uuid4().hex[:6]}")
+    msg = str(err.value)
+    assert "fastnet" in msg and "macvlan" in msg, msg
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert node.leaks.leaks() == []
+
+
+def test_annotation_outside_the_allow_list_refuses_the_pod(shim_node):
+    node = shim_node
+    node.start()
+    for value in ("kube-system/fastnet", "../../etc/cni/net.d/evil", "nosuchnet"):
+        with pytest.raises(Exception) as err:
+            _run_pod(node.ctd, f"ann-{uuid.uuid4().hex[:6]}", {"k8s.v1.cni.cncf.io/networks": value})
+        assert "k8s.v1.cni.cncf.io/networks" in str(err.value)
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert node.leaks.leaks() == []
+
+
+def test_fifty_pods_eight_at_a_time(shim_node):
+    node = shim_node
+    node.start(node.networks(net1_default=True, eth0_subnet="10.246.42.0/24",
+                             net1_subnet="10.246.43.0/24"))
+    ctd, daemon = node.ctd, node.daemon
+    names = [f"churn-{i}-{uuid.uuid4().hex[:4]}" for i in range(50)]
+    with ThreadPoolExecutor(8) as pool:
+        pods = list(pool.map(lambda n: _run_pod(ctd, n), names))
+    assert len(host_local_reservations(node.setup.ipam_dir)) == 100
+    assert len(daemon.pods()) == 50
+
+    def teardown(pod):
+        ctd.cri.stop_pod(pod)
+        ctd.cri.remove_pod(pod)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(teardown, pods))
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == []
+    # From the timing log: no two operations of one pod overlapped.
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for line in daemon.op_lines():
+        spans.setdefault(line["podId"], []).append((line["start"], line["end"]))
+    assert set(pods) <= set(spans)
+    for pod, ops in spans.items():
+        ops.sort()
+        for (s1, e1), (s2, e2) in zip(ops, ops[1:]):
+            assert e1 <= s2, f"pod {pod}: operations overlap {ops}"
+    assert node.leaks.leaks() == []

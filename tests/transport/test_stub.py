@@ -1,0 +1,387 @@
+"""The plugin Stub against the runtime double, over a real unix socket."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import pytest
+
+from nri_cni.api import nri_pb2
+from nri_cni.errors import ConfigError, GrpcCode, PodError, ProtocolError, RPCError, Unavailable
+from nri_cni.nri.plugin_service import RUNTIME_SERVICE
+from nri_cni.nri.stub import Stub, check_identity, launch_identity
+from nri_cni.nri.trunk import Trunk
+from nri_cni.ttrpc import TtrpcClient, TtrpcServer
+from tests.support.nri_runtime import NriRuntime
+
+
+def pod(name: str, **fields) -> nri_pb2.PodSandbox:
+    return nri_pb2.PodSandbox(id=f"id-{name}", name=name, namespace="default", uid=f"uid-{name}",
+                              **fields)
+
+
+def network_answer(pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse:
+    netns = pod.linux.namespaces[0].path if pod.linux.namespaces else ""
+    return nri_pb2.RunPodSandboxResponse(adjust=nri_pb2.PodSandboxAdjustment(
+        network=nri_pb2.PodSandboxNetwork(
+            ips=["10.244.3.7", "fd00:10:244::7"],
+            interfaces=[nri_pb2.NetworkInterface(
+                network="nct-net", name="eth0", mac="0a:58:0a:f4:03:07", mtu=1500,
+                sandbox=netns, ips=[nri_pb2.IPConfig(address="10.244.3.7/24",
+                                                     gateway="10.244.3.1")],
+                metadata={"nri-cni.io/pod": pod.name})],
+            routes=[nri_pb2.NetworkRoute(network="nct-net", dst="0.0.0.0/0", gw="10.244.3.1",
+                                         interface="eth0")],
+            dns=nri_pb2.NetworkDNS(nameservers=["10.244.0.10"], search=["svc.local"]))))
+
+
+class Recorder:
+    """A plugin implementing everything, recording the calls."""
+
+    requested_timeout_ms = 9000
+
+    def __init__(self, run_delay: float = 0.0) -> None:
+        self.calls: list[tuple] = []
+        self.run_delay = run_delay
+        self.disconnected = asyncio.Event()
+
+    async def configure(self, req):
+        self.calls.append(("configure", req.runtime_name, req.config))
+
+    async def synchronize(self, pods, containers):
+        self.calls.append(("synchronize", [p.id for p in pods], [c.id for c in containers]))
+
+    async def run_pod_sandbox(self, pod):
+        await asyncio.sleep(self.run_delay)
+        self.calls.append(("run", pod.id))
+        if pod.name == "fails":
+            raise PodError("ADD failed", network="nct-net")
+        if pod.name == "crashes":
+            raise KeyError("oops")
+        return network_answer(pod)
+
+    async def stop_pod_sandbox(self, pod):
+        self.calls.append(("stop", pod.id))
+
+    async def remove_pod_sandbox(self, pod):
+        self.calls.append(("remove", pod.id))
+
+    async def shutdown(self):
+        self.calls.append(("shutdown",))
+
+    async def on_disconnect(self):
+        self.calls.append(("disconnect",))
+        self.disconnected.set()
+
+
+class RunOnly:
+    async def run_pod_sandbox(self, pod):
+        return None
+
+
+class Harness:
+    """A runtime double on a socket, and a Stub serving `plugin` in a task."""
+
+    def __init__(self, sock_dir, plugin, runtime_kw=None, **stub_kw) -> None:
+        self.path = str(sock_dir / "nri.sock")
+        self.runtime = NriRuntime(self.path, **(runtime_kw or {}))
+        self.plugin = plugin
+        stub_kw.setdefault("backoff_initial", 0.05)
+        self.stub = Stub(plugin, name="nct-cni", idx="42", socket_path=self.path, **stub_kw)
+        self.task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Harness:
+        await self.runtime.start()
+        self.task = asyncio.create_task(self.stub.run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stub.stop()
+        await asyncio.wait_for(self.task, 5)
+        await self.runtime.stop()
+
+
+def test_handshake(arun, sock_dir):
+    async def main():
+        kw = dict(runtime_name="containerd", runtime_version="2.1.9+unknown", config="cfg text",
+                  registration_timeout_ms=5000, request_timeout_ms=2000)
+        async with Harness(sock_dir, Recorder(), kw) as h:
+            conn = await h.runtime.wait_plugin()
+            assert (conn.name, conn.idx) == ("nct-cni", "42")
+            assert conn.nri_version
+            assert conn.configure_response.events == 0x7
+            assert conn.configure_response.request_timeout == 9000
+            await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+            assert h.stub.registered.is_set()
+            assert (h.stub.runtime_name, h.stub.runtime_version, h.stub.config) == (
+                "containerd", "2.1.9+unknown", "cfg text")
+            assert (h.stub.request_timeout_ms, h.stub.registration_timeout_ms) == (2000, 5000)
+            assert h.plugin.calls == [("configure", "containerd", "cfg text"),
+                                      ("synchronize", [], [])]
+    arun(main())
+
+
+def test_event_mask_follows_implemented_methods(arun, sock_dir):
+    async def main():
+        async with Harness(sock_dir, RunOnly()) as h:
+            conn = await h.runtime.wait_plugin()
+            assert conn.configure_response.events == 0x1
+            assert conn.configure_response.request_timeout == 0
+            # a dedicated RPC the plugin has no method for is answered OK, as is StateChange
+            await h.runtime.stop_pod_sandbox(pod("a"))
+            await h.runtime.state_change(nri_pb2.STOP_POD_SANDBOX, pod("a"))
+            assert await h.runtime.run_pod_sandbox(pod("a")) == nri_pb2.RunPodSandboxResponse()
+    arun(main())
+
+
+def test_synchronize_pages_are_joined(arun, sock_dir):
+    async def main():
+        pods = [pod(f"p{i}", ips=[f"10.244.9.{i}"]) for i in range(5)]
+        containers = [nri_pb2.Container(id="c1", pod_sandbox_id="id-p0")]
+        kw = dict(pods=pods, containers=containers, sync_page_size=2)
+        async with Harness(sock_dir, Recorder(), kw) as h:
+            conn = await h.runtime.wait_plugin()
+            assert [r.more for r in conn.sync_responses] == [True, True, False]
+            assert all(not r.update for r in conn.sync_responses)
+            assert h.plugin.calls[1:] == [("synchronize", [p.id for p in pods], ["c1"])]
+    arun(main())
+
+
+def test_dedicated_rpcs_and_network_answer(arun, sock_dir):
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            p = pod("web", linux=nri_pb2.LinuxPodSandbox(namespaces=[
+                nri_pb2.LinuxNamespace(type="network", path="/var/run/netns/nct-web")]))
+            resp = await h.runtime.run_pod_sandbox(p)
+            assert resp == network_answer(p)
+            net = resp.adjust.network
+            assert list(net.ips) == ["10.244.3.7", "fd00:10:244::7"]
+            assert net.interfaces[0].sandbox == "/var/run/netns/nct-web"
+            assert net.interfaces[0].ips[0].address == "10.244.3.7/24"
+            assert net.interfaces[0].metadata["nri-cni.io/pod"] == "web"
+            assert net.routes[0].gw == "10.244.3.1" and list(net.dns.nameservers) == ["10.244.0.10"]
+            await h.runtime.stop_pod_sandbox(p)
+            await h.runtime.remove_pod_sandbox(p)
+            await h.runtime.shutdown()
+            assert h.plugin.calls[2:] == [("run", "id-web"), ("stop", "id-web"),
+                                          ("remove", "id-web"), ("shutdown",)]
+    arun(main())
+
+
+def test_state_change_dispatches_pod_events(arun, sock_dir):
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            for event in (nri_pb2.RUN_POD_SANDBOX, nri_pb2.STOP_POD_SANDBOX,
+                          nri_pb2.REMOVE_POD_SANDBOX, nri_pb2.CREATE_CONTAINER,
+                          nri_pb2.UPDATE_POD_SANDBOX):
+                assert await h.runtime.state_change(event, pod("s")) == nri_pb2.Empty()
+            assert h.plugin.calls[2:] == [("run", "id-s"), ("stop", "id-s"), ("remove", "id-s")]
+    arun(main())
+
+
+def test_handler_errors_reach_the_runtime_and_the_connection_stays(arun, sock_dir, caplog):
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            with pytest.raises(RPCError) as info:
+                await h.runtime.run_pod_sandbox(pod("fails"))
+            assert info.value.code == PodError.grpc_code
+            assert "ADD failed" in info.value.msg
+            with pytest.raises(RPCError) as info:
+                await h.runtime.state_change(nri_pb2.RUN_POD_SANDBOX, pod("crashes"))
+            assert info.value.code == GrpcCode.UNKNOWN and "oops" in info.value.msg
+            assert (await h.runtime.run_pod_sandbox(pod("ok"))).adjust.network.ips
+            assert len(h.runtime.connections) == 1
+    with caplog.at_level(logging.ERROR):
+        arun(main())
+    assert "ADD failed" in caplog.text and "KeyError" in caplog.text
+
+
+def test_undecodable_request_is_invalid_argument(arun, sock_dir):
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            conn = await h.runtime.wait_plugin()
+            with pytest.raises(RPCError) as info:
+                await conn.client.call("nri.pkg.api.v1alpha1.Plugin", "RunPodSandbox", b"\x0a\x05")
+            assert info.value.code == GrpcCode.INVALID_ARGUMENT
+    arun(main())
+
+
+def test_reconnects_after_the_runtime_drops_the_connection(arun, sock_dir):
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            await h.runtime.close()
+            conn = await h.runtime.wait_plugin(2)
+            assert (conn.name, conn.idx) == ("nct-cni", "42")
+            await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+            assert h.plugin.calls.count(("disconnect",)) == 1
+            assert (await h.runtime.run_pod_sandbox(pod("again"))).adjust.network.ips
+    arun(main())
+
+
+def test_request_timeout_drops_the_plugin_which_comes_back(arun, sock_dir):
+    async def main():
+        plugin = Recorder(run_delay=0.5)
+        async with Harness(sock_dir, plugin, dict(request_timeout_ms=200)) as h:
+            first = await h.runtime.wait_plugin()
+            with pytest.raises(RPCError) as info:
+                await h.runtime.run_pod_sandbox(pod("slow"))
+            assert info.value.code == GrpcCode.DEADLINE_EXCEEDED
+            assert "RunPodSandbox" in first.error
+            await first.trunk.closed
+            await asyncio.wait_for(plugin.disconnected.wait(), 5)
+            await h.runtime.wait_plugin(2)
+            # the slow RunPodSandbox was not cut short by the dropped connection
+            while ("run", "id-slow") not in plugin.calls:
+                await asyncio.sleep(0.05)
+    arun(main())
+
+
+def test_socket_removed_and_recreated(arun, sock_dir, caplog):
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            await h.runtime.stop()  # the runtime goes away, socket file and all
+            assert not os.path.exists(h.path)
+            await asyncio.sleep(0.3)  # the stub retries meanwhile (backoff 0.05, 0.1, 0.2...)
+            assert not h.stub.registered.is_set()
+            second = NriRuntime(h.path, runtime_name="restarted")
+            await second.start()
+            try:
+                conn = await second.wait_plugin()
+                assert conn.name == "nct-cni"
+                await asyncio.wait_for(h.stub.registered.wait(), 5)
+                assert h.stub.runtime_name == "restarted"
+            finally:
+                await second.stop()
+    with caplog.at_level(logging.WARNING):
+        arun(main())
+    assert "not reachable" in caplog.text
+
+
+def test_without_reconnect_run_returns_when_the_connection_goes(arun, sock_dir):
+    async def main():
+        h = Harness(sock_dir, Recorder(), reconnect=False)
+        async with h:
+            await h.runtime.wait_plugin()
+            await h.runtime.close()
+            await asyncio.wait_for(h.task, 5)
+            assert ("disconnect",) in h.plugin.calls
+    arun(main())
+
+
+def test_without_reconnect_no_runtime_is_unavailable(arun, sock_dir):
+    async def main():
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"),
+                    reconnect=False)
+        with pytest.raises(Unavailable):
+            await stub.run()
+    arun(main())
+
+
+def test_stop_ends_run_while_retrying(arun, sock_dir):
+    async def main():
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"),
+                    backoff_initial=10, backoff_max=10)
+        task = asyncio.create_task(stub.run())
+        await asyncio.sleep(0.1)
+        await stub.stop()
+        await asyncio.wait_for(task, 1)
+    arun(main())
+
+
+def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir):
+    async def main():
+        attempts: list[float] = []
+
+        async def register(payload: bytes) -> bytes:
+            attempts.append(loop.time())
+            if len(attempts) == 1:
+                await asyncio.sleep(10)  # never answers: the stub's registration timeout
+            if len(attempts) == 2:
+                raise ProtocolError("not now", grpc_code=GrpcCode.PERMISSION_DENIED)
+            return b""
+
+        loop = asyncio.get_running_loop()
+        server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
+        path = str(sock_dir / "nri.sock")
+        listener = await loop.create_unix_server(
+            lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path)
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=path, backoff_initial=0.1,
+                    registration_timeout=0.2)
+        task = asyncio.create_task(stub.run())
+        try:
+            while len(attempts) < 3:
+                await asyncio.sleep(0.02)
+            gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+            assert 0.3 <= gaps[0] < 1.0  # 0.2 s timeout + 0.1 s backoff
+            assert 0.2 <= gaps[1] < 1.0  # 0.2 s backoff
+        finally:
+            await stub.stop()
+            await asyncio.wait_for(task, 5)
+            listener.close()
+            await listener.wait_closed()
+    arun(main())
+
+
+@pytest.mark.parametrize("name, idx", [("", "01"), ("bad name", "01"), ("x/y", "01"),
+                                       ("ok", "1"), ("ok", "123"), ("ok", "a1")])
+def test_identity_is_checked(name, idx):
+    with pytest.raises(ConfigError):
+        check_identity(name, idx)
+
+
+def test_identity_accepts_the_nri_alphabet():
+    check_identity("a-Z_0.9+x", "00")
+
+
+@pytest.mark.parametrize("env, argv0, expected", [
+    ({"NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/20-other", ("cni", "10")),
+    ({"NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/nri-cni", ("nri-cni", "10")),
+    ({}, "/opt/nri/plugins/05-nri-cni", ("nri-cni", "05")),
+    ({"NRI_PLUGIN_NAME": "cni"}, "/opt/nri/plugins/05-nri-cni", ("cni", "05")),
+    ({}, "/usr/bin/nri-cni", ("given", "99")),
+    ({}, "/opt/nri/plugins/5-x", ("given", "99")),
+])
+def test_launch_identity(env, argv0, expected):
+    assert launch_identity(env, argv0, "given", "99") == expected
+
+
+def test_invalid_socket_fd_in_env_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", "three")
+    with pytest.raises(ConfigError):
+        Stub(Recorder(), name="x", idx="01")
+
+
+class SlowSync:
+    """Synchronize takes 0.5 s the first time, 1 s the second."""
+
+    def __init__(self) -> None:
+        self.delays = [0.5, 1.0]
+        self.first_sync_done = asyncio.Event()
+        self.disconnected = asyncio.Event()
+
+    async def synchronize(self, pods, containers):
+        await asyncio.sleep(self.delays.pop(0))
+        self.first_sync_done.set()
+
+    async def on_disconnect(self):
+        self.disconnected.set()
+
+
+def test_a_handler_of_a_lost_connection_does_not_mark_the_next_one_synced(arun, sock_dir):
+    async def main():
+        plugin = SlowSync()
+        async with Harness(sock_dir, plugin, dict(request_timeout_ms=200)) as h:
+            await asyncio.wait_for(plugin.disconnected.wait(), 5)  # Synchronize timed out
+            h.runtime.request_timeout_ms = 3000
+            await asyncio.wait_for(plugin.first_sync_done.wait(), 5)
+            # the first connection's Synchronize is done; the second one's is still running
+            assert not h.stub.synchronized.is_set()
+            await h.runtime.wait_plugin()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+    arun(main())
