@@ -8,7 +8,8 @@ pods, B then A for odd ones) so that drift of the machine hits both alike:
   noop   three no-op plugins (a static C program built here with gcc): they read stdin and
          print their prevResult (or a minimal result); what is left is nri-cni's own cost,
          with the cache dir on the temp dir's file system (a disk here, like /var/lib/cni)
-  noop-tmpfs  the same with the cache dir on /dev/shm: the cost without the cache's fsyncs
+  real-tmpfs, noop-tmpfs   the same with nri-cni's cache dir on /dev/shm: without the cost of
+         the cache's fsyncs (which also wait for whatever else is dirty on that file system)
 
 The floor driver does what a runtime must do and nothing more: per plugin, inject name,
 cniVersion, runtimeConfig and prevResult into the config, os.posix_spawn the binary with stdin
@@ -53,6 +54,7 @@ from tests.support.netns import (  # noqa: E402  (netns/bridge helpers with clea
 )
 
 CNI_VERSION = "1.1.0"
+CHAINS = ("real", "real-tmpfs", "noop", "noop-tmpfs")
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
 
@@ -295,9 +297,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=50, help="measured pods per chain (default 50)")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
-    ap.add_argument("--chains", default="real,noop,noop-tmpfs",
-                    help="comma-separated: real, noop (cache dir on the temp dir's disk), noop-tmpfs "
-                         "(cache dir on /dev/shm); default all three")
+    ap.add_argument("--chains", default=",".join(CHAINS),
+                    help="comma-separated subset of " + ", ".join(CHAINS) + " (default all); "
+                         "-tmpfs: the cache dir on /dev/shm instead of the temp dir's disk")
     ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -317,59 +319,66 @@ def main(argv=None) -> int:
         n = args.warmup + args.pods
         namespaces = [jan.netns().path for _ in range(2 * n)]
         print(f"bench_cni: {2 * n} netns ready; python {sys.version.split()[0]}; "
-              f"cache dir {workdir / 'cache'} ({_fstype(workdir)})")
-
-        if "real" in chains:
-            subnet = free_subnet(prefixlen=22)
-            bridge = unique_name("bb")
-            jan.track_link(bridge)
-            gw = str(subnet.network_address + 1)
-            conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-real", "plugins": [
-                {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": str(subnet)}]],
-                          "dataDir": str(workdir / "ipam")}},
-                {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False,
-                 "backend": "iptables"},
-            ]}
-
-            def caps_for(k: int) -> dict:
-                return {"portMappings": [{"hostPort": 20000 + k, "containerPort": 80,
-                                          "protocol": "tcp", "hostIP": gw}]}
-
-            times = run_chain("real", conflist, str(CNI_BIN), namespaces, args.pods, args.warmup,
-                              str(workdir / "cache"), caps_for,
-                              "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod")
-            s = summarize("real", times, None)
-            print_table("real chain: bridge + host-local + portmap", s, args.pods)
-            report["chains"]["real"] = {"summary": s, "times_ms": _raw(times)}
-            left = host_local_reservations(workdir / "ipam")
-            if left:
-                print(f"bench_cni: WARNING {len(left)} host-local reservations left", file=sys.stderr)
-
-        noop_bin = build_noop(workdir) if {"noop", "noop-tmpfs"} & set(chains) else ""
-        for chain in ("noop", "noop-tmpfs"):
+              f"temp dir {workdir} ({_fstype(workdir)})")
+        tmpfs: Path | None = None
+        noop_bin = ""
+        for chain in CHAINS:
             if chain not in chains:
                 continue
-            if chain == "noop":
-                cache, where = workdir / "cache", f"cache on {_fstype(workdir)}"
+            if chain.endswith("-tmpfs"):
+                if tmpfs is None:
+                    tmpfs = Path(tempfile.mkdtemp(prefix="nct-bench-", dir="/dev/shm"))
+                    jan.track_path(tmpfs)
+                cache = tmpfs / f"cache-{chain}"
             else:
-                tmpfs = Path(tempfile.mkdtemp(prefix="nct-bench-", dir="/dev/shm"))
-                jan.track_path(tmpfs)
-                cache, where = tmpfs / "cache", f"cache on {_fstype(tmpfs)}"
-            conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-noop",
-                        "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}]}
-            times = run_chain(chain, conflist, noop_bin, namespaces, args.pods, args.warmup,
-                              str(cache), lambda k: {}, "K8S_POD_NAMESPACE=bench")
-            s = summarize(chain, times, 3)
-            print_table(f"no-op chain: 3 static C plugins, {where} (nri-cni's own cost)", s, args.pods)
+                cache = workdir / f"cache-{chain}"
+            where = f"cache on {_fstype(cache.parent)}"
+            if chain.startswith("real"):
+                subnet = free_subnet(prefixlen=22)
+                bridge = unique_name("bb")
+                jan.track_link(bridge)
+                gw = str(subnet.network_address + 1)
+                ipam_dir = workdir / f"ipam-{chain}"
+                conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-real", "plugins": [
+                    {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": str(subnet)}]],
+                              "dataDir": str(ipam_dir)}},
+                    {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False,
+                     "backend": "iptables"},
+                ]}
+
+                def caps_for(k: int, gw=gw) -> dict:
+                    return {"portMappings": [{"hostPort": 20000 + k, "containerPort": 80,
+                                              "protocol": "tcp", "hostIP": gw}]}
+
+                times = run_chain(chain, conflist, str(CNI_BIN), namespaces, args.pods,
+                                  args.warmup, str(cache), caps_for,
+                                  "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod")
+                s = summarize(chain, times, None)
+                print_table(f"{chain}: bridge + host-local + portmap, {where}", s, args.pods)
+                left = host_local_reservations(ipam_dir)
+                if left:
+                    print(f"bench_cni: WARNING {len(left)} host-local reservations left",
+                          file=sys.stderr)
+            else:
+                if not noop_bin:
+                    noop_bin = build_noop(workdir)
+                conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-noop",
+                            "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}]}
+                times = run_chain(chain, conflist, noop_bin, namespaces, args.pods, args.warmup,
+                                  str(cache), lambda k: {}, "K8S_POD_NAMESPACE=bench")
+                s = summarize(chain, times, 3)
+                print_table(f"{chain}: 3 no-op static C plugins, {where}", s, args.pods)
             report["chains"][chain] = {"summary": s, "times_ms": _raw(times)}
 
-        real = report["chains"].get("real", {}).get("summary")
         print()
-        if real:
+        for chain in ("real", "real-tmpfs"):
+            real = report["chains"].get(chain, {}).get("summary")
+            if not real:
+                continue
             for verb in ("ADD", "DEL"):
                 r = real[verb]["median_paired_ratio"]
-                print(f"real {verb}: median ratio nri-cni/floor {r:.3f} "
+                print(f"{chain} {verb}: median ratio nri-cni/floor {r:.3f} "
                       f"({'ok' if r <= 1.03 else 'ABOVE'} target 1.03)")
         for chain in ("noop", "noop-tmpfs"):
             noop = report["chains"].get(chain, {}).get("summary")

@@ -154,6 +154,7 @@ class Metrics:
         self.gc_errors = _Counter("nri_cni_gc_errors", "Errors reported by garbage collection runs.")
         self._servers: list[asyncio.base_events.Server] = []
         self._socket_paths: list[str] = []
+        self._clients: set[asyncio.Task] = set()
 
     # -- observations ------------------------------------------------------------------------
 
@@ -226,6 +227,8 @@ class Metrics:
     async def close(self) -> None:
         for server in self._servers:
             server.close()
+        for task in list(self._clients):
+            task.cancel()  # a scraper that connected and went quiet does not hold up the stop
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
@@ -234,6 +237,9 @@ class Metrics:
         self._socket_paths.clear()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._clients.add(task)
         try:
             try:
                 method, target = await asyncio.wait_for(_read_request(reader), REQUEST_TIMEOUT)
@@ -253,6 +259,7 @@ class Metrics:
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            self._clients.discard(task)
             writer.close()
             try:
                 await writer.wait_closed()

@@ -3,7 +3,7 @@
 asyncio's subprocess support starts a watcher thread per child on Python 3.11 and wraps every
 pipe in a transport; a CNI call needs none of that. Here a plugin is started with
 os.posix_spawn (glibc's clone(CLONE_VFORK) path) in its own process group, stdin is written
-into the pipe before the plugin starts when it fits, and the loop watches three raw fds:
+into the pipe before the plugin starts (as far as it fits), and the loop watches three raw fds:
 stdout, stderr and a pidfd for the exit. A timeout kills the whole process group.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 MAX_STDOUT = 16 << 20  # a result is a few KiB; more is a broken or hostile plugin
 STDERR_TAIL = 8 << 10
-PIPE_CAPACITY = 64 << 10  # Linux default: stdin up to this is written before the spawn
 KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the pipes to close before giving up
 ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we back off faster)
 
@@ -41,7 +40,7 @@ class PluginExecutor:
 
     def find(self, plugin_type: str, bin_dirs) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
-        if not plugin_type or "/" in plugin_type or plugin_type in (".", ".."):
+        if not plugin_type or "/" in plugin_type or "\0" in plugin_type or plugin_type in (".", ".."):
             raise PluginExecError(f"invalid plugin name {plugin_type!r}", ref=PluginRef(plugin=plugin_type))
         dirs = list(bin_dirs)
         for d in dirs:
@@ -138,15 +137,13 @@ class _Run:
         err_r, err_w = _pipe()
         self.child_ends = [in_r, out_w, err_w]
         self.fds = {"in": in_w, "out": out_r, "err": err_r}
-        os.set_blocking(out_r, False)
-        os.set_blocking(err_r, False)
-        if len(self.stdin) <= PIPE_CAPACITY:
-            # fits in the empty pipe: write it now and never watch stdin at all
-            if self.stdin:
-                os.write(in_w, self.stdin)
+        for fd in (in_w, out_r, err_r):
+            os.set_blocking(fd, False)
+        # a config fits in the empty pipe: write it before the spawn and never watch stdin
+        if self.stdin:
+            self.stdin = self.stdin[os.write(in_w, self.stdin):]
+        if not self.stdin:
             os.close(self.fds.pop("in"))
-        else:
-            os.set_blocking(in_w, False)
 
     def _on_stdin(self) -> None:
         try:
@@ -217,7 +214,7 @@ class _Run:
             self.done.set_result(None)
 
     def _reap(self) -> None:
-        if not self.reaped:
+        if self.pid and not self.reaped:
             self.reaped = True
             try:
                 os.waitpid(self.pid, 0)  # a zombie by now: returns at once
@@ -267,7 +264,9 @@ class _Run:
         for fd in self.child_ends:
             os.close(fd)
         self.child_ends = []
-        if self.status is not None:
+        if self.pid and (self.status is not None or self.pidfd < 0):
+            # exited, or never watched (pidfd_open failed): it was just SIGKILLed, so the
+            # wait is short
             self._reap()
 
 

@@ -193,7 +193,8 @@ def _opt_ip(val: Any, where: str) -> str:
 
 def _family(cidr: str) -> int:
     canon = _canonical(cidr, True)
-    assert canon is not None  # only validated addresses get here
+    if canon is None:  # a hand-built Result
+        raise _bad(f"{cidr!r} is not an address/prefix")
     return canon[1]
 
 

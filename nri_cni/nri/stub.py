@@ -151,7 +151,8 @@ class Stub:
                 self._configured(req)
 
         def synchronized() -> None:
-            self.synchronized.set()
+            if generation == self._generation:
+                self.synchronized.set()
 
         service = PluginService(self.plugin, on_configured=configured,
                                 on_synchronized=synchronized)

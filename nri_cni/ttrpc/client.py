@@ -60,14 +60,18 @@ class TtrpcClient(asyncio.Protocol):
         """Call service/method with a serialized request; returns the serialized answer.
 
         timeout (seconds) is sent as the request's deadline and enforced here too. Raises
-        RPCError for a non-OK status (DEADLINE_EXCEEDED when the timeout passes first) and
-        Unavailable when there is no connection or it goes away during the call.
+        RPCError for a non-OK status (DEADLINE_EXCEEDED when the timeout passes first,
+        RESOURCE_EXHAUSTED for a request too big for ttrpc) and Unavailable when there is no
+        connection or it goes away during the call.
         """
         if self._transport is None or self._lost is not None:
             raise Unavailable(f"{self.name}: not connected", details=str(self._lost or ""))
         timeout_nano = int(timeout * 1e9) if timeout else 0
-        sid, data = self._conn.send_request(service, method, payload, timeout_nano=timeout_nano,
-                                            metadata=metadata)
+        try:
+            sid, data = self._conn.send_request(service, method, payload,
+                                                timeout_nano=timeout_nano, metadata=metadata)
+        except TtrpcProtocolError as exc:  # nothing was sent; the connection is still good
+            raise RPCError(GrpcCode.RESOURCE_EXHAUSTED, f"{service}/{method}: {exc}") from None
         call = asyncio.get_running_loop().create_future()
         self._calls[sid] = call
         self._transport.write(data)

@@ -181,8 +181,9 @@ class Connection:
                                   payload=payload)
         data = resp.SerializeToString()
         if len(data) > MAX_DATA:
+            too_big = f"response of {len(data)} bytes exceeds ttrpc's {MAX_DATA}"
             resp = ttrpc_pb2.Response(status=rpc_status_pb2.Status(
-                code=GrpcCode.RESOURCE_EXHAUSTED, message=f"response of {len(data)} bytes exceeds ttrpc's {MAX_DATA}"))
+                code=GrpcCode.RESOURCE_EXHAUSTED, message=too_big))
             data = resp.SerializeToString()
         self._open.discard(stream_id)
         return encode_frame(stream_id, MessageType.RESPONSE, 0, data)

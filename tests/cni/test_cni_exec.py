@@ -152,7 +152,7 @@ def test_cancel_kills_and_reaps(fake_bin, tmp_path):
 
 
 def test_large_stdin_and_stdout(fake_bin, tmp_path):
-    blob = "y" * (3 * cni_exec.PIPE_CAPACITY)
+    blob = "y" * (300 << 10)  # more than a pipe holds, both ways
     out = fake(fake_bin, {"result": {"echo": blob}}, pad=blob)
     assert json.loads(out)["echo"] == blob
 

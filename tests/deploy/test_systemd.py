@@ -128,8 +128,14 @@ def test_launcher_execs_nri_cni_keeping_fd3_and_env(tmp_path):
     with ours, theirs:
         env = {"PATH": f"{bindir}:/usr/bin:/bin", "NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10",
                "NRI_PLUGIN_SOCKET": "3"}
-        run = subprocess.run([str(plugin_dir / "10-cni")], env=env,
-                             preexec_fn=lambda: os.dup2(theirs.fileno(), 3), close_fds=False,
+
+        def as_fd3() -> None:
+            if theirs.fileno() != 3:
+                os.dup2(theirs.fileno(), 3)
+            os.set_inheritable(3, True)
+
+        run = subprocess.run([str(plugin_dir / "10-cni")], env=env, preexec_fn=as_fd3,
+                             close_fds=False,
                              capture_output=True, text=True, timeout=30)
         assert run.returncode == 0, run.stderr
         ours.settimeout(5)

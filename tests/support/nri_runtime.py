@@ -15,7 +15,6 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -124,7 +123,7 @@ class NriRuntime:
         return self.connections[-1]
 
     async def wait_plugin(self, count: int = 1, timeout: float = 10.0) -> PluginConnection:
-        """Wait until `count` registrations happened and the last one finished its handshake."""
+        """The count-th plugin connection that completed its handshake (waits for it)."""
         async with asyncio.timeout(timeout):
             async with self._registered:
                 await self._registered.wait_for(lambda: len(self.connections) >= count)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields

@@ -121,6 +121,9 @@ def test_big_payloads_round_trip(arun):
         with pytest.raises(RPCError) as info:
             await client.call(SVC, "Big", str(MAX_DATA).encode())
         assert info.value.code == GrpcCode.RESOURCE_EXHAUSTED
+        with pytest.raises(RPCError) as info:
+            await client.call(SVC, "Echo", b"\0" * MAX_DATA)
+        assert info.value.code == GrpcCode.RESOURCE_EXHAUSTED
         assert await client.call(SVC, "Echo", b"still fine") == b"still fine"
         client.close()
     arun(main())

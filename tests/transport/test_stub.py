@@ -340,7 +340,7 @@ def test_identity_accepts_the_nri_alphabet():
 
 
 @pytest.mark.parametrize("env, argv0, expected", [
-    ({"NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/20-other", ("cni", "10")),
+    ({"NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/20-x", ("cni", "10")),
     ({"NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/nri-cni", ("nri-cni", "10")),
     ({}, "/opt/nri/plugins/05-nri-cni", ("nri-cni", "05")),
     ({"NRI_PLUGIN_NAME": "cni"}, "/opt/nri/plugins/05-nri-cni", ("cni", "05")),
