@@ -1,0 +1,118 @@
+"""nri-cni run the way node software runs it, against real containerd: systemd's notify protocol
+(READY only once registered and synchronized) and the pre-registered launch (containerd starts
+the linked executable from its plugin_path with the connection on fd 3)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+
+import pytest
+import yaml
+
+from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.netns import Janitor, host_local_reservations, unique_name
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def shim_env(tmp_path):
+    jan = Janitor()
+    setup = ShimSetup(tmp_path)
+    bridge = unique_name("br")
+    jan.track_link(bridge)
+    nets = [{"name": "podnet", "default": True, "conflist": {
+        "cniVersion": "1.1.0", "name": "podnet", "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
+             "ipam": {"type": "host-local", "dataDir": str(setup.ipam_dir),
+                      "ranges": [[{"subnet": "10.246.50.0/24"}]]}}]}}]
+    yield setup, nets
+    errors = jan.cleanup()
+    setup.cleanup()
+    assert not errors
+
+
+def test_ready_is_notified_only_after_registration(shim_env, make_containerd, tmp_path):
+    setup, nets = shim_env
+    ctd = make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir], start=False)
+    notify_path = str(setup.sock_dir / "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(0.1)
+    daemon = NriCni(tmp_path, setup.config(ctd.nri_socket, nets))
+    try:
+        daemon.start(wait_registered=False, env={"NOTIFY_SOCKET": notify_path})
+        # The daemon serves its local socket but has no runtime yet: no READY.
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            with pytest.raises(socket.timeout):
+                notify.recv(4096)
+        assert daemon.status()["nri"]["registered"] is False
+        ctd.start()
+        notify.settimeout(15)
+        message = notify.recv(4096).decode()
+        assert "READY=1" in message.split("\n")
+        st = daemon.status()
+        assert st["nri"]["registered"] and st["nri"]["synchronized"]
+        assert st["nri"]["runtime"].startswith("containerd 2.")
+        log = daemon.log_path.read_text()
+        assert "registered with the NRI runtime" in log and "synchronized:" in log
+    finally:
+        daemon.stop()
+        notify.close()
+
+
+LAUNCHER = """#!/bin/sh
+# What a node admin links into /opt/nri/plugins as 10-cni (see systemd/10-cni).
+exec {python} -m nri_cni.cli run --config {config}
+"""
+
+
+def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp_path):
+    setup, nets = shim_env
+    plugin_dir = tmp_path / "nri-plugins"
+    plugin_dir.mkdir()
+    ctd = make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir],
+                          nri_plugin_path=plugin_dir, start=False)
+    cfg = setup.config(ctd.nri_socket, nets)
+    config_path = tmp_path / "nri-cni.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    launcher = plugin_dir / "10-cni"
+    launcher.write_text(LAUNCHER.format(python=os.path.realpath(sys.executable), config=config_path))
+    launcher.chmod(0o755)
+    daemon = NriCni(tmp_path, cfg)  # only to talk to the daemon containerd launched
+    ctd.start()
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            st = daemon.status()
+            if st["nri"]["synchronized"]:
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        assert time.monotonic() < deadline, ctd.log_tail()
+        time.sleep(0.05)
+    assert st["nri"]["runtime"].startswith("containerd")
+    pod = ctd.cri.run_pod(f"pre-{uuid.uuid4().hex[:6]}", "nct-e2e", str(uuid.uuid4()))
+    ip = ctd.cri.pod_status(pod).ip
+    pods = daemon.pods()
+    assert [(p["id"], p["networks"][0]["ips"]) for p in pods] == [(pod, [f"{ip}/24"])]
+    ctd.cri.stop_pod(pod)
+    ctd.cri.remove_pod(pod)
+    assert host_local_reservations(setup.ipam_dir) == []
+    assert daemon.pods() == []
+    # containerd owns the launched plugin: stopping containerd closes fd 3 and nri-cni exits.
+    ctd.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            daemon.status()
+        except Exception:  # noqa: BLE001 - gone, as it should be
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the pre-registered nri-cni kept running after containerd stopped")
