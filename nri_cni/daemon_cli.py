@@ -35,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("dest", nargs="?", default="/opt/cni/bin")
     p.add_argument("--socket", default=DEFAULT_DAEMON_SOCKET,
                    help="the daemon socket the shim calls by default (default: %(default)s)")
+    p.add_argument("--python", default=None,
+                   help="the interpreter the shim runs with, as the node sees it (default: this "
+                        "one; a DaemonSet's init container names the host's)")
     p.set_defaults(func=cmd_install_shim)
 
 
@@ -152,5 +155,5 @@ def cmd_gc(args) -> int:
 def cmd_install_shim(args) -> int:
     from nri_cni.shim import install
 
-    print(install(args.dest, args.socket))
+    print(install(args.dest, args.socket, python=args.python))
     return 0

@@ -116,6 +116,7 @@ class ResultCache:
         self.results_dir = os.path.join(cache_dir, "results")
 
     def path(self, network: str, container_id: str, ifname: str) -> str:
+        """Raises ConfigError for names no entry can have (empty, or with '/' or NUL)."""
         for part in (network, container_id, ifname):
             # DEL does not validate IDs (libcni doesn't); never let one leave the directory
             if not part or "/" in part or "\0" in part:
@@ -155,11 +156,11 @@ class ResultCache:
              drop_corrupt: bool = False) -> CacheEntry | None:
         """The entry, or None when it is missing or corrupt (a warning is logged for a corrupt
         one, which `drop_corrupt` also removes, as libcni's list DEL does)."""
-        path = self.path(network, container_id, ifname)
         try:
+            path = self.path(network, container_id, ifname)
             with open(path, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, ConfigError):
             return None
         except OSError as exc:
             log.warning("cannot read CNI cache file %s: %s", path, exc.strerror)
@@ -175,7 +176,11 @@ class ResultCache:
 
     def delete(self, network: str, container_id: str, ifname: str) -> None:
         """Removes an entry; a missing one is fine, a failure is logged (GC retries later)."""
-        self._unlink(self.path(network, container_id, ifname))
+        try:
+            path = self.path(network, container_id, ifname)
+        except ConfigError:
+            return  # no entry can have this name
+        self._unlink(path)
 
     def entries(self, container_id: str | None = None, network: str | None = None) -> list[CacheEntry]:
         """Valid entries, sorted by file name; unreadable or foreign files are skipped."""

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import stat
+from collections.abc import Iterable
 
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
 
@@ -38,7 +39,7 @@ class PluginOutput(bytes):
 class PluginExecutor:
     """Finds and runs plugin binaries. Stateless; one instance serves many calls at once."""
 
-    def find(self, plugin_type: str, bin_dirs) -> str:
+    def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
         if not plugin_type or "/" in plugin_type or "\0" in plugin_type or plugin_type in (".", ".."):
             raise PluginExecError(f"invalid plugin name {plugin_type!r}", ref=PluginRef(plugin=plugin_type))
@@ -155,31 +156,36 @@ class _Run:
         if not self.stdin:
             self._close("in")
 
+    # Readers drain until the pipe is empty: after the plugin's last write its EOF is usually
+    # there already, and every loop iteration saved is an epoll round trip.
     def _on_stdout(self) -> None:
-        try:
-            data = os.read(self.fds["out"], 1 << 18)
-        except BlockingIOError:
-            return
-        if not data:
-            self._close("out")
-            return
-        self.stdout.append(data)
-        self.stdout_len += len(data)
-        if self.stdout_len > MAX_STDOUT and not self.overflow:
-            self.overflow = True
-            self.kill()
+        while "out" in self.fds:
+            try:
+                data = os.read(self.fds["out"], 1 << 18)
+            except BlockingIOError:
+                return
+            if not data:
+                self._close("out")
+                return
+            self.stdout.append(data)
+            self.stdout_len += len(data)
+            if self.stdout_len > MAX_STDOUT:
+                self.overflow = True
+                self.kill()
+                self._close("out")
 
     def _on_stderr(self) -> None:
-        try:
-            data = os.read(self.fds["err"], 1 << 16)
-        except BlockingIOError:
-            return
-        if not data:
-            self._close("err")
-            return
-        self.stderr += data
-        if len(self.stderr) > 2 * STDERR_TAIL:
-            del self.stderr[:-STDERR_TAIL]
+        while "err" in self.fds:
+            try:
+                data = os.read(self.fds["err"], 1 << 16)
+            except BlockingIOError:
+                return
+            if not data:
+                self._close("err")
+                return
+            self.stderr += data
+            if len(self.stderr) > 2 * STDERR_TAIL:
+                del self.stderr[:-STDERR_TAIL]
 
     def _on_exit(self) -> None:
         try:
@@ -195,8 +201,11 @@ class _Run:
         self.pidfd = -1
         if self.abandoned:
             self._reap()
-        else:
-            self._check_done()
+            return
+        # the plugin is gone: its output is most likely all there, collect it in this iteration
+        self._on_stdout()
+        self._on_stderr()
+        self._check_done()
 
     def _close(self, name: str) -> None:
         fd = self.fds.pop(name)

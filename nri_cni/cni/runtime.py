@@ -113,33 +113,38 @@ class CNIRuntime:
         validate_container_id(rt.container_id)
         validate_network_name(net.name)
         validate_ifname(rt.ifname)
+        if not net.plugins:
+            raise ConfigError(f"network {net.name!r} has no plugins", location=net.source)
         env = self._env("ADD", rt)
+        paths = self._find_all(net, net.plugins, "ADD")
         result: Result | None = None
         for i, plugin in enumerate(net.plugins):
             if self._before_plugin:
                 await self._before_plugin("ADD", net, i, rt)
             prev = result.to_dict(net.cni_version) if result is not None else None
-            out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev))
+            out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev), paths[i])
             result = self._result(net, plugin, "ADD", out)
             if self._after_plugin:
                 await self._after_plugin("ADD", net, i, rt, result)
-        assert result is not None  # a list always has a plugin (config.py)
+        assert result is not None  # checked above: there was a plugin
         await self.cache_result(net, rt, result)
         return result
 
     async def check(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+        """CHECK on each plugin in order with the cached result (0.4.0 and later)."""
         if not versions.at_least(net.cni_version, "0.4.0"):
             raise CNIError(CniCode.INCOMPATIBLE_VERSION,
                            f"configuration version {net.cni_version!r} does not support the CHECK command",
                            ref=PluginRef(network=net.name, command="CHECK"))
         if net.disable_check:
             return
-        prev = self._cached_prev(net, rt, "CHECK")
         env = self._env("CHECK", rt)
+        paths = self._find_all(net, net.plugins, "CHECK")
+        prev = self._cached_prev(net, rt, "CHECK")
         for i, plugin in enumerate(net.plugins):
             if self._before_plugin:
                 await self._before_plugin("CHECK", net, i, rt)
-            await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev))
+            await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev), paths[i])
             if self._after_plugin:
                 await self._after_plugin("CHECK", net, i, rt, None)
 
@@ -179,12 +184,13 @@ class CNIRuntime:
         validate_container_id(rt.container_id)
         validate_ifname(rt.ifname)
         env = self._env("FINALIZE", rt)
+        paths = self._find_all(net, plugins, "FINALIZE")
         result, changed = prev_result, False
         for i, plugin in enumerate(plugins):
             if self._before_plugin:
                 await self._before_plugin("FINALIZE", net, i, rt)
             out = await self._call(net, plugin, "FINALIZE", env,
-                                   self._stdin(net, plugin, rt, result.to_dict(net.cni_version)))
+                                   self._stdin(net, plugin, rt, result.to_dict(net.cni_version)), paths[i])
             if out.strip():
                 result, changed = self._result(net, plugin, "FINALIZE", out), True
             if self._after_plugin:
@@ -321,10 +327,24 @@ class CNIRuntime:
             conf.update(extra)
         return json.dumps(conf, separators=(",", ":")).encode()
 
+    def _find_all(self, net: NetworkConfigList, plugins: Sequence[PluginConf], command: str) -> list[str]:
+        """Every binary of a chain that creates things, found before the first one runs: a
+        missing second plugin must not leave the first one's interface behind (libcni runs
+        the first, then fails; kubernetes#80482). DEL resolves as it goes, to undo what it can."""
+        paths = []
+        for plugin in plugins:
+            try:
+                paths.append(self.executor.find(plugin.type, self.bin_dirs))
+            except CNIError as exc:
+                exc.ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
+                raise
+        return paths
+
     async def _call(self, net: NetworkConfigList, plugin: PluginConf, command: str,
-                    env: dict[str, str], stdin: bytes) -> bytes:
+                    env: dict[str, str], stdin: bytes, path: str | None = None) -> bytes:
         try:
-            path = self.executor.find(plugin.type, self.bin_dirs)
+            if path is None:
+                path = self.executor.find(plugin.type, self.bin_dirs)
             return await self.executor.exec(path, env, stdin, self.exec_timeout)
         except CNIError as exc:
             exc.ref = PluginRef(network=net.name, plugin=plugin.type, command=command)

@@ -1,4 +1,5 @@
-"""Hooks the CNI runtime calls around each plugin: per-plugin timings for the pod log line, and
+"""Hooks the CNI runtime calls around each plugin: per-plugin timings for the pod log line, which
+plugin of a chain was running when it failed (the doomed-delete record needs its position), and
 crash points for the recovery tests.
 
 NRI_CNI_CRASH_AT (a debugging facility, documented in README "Troubleshooting"): when set to
@@ -18,7 +19,9 @@ CRASH_ENV = "NRI_CNI_CRASH_AT"
 
 class PluginHooks:
     def __init__(self) -> None:
-        self._started: dict[tuple, float] = {}
+        # container id -> {(network, command): (plugin index, start time)} of the plugin that is
+        # running now; an entry left behind names the plugin that failed.
+        self._running: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}
         # container id -> [{"network", "plugin", "command", "ms"}], drained by the pod plan
         self.timings: dict[str, list[dict]] = defaultdict(list)
         self.crash_at = os.environ.get(CRASH_ENV, "")
@@ -29,21 +32,38 @@ class PluginHooks:
 
     async def before_plugin(self, command, net, index, rt) -> None:
         self._maybe_crash(f"{command}:{net.name}:{index}:before")
-        self._started[(rt.container_id, net.name, index, command)] = time.perf_counter()
+        self._running.setdefault(rt.container_id, {})[(net.name, command)] = (index, time.perf_counter())
 
     async def after_plugin(self, command, net, index, rt, result) -> None:
-        t0 = self._started.pop((rt.container_id, net.name, index, command), None)
-        if t0 is not None:
+        running = self._running.get(rt.container_id, {})
+        started = running.pop((net.name, command), None)
+        if not running:
+            self._running.pop(rt.container_id, None)
+        if started is not None:
             plugins = net.finalize_plugins if command == "FINALIZE" else net.plugins
             # FINALIZE indexes run on into the _finalize.d drop-ins, which the list does not hold
             name = plugins[index].type if index < len(plugins) else f"finalize-dropin#{index}"
             self.timings[rt.container_id].append({
                 "network": net.name, "plugin": name, "command": command,
-                "ms": round((time.perf_counter() - t0) * 1000, 2)})
+                "ms": round((time.perf_counter() - started[1]) * 1000, 2)})
         self._maybe_crash(f"{command}:{net.name}:{index}:after")
 
     async def before_cache_write(self, net, rt, result) -> None:
         self._maybe_crash(f"cache:{net.name}")
 
+    def failed_index(self, container_id: str, network: str, command: str) -> int | None:
+        """The position of the plugin that started and never finished: the one that failed."""
+        running = self._running.get(container_id, {})
+        started = running.pop((network, command), None)
+        if not running:
+            self._running.pop(container_id, None)
+        return None if started is None else started[0]
+
     def drain(self, container_id: str) -> list[dict]:
+        """The timings of one pod operation; forgets whatever else is kept for the pod."""
+        self._running.pop(container_id, None)
         return self.timings.pop(container_id, [])
+
+    def __len__(self) -> int:
+        """Pods something is kept for (bounded by the pods with an operation in flight)."""
+        return len(set(self._running) | set(self.timings))

@@ -7,6 +7,15 @@ each network's exact config bytes and args) before any plugin runs, and removes 
 once every network is cached or rolled back. At start-up every record left behind is rolled back
 with DEL, network by network in reverse, using the config it holds: CNI DEL must succeed for
 resources that were never created, so a DEL of a network that never got its ADD is harmless.
+
+A record also outlives a rollback that failed (a plugin's DEL failed): the rollback is then
+retried by the pod's next DEL (runtime stop/remove), by every GC and at start-up, until it
+succeeds. Under the pod's lock (or GC's exclusive lock) a record found on disk is therefore
+always one nobody is working on: an ADD in progress holds the lock until its record is gone.
+
+Doomed delete: a plugin whose ADD failed with an error meaning "nothing was created"
+(`nothing_created()` in plan.py) is recorded in the network's `doomed_plugins` as
+"<index>:<type>"; a DEL failure of exactly that plugin for this attachment does not count.
 """
 from __future__ import annotations
 
@@ -29,8 +38,16 @@ class IntendedNetwork:
     cni_args: list[tuple[str, str]] = field(default_factory=list)
     capability_args: dict = field(default_factory=dict)
     # A plugin whose ADD failed with a code meaning "nothing was created" (doomed delete):
-    # its DEL failure for this attachment is not reported. Plugin types, by position.
+    # its DEL failure for this attachment is not reported. "<index>:<type>" per plugin.
     doomed_plugins: list[str] = field(default_factory=list)
+
+    def doomed_indexes(self) -> set[int]:
+        out = set()
+        for item in self.doomed_plugins:
+            index, _, _ = item.partition(":")
+            if index.isdigit():
+                out.add(int(index))
+        return out
 
 
 @dataclass
@@ -38,6 +55,8 @@ class Intent:
     pod_id: str
     netns: str
     networks: list[IntendedNetwork]
+    # "" while the ADD runs; the reason once its rollback failed and waits for a retry
+    rollback_error: str = ""
 
 
 class IntentStore:
@@ -52,6 +71,7 @@ class IntentStore:
         doc = {
             "podId": intent.pod_id,
             "netns": intent.netns,
+            "rollbackError": intent.rollback_error,
             "networks": [{
                 "network": n.network, "ifName": n.ifname,
                 "config": base64.b64encode(n.config).decode(),
@@ -90,6 +110,17 @@ class IntentStore:
         except FileNotFoundError:
             pass
 
+    def pod_ids(self) -> list[str]:
+        """Pods with a record (cheap: a directory listing)."""
+        try:
+            return sorted(n for n in os.listdir(self.dir) if not n.endswith(".tmp"))
+        except FileNotFoundError:
+            return []
+
+    def load(self, pod_id: str) -> Intent | None:
+        """The pod's record; None when there is none (or it was unreadable, and removed)."""
+        return self._read(self._path(pod_id))
+
     def load_all(self) -> list[Intent]:
         try:
             names = sorted(os.listdir(self.dir))
@@ -100,22 +131,39 @@ class IntentStore:
             path = os.path.join(self.dir, name)
             if name.endswith(".tmp"):
                 # A crash while writing the record: no plugin had run yet.
-                os.unlink(path)
+                _unlink(path)
                 continue
-            try:
-                with open(path, "rb") as f:
-                    doc = json.loads(f.read())
-                out.append(Intent(
-                    pod_id=doc["podId"], netns=doc.get("netns", ""),
-                    networks=[IntendedNetwork(
-                        network=n["network"], ifname=n["ifName"],
-                        config=base64.b64decode(n["config"]),
-                        cni_args=[tuple(kv) for kv in n.get("cniArgs", [])],
-                        capability_args=n.get("capabilityArgs", {}),
-                        doomed_plugins=n.get("doomedPlugins", []),
-                    ) for n in doc["networks"]]))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                # Written atomically, so this is damage from outside; nothing to roll back with.
-                log.error("intent record %s is unreadable (%s); removing it", path, exc)
-                os.unlink(path)
+            intent = self._read(path)
+            if intent is not None:
+                out.append(intent)
         return out
+
+    @staticmethod
+    def _read(path: str) -> Intent | None:
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+            return Intent(
+                pod_id=doc["podId"], netns=doc.get("netns", ""),
+                rollback_error=doc.get("rollbackError", ""),
+                networks=[IntendedNetwork(
+                    network=n["network"], ifname=n["ifName"],
+                    config=base64.b64decode(n["config"]),
+                    cni_args=[tuple(kv) for kv in n.get("cniArgs", [])],
+                    capability_args=n.get("capabilityArgs", {}),
+                    doomed_plugins=list(n.get("doomedPlugins", [])),
+                ) for n in doc["networks"]])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Written atomically, so this is damage from outside; nothing to roll back with.
+            log.error("intent record %s is unreadable (%s); removing it", path, exc)
+            _unlink(path)
+            return None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

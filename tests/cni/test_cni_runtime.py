@@ -272,12 +272,20 @@ def test_plugin_type_path_refused(runtime, make_net, rt, fake_bin):
 
 
 def test_missing_binary(runtime, make_net, call_log, rt):
+    net = make_net(["fake-a", "nct-missing", "fake-b"])
     with pytest.raises(PluginExecError) as err:
-        run(runtime.add(make_net(["fake-a", "nct-missing"]), rt))
+        run(runtime.add(net, rt))
     assert "nct-missing" in str(err.value) and runtime.bin_dirs[1] in str(err.value)
     assert err.value.ref.network == "testnet" and err.value.ref.command == "ADD"
-    assert call_log.summary() == [("ADD", "fake-a")]
+    assert call_log.calls() == []  # found missing before fake-a could create anything
     assert not cache_file(runtime, "testnet", rt).exists()
+    with pytest.raises(PluginExecError, match="nct-missing"):
+        run(runtime.check(net, rt))
+    assert call_log.calls() == []
+    # DEL undoes what it can, in reverse, up to the missing one (as libcni)
+    with pytest.raises(PluginExecError, match="nct-missing"):
+        run(runtime.delete(net, rt))
+    assert call_log.summary() == [("DEL", "fake-b")]
 
 
 @pytest.mark.parametrize("act,message", [
@@ -421,3 +429,11 @@ def test_version(runtime, fake_bin, tmp_path):
     junk.chmod(0o755)
     with pytest.raises(PluginExecError, match="VERSION"):
         run(runtime.version("junk"))
+
+
+def test_delete_with_unnameable_ids_still_runs(runtime, make_net, call_log, rt):
+    """libcni runs DEL even when no cache file can be named after the IDs."""
+    bad = dataclasses.replace(rt, container_id="", ifname="eth0")
+    run(runtime.delete(make_net(["fake-a"]), bad))
+    assert call_log.summary() == [("DEL", "fake-a")]
+    assert call_log.calls()[0]["env"]["CNI_CONTAINERID"] == ""

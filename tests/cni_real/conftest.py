@@ -21,11 +21,13 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `tests.support` is imported as a package from the repo root
     sys.path.insert(0, str(REPO))
 
-from tests.cni_real.helpers import CniEnv, DirectCNI  # noqa: E402
+from tests.cni_real.helpers import CniEnv, DirectCNI, run  # noqa: E402
 from tests.support.netns import (  # noqa: E402
     Janitor,
     free_subnet,
+    host_local_reservations,
     iptables_lines,
+    purge_firewall_rules,
     remove_cni_scaffolding,
     unique_name,
 )
@@ -82,7 +84,32 @@ def cni_env(tmp_path, cni_bin_dir, request) -> CniEnv:
         cid="nct-" + uuid.uuid4().hex,
         cache_dir=tmp_path / "cache", data_dir=tmp_path / "ipam", tuning_dir=tmp_path / "tuning",
     )
+    # runs before the janitor (finalizers run last-in first-out)
+    request.addfinalizer(lambda: _undo_attachments(env))
     return env
+
+
+def _undo_attachments(env: CniEnv) -> None:
+    """After a test that did not get to its DEL: DEL what is still cached, then delete any
+    firewall rule that still names the test's containers, networks or addresses."""
+    markers = {env.cid, env.net_name, *env.cids}
+    markers.update(r.ip for r in host_local_reservations(env.data_dir))
+    markers.update(r.container_id for r in host_local_reservations(env.data_dir))
+    try:
+        from nri_cni.cni.cache import ResultCache
+
+        entries = ResultCache(str(env.cache_dir)).entries()
+    except Exception:  # the runtime under test may be what is broken
+        entries = []
+    for entry in entries:
+        markers.update((entry.container_id, entry.network_name))
+        for ip in (entry.result or {}).get("ips", []):
+            markers.add(str(ip.get("address", "")).split("/")[0])
+        try:
+            run(env.runtime().delete_cached(entry))
+        except Exception:
+            pass
+    purge_firewall_rules(markers)
 
 
 @pytest.fixture

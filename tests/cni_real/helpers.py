@@ -36,7 +36,7 @@ class CniEnv:
     cache_dir: Path
     data_dir: Path
     tuning_dir: Path
-    extra: dict = field(default_factory=dict)
+    cids: list[str] = field(default_factory=list)  # more container IDs the test made
 
     # addresses of the subnet
     def host(self, n: int) -> str:
@@ -65,7 +65,9 @@ class CniEnv:
         return self.jan.netns()
 
     def new_cid(self) -> str:
-        return "nct-" + uuid.uuid4().hex
+        cid = "nct-" + uuid.uuid4().hex
+        self.cids.append(cid)
+        return cid
 
     def leak_checker(self, *, netns=None, bridges=(), markers=(), dirs=None, **kw) -> LeakChecker:
         return LeakChecker(

@@ -107,9 +107,10 @@ def test_every_capability_is_justified():
         assert any(f"#   {cap} " in line for line in comments), f"{cap} has no comment"
 
 
-def test_launcher_execs_nri_cni_keeping_fd3_and_env(tmp_path):
-    """The runtime starts /opt/nri/plugins/10-cni with the connection on fd 3: the launcher
-    must hand fd 3 and NRI_PLUGIN_* to `nri-cni run --config /etc/nri-cni/config.yaml`."""
+def _launch(tmp_path: Path, log: str) -> tuple[list[str], subprocess.CompletedProcess]:
+    """Runs systemd/10-cni the way the runtime does: connection on fd 3, only NRI_PLUGIN_*
+    in the environment (plus PATH for the fakes and the log choice). A fake nri-cni reports
+    its arguments, environment and fd 3, and answers on fd 3."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     report = tmp_path / "report"
@@ -117,17 +118,21 @@ def test_launcher_execs_nri_cni_keeping_fd3_and_env(tmp_path):
     fake.write_text(
         "#!/bin/sh\n"
         f'{{ echo "args=$*"; echo "name=$NRI_PLUGIN_NAME idx=$NRI_PLUGIN_IDX sock=$NRI_PLUGIN_SOCKET"\n'
-        "  if [ -e /proc/$$/fd/3 ]; then echo fd3=open; fi\n"
-        f"  echo pong >&3; }} > {report}\n")
+        "  if [ -e /proc/$$/fd/3 ]; then echo fd3=open; fi; } > " + str(report) + "\n"
+        "echo pong >&3\n"
+        "echo 'a log line' >&2\n")
     fake.chmod(0o755)
+    cat = bindir / "systemd-cat"
+    cat.write_text(f'#!/bin/sh\necho "$1" > {tmp_path}/cat-args\nshift\nexec "$@"\n')
+    cat.chmod(0o755)
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()
     shutil.copy(LAUNCHER, plugin_dir / "10-cni")
     assert os.access(LAUNCHER, os.X_OK)
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        env = {"PATH": f"{bindir}:/usr/bin:/bin", "NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10",
-               "NRI_PLUGIN_SOCKET": "3"}
+        env = {"PATH": str(bindir), "NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10",
+               "NRI_PLUGIN_SOCKET": "3", "NRI_CNI_LOG": log}
 
         def as_fd3() -> None:
             if theirs.fileno() != 3:
@@ -135,12 +140,22 @@ def test_launcher_execs_nri_cni_keeping_fd3_and_env(tmp_path):
             os.set_inheritable(3, True)
 
         run = subprocess.run([str(plugin_dir / "10-cni")], env=env, preexec_fn=as_fd3,
-                             close_fds=False,
-                             capture_output=True, text=True, timeout=30)
+                             close_fds=False, capture_output=True, text=True, timeout=30)
         assert run.returncode == 0, run.stderr
         ours.settimeout(5)
         assert ours.recv(16) == b"pong\n"
-    lines = report.read_text().splitlines()
-    assert lines[0] == f"args=run --config {DEFAULT_CONFIG_PATH}"
-    assert lines[1] == "name=cni idx=10 sock=3"
-    assert lines[2] == "fd3=open"
+    return report.read_text().splitlines(), run
+
+
+def test_launcher_execs_nri_cni_keeping_fd3_and_env(tmp_path):
+    log = tmp_path / "nri-cni.log"
+    lines, run = _launch(tmp_path, str(log))
+    assert lines == [f"args=run --config {DEFAULT_CONFIG_PATH}", "name=cni idx=10 sock=3", "fd3=open"]
+    assert log.read_text() == "a log line\n"  # the runtime would have dropped it
+    assert run.stderr == ""
+
+
+def test_launcher_logs_to_the_journal(tmp_path):
+    lines, _ = _launch(tmp_path, "journal")
+    assert (tmp_path / "cat-args").read_text() == "--identifier=nri-cni\n"
+    assert lines == [f"args=run --config {DEFAULT_CONFIG_PATH}", "name=cni idx=10 sock=3", "fd3=open"]

@@ -698,3 +698,43 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
         if p.returncode == 0:
             removed += [f"{fam} {table} {c}" for c in sorted(new_chains)]
     return removed
+
+
+def purge_firewall_rules(markers: Iterable[str]) -> list[str]:
+    """Safety net for a test that failed before its DEL: delete every iptables rule that
+    mentions one of `markers` (container IDs, pod IPs, network names), the rules of the chains
+    such rules jump to, and those chains. One atomic iptables-restore per table; returns the
+    rules deleted. Never touches a rule without a marker (or outside a marked chain)."""
+    rx = _marker_re(markers)
+    if rx is None:
+        return []
+    now = iptables_lines()
+    deleted: list[str] = []
+    for fam, table in sorted({tuple(line.split(" ", 2)[:2]) for line in now}):
+        prefix = f"{fam} {table} "
+        lines = [ln[len(prefix):] for ln in now if ln.startswith(prefix)]
+        declared = {ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":")}
+        chains: set[str] = set()
+        while True:  # chains jumped to from marked rules, transitively
+            crx = _marker_re(chains)
+            grown = set(chains)
+            for ln in lines:
+                if ln.startswith("-A ") and (rx.search(ln) or (crx and crx.search(ln))):
+                    grown |= {t for t in _IPT_TARGET.findall(" " + ln) if t in declared}
+            if grown == chains:
+                break
+            chains = grown
+        crx = _marker_re(chains)
+        rules = [ln for ln in lines if ln.startswith("-A ")
+                 and (rx.search(ln) or (crx and crx.search(ln)))]
+        if not rules and not chains:
+            continue
+        script = [f"*{table}"] + ["-D " + r[3:] for r in rules] + \
+                 [f"-X {c}" for c in sorted(chains)] + ["COMMIT", ""]
+        tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
+        p = subprocess.run([tool, "--noflush"], input="\n".join(script), capture_output=True,
+                           text=True, timeout=30)
+        if p.returncode != 0:
+            raise NetTestError(f"{tool} could not purge {rules}: {p.stderr.strip()}")
+        deleted += [f"{fam} {table} {r}" for r in rules]
+    return deleted

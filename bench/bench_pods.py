@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Pod latency through real containerd 2.1.9: nri-cni's modes against containerd's own CNI.
+
+Two parts, each with containerd instances side by side (private dirs, started once), driven
+over CRI one pod at a time and ALTERNATED pod by pod (the order rotates every pod), so that the
+drift of a shared, noisy machine hits every mode alike:
+
+  shim       nri-cni-shim is containerd's only CNI network; the nri-cni daemon runs the pod's
+             bridge + host-local + portmap list and answers the shim.
+     vs
+  native     containerd runs the same bridge + host-local + portmap list itself (no NRI plugin).
+
+  secondary  containerd runs the bridge list (eth0); nri-cni (mode: secondary) adds a macvlan +
+             host-local network (net1) in NRI RunPodSandbox and DELs it in NRI StopPodSandbox.
+     vs
+  native2    containerd runs both lists itself (max_conf_num = 2: eth0 and eth1), no NRI plugin.
+     and
+  base       containerd with the bridge list only: what the extra network costs in each.
+
+Measured per pod: RunPodSandbox, then StopPodSandbox + RemovePodSandbox (gRPC round trips as
+kubelet sees them). Every pod is checked after its RunPodSandbox (outside the timing): its CRI
+IP is in the right subnet and the extra interface exists, so a mode that silently skipped its
+work (an NRI call past its timeout) cannot look fast. No FINALIZE drop-ins are installed: the
+plain network work is compared. Pods have no port mappings unless --host-ports is given (then
+one per pod, bound to the bridge's gateway address, like bench_cni.py).
+
+Output: per mode medians and p90 (ms); part 1 the median ratio shim/native (target <= 1.10) and
+the median of the per-pod ratios; part 2 the medians and the difference secondary - native2.
+
+Everything the bench makes (containerd instances and their pods, nri-cni daemons, bridges,
+veths, iptables rules, host-local reservations, libcni cache entries, temp dirs) is removed at
+the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.166.0/24.
+Needs root and the parts from .ci/install-deps.
+Run:  /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_pods.py [--pods 40] [--part 1|2|all]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.e2e.hostnet import BridgeNetwork, cni_cache_files  # noqa: E402
+from tests.e2e.nricni import NriCni, ShimSetup  # noqa: E402
+from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
+from tests.support.netns import Janitor, host_local_reservations, unique_name  # noqa: E402
+from tests.support.pause.image import build_pause_image  # noqa: E402
+
+NAMESPACE = "nct-bench"
+SUBNETS = {"native": "10.246.160.0/24", "shim": "10.246.161.0/24",
+           "native2": "10.246.162.0/24", "native2-extra": "10.246.163.0/24",
+           "secondary": "10.246.164.0/24", "secondary-extra": "10.246.165.0/24",
+           "base": "10.246.166.0/24"}
+HOST_PORT_BASE = {"native": 21000, "shim": 22000, "native2": 23000, "secondary": 24000, "base": 25000}
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted(f"signal {signum}")
+
+
+@dataclass
+class Mode:
+    """One containerd instance and what a pod of it must have."""
+
+    name: str
+    ctd: Containerd
+    net: BridgeNetwork  # the pod's eth0 network
+    extra_if: str = ""  # the interface the extra network must have made ("" = none)
+    run_ms: list[float] = field(default_factory=list)
+    stop_ms: list[float] = field(default_factory=list)
+    remove_ms: list[float] = field(default_factory=list)
+    ipam_dirs: list[Path] = field(default_factory=list)
+
+    def check(self, pod: str) -> None:
+        st = self.ctd.cri.pod_status(pod)
+        if not st.ready or ipaddress.ip_address(st.ip) not in self.net.network:
+            raise RuntimeError(f"{self.name}: pod {pod[:12]} is {st.state} with IP {st.ip!r}, "
+                               f"not in {self.net.subnet}")
+        if self.extra_if:
+            out = subprocess.run(["nsenter", f"--net={st.netns_path}", "ip", "-o", "-4", "addr",
+                                  "show", "dev", self.extra_if], capture_output=True, text=True)
+            if out.returncode != 0 or " inet " not in out.stdout:
+                raise RuntimeError(f"{self.name}: pod {pod[:12]} has no {self.extra_if} with an "
+                                   f"address: {out.stderr.strip() or out.stdout.strip()}")
+
+
+def _pct(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 2), "p90": round(_pct(values, 90), 2),
+            "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def macvlan_list(name: str, master: str, subnet: str, ipam_dir: Path) -> dict:
+    return {"cniVersion": "1.0.0", "name": name, "plugins": [
+        {"type": "macvlan", "master": master, "mode": "bridge",
+         "ipam": {"type": "host-local", "dataDir": str(ipam_dir), "ranges": [[{"subnet": subnet}]]}}]}
+
+
+class Bench:
+    def __init__(self, args, stack: contextlib.ExitStack) -> None:
+        self.args = args
+        self.stack = stack
+        self.tmp = Path(tempfile.mkdtemp(prefix="nct-bench-pods-"))
+        stack.callback(shutil.rmtree, self.tmp, True)
+        self.pause = build_pause_image()
+        self.problems: list[str] = []
+
+    # -- parts that clean up after themselves (ExitStack: last made, first removed) ----------
+
+    def bridge_net(self, mode: str) -> BridgeNetwork:
+        d = self.tmp / f"net-{mode}"
+        d.mkdir()
+        net = BridgeNetwork(d, bridge=unique_name("bp"), subnet=SUBNETS[mode],
+                            name=f"nct-bench-{mode}-{secrets.token_hex(3)}")
+        self.stack.callback(lambda: self.problems.extend(net.cleanup()))
+        return net
+
+    def janitor(self) -> Janitor:
+        jan = Janitor()
+        self.stack.callback(lambda: self.problems.extend(jan.cleanup()))
+        return jan
+
+    def daemons(self) -> list[NriCni]:
+        started: list[NriCni] = []
+        # registered before any containerd: runs after their cleanup (pods gone, nri-cni DELs)
+        self.stack.callback(lambda: [d.stop() for d in started])
+        return started
+
+    def containerd(self, name: str, conf_dir: Path, bin_dirs: list, **kw) -> Containerd:
+        ctd = Containerd(self.tmp / f"ctd-{name}", cni_conf_dir=conf_dir, cni_bin_dirs=bin_dirs,
+                         pause=self.pause, **kw)
+        self.stack.callback(lambda: self.problems.extend(ctd.cleanup()))
+        ctd.start()
+        return ctd
+
+    def shim_setup(self, name: str) -> ShimSetup:
+        d = self.tmp / f"nri-cni-{name}"
+        d.mkdir()
+        setup = ShimSetup(d)
+        self.stack.callback(setup.cleanup)
+        return setup
+
+    # -- the alternation -----------------------------------------------------------------------
+
+    def run(self, modes: list[Mode]) -> None:
+        n = self.args.warmup + self.args.pods
+        for i in range(n):
+            k = i % len(modes)
+            order = modes[k:] + modes[:k]
+            pods: dict[str, str] = {}
+            measured = i >= self.args.warmup
+            for m in order:
+                ports = []
+                if self.args.host_ports:
+                    ports = [{"container_port": 80, "host_port": HOST_PORT_BASE[m.name] + i,
+                              "host_ip": m.net.gateway}]
+                name = f"{m.name}-{i}-{uuid.uuid4().hex[:6]}"
+                t0 = time.perf_counter()
+                pods[m.name] = m.ctd.cri.run_pod(name, NAMESPACE, str(uuid.uuid4()),
+                                                 port_mappings=ports)
+                if measured:
+                    m.run_ms.append((time.perf_counter() - t0) * 1000)
+            for m in order:
+                m.check(pods[m.name])
+            for m in order:
+                t0 = time.perf_counter()
+                m.ctd.cri.stop_pod(pods[m.name])
+                t1 = time.perf_counter()
+                m.ctd.cri.remove_pod(pods[m.name])
+                t2 = time.perf_counter()
+                if measured:
+                    m.stop_ms.append((t1 - t0) * 1000)
+                    m.remove_ms.append((t2 - t1) * 1000)
+                leftover = cni_cache_files(pods[m.name])
+                if leftover:
+                    raise RuntimeError(f"{m.name}: libcni cache entries remain: {leftover}")
+            if (i + 1) % 10 == 0:
+                print(f"  {i + 1}/{n} pods per mode", flush=True)
+        for m in modes:
+            for d in m.ipam_dirs:
+                held = host_local_reservations(d)
+                if held:
+                    raise RuntimeError(f"{m.name}: host-local still holds {held}")
+
+    # -- part 1: shim vs native ----------------------------------------------------------------
+
+    def part_shim(self) -> dict:
+        daemons = self.daemons()
+        native_net = self.bridge_net("native")
+        shim_net = self.bridge_net("shim")  # its list runs inside nri-cni; its conf dir is unused
+        setup = self.shim_setup("shim")
+        native = Mode("native", self.containerd("native", native_net.conf_dir, [cni_plugin_dir()]),
+                      native_net, ipam_dirs=[native_net.ipam_dir])
+        ctd = self.containerd("shim", setup.conf_dir, [setup.bin_dir])
+        cfg = setup.config(ctd.nri_socket, [{"name": shim_net.name, "default": True,
+                                              "conflist": shim_net.conflist}])
+        daemon = NriCni(setup.tmp, cfg)
+        daemons.append(daemon)
+        daemon.start()
+        shim = Mode("shim", ctd, shim_net, ipam_dirs=[shim_net.ipam_dir])
+        print(f"part 1: shim vs native, {self.args.pods} pods each (+{self.args.warmup} warm-up), "
+              "alternated")
+        self.run([native, shim])
+        if daemon.pods():
+            raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
+        return self.report([native, shim], "shim", "native")
+
+    # -- part 2: secondary vs native max_conf_num = 2 ------------------------------------------
+
+    def part_secondary(self) -> dict:
+        daemons = self.daemons()
+        jan = self.janitor()
+        modes: list[Mode] = []
+        # native2: containerd runs the bridge list and the macvlan list (eth0, eth1)
+        n2_net = self.bridge_net("native2")
+        n2_master, _ = jan.veth()
+        n2_ipam = self.tmp / "ipam-native2-extra"
+        extra = macvlan_list(f"nct-bench-extra-{secrets.token_hex(3)}", n2_master,
+                             SUBNETS["native2-extra"], n2_ipam)
+        (n2_net.conf_dir / "20-nct-extra.conflist").write_text(json.dumps(extra))
+        modes.append(Mode("native2", self.containerd("native2", n2_net.conf_dir, [cni_plugin_dir()],
+                                                     max_conf_num=2),
+                          n2_net, extra_if="eth1", ipam_dirs=[n2_net.ipam_dir, n2_ipam]))
+        # secondary: containerd runs the bridge list, nri-cni adds the macvlan list (net1)
+        sec_net = self.bridge_net("secondary")
+        sec_master, _ = jan.veth()
+        setup = self.shim_setup("secondary")
+        sec_ipam = self.tmp / "ipam-secondary-extra"
+        ctd = self.containerd("secondary", sec_net.conf_dir, [cni_plugin_dir()])
+        fastnet = macvlan_list("fastnet", sec_master, SUBNETS["secondary-extra"], sec_ipam)
+        cfg = setup.config(ctd.nri_socket, [{"name": "fastnet", "default": True, "conflist": fastnet}],
+                           mode="secondary", primary_network=sec_net.name)
+        cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's libcni cache
+        daemon = NriCni(setup.tmp, cfg)
+        daemons.append(daemon)
+        daemon.start()
+        modes.append(Mode("secondary", ctd, sec_net, extra_if="net1",
+                          ipam_dirs=[sec_net.ipam_dir, sec_ipam]))
+        if not self.args.no_base:
+            base_net = self.bridge_net("base")
+            modes.append(Mode("base", self.containerd("base", base_net.conf_dir, [cni_plugin_dir()]),
+                              base_net, ipam_dirs=[base_net.ipam_dir]))
+        print(f"part 2: secondary vs native2 (max_conf_num 2){'' if self.args.no_base else ' vs base'}"
+              f", {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated")
+        self.run(modes)
+        if daemon.pods():
+            raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
+        return self.report(modes, "secondary", "native2")
+
+    # -- output --------------------------------------------------------------------------------
+
+    def report(self, modes: list[Mode], a: str, b: str) -> dict:
+        by = {m.name: m for m in modes}
+        out: dict = {"modes": {}}
+        print(f"{'mode':<10} {'run median':>11} {'run p90':>8} {'stop+rm median':>15} {'p90':>7}"
+              f"   (stop / remove medians)")
+        for m in modes:
+            sr = [s + r for s, r in zip(m.stop_ms, m.remove_ms)]
+            out["modes"][m.name] = {"run": _summary(m.run_ms), "stop_remove": _summary(sr),
+                                    "stop": _summary(m.stop_ms), "remove": _summary(m.remove_ms),
+                                    "raw": {"run": m.run_ms, "stop": m.stop_ms, "remove": m.remove_ms}}
+            s = out["modes"][m.name]
+            print(f"{m.name:<10} {s['run']['median']:>9.1f}ms {s['run']['p90']:>6.1f}ms "
+                  f"{s['stop_remove']['median']:>13.1f}ms {s['stop_remove']['p90']:>5.1f}ms"
+                  f"   ({s['stop']['median']:.1f} / {s['remove']['median']:.1f})")
+        ma, mb = by[a], by[b]
+        sr_a = [s + r for s, r in zip(ma.stop_ms, ma.remove_ms)]
+        sr_b = [s + r for s, r in zip(mb.stop_ms, mb.remove_ms)]
+        cmp = {
+            "run_median_ratio": round(statistics.median(ma.run_ms) / statistics.median(mb.run_ms), 3),
+            "run_per_pod_ratio_median": round(statistics.median(
+                x / y for x, y in zip(ma.run_ms, mb.run_ms)), 3),
+            "run_median_diff_ms": round(statistics.median(ma.run_ms) - statistics.median(mb.run_ms), 2),
+            "stop_remove_median_ratio": round(statistics.median(sr_a) / statistics.median(sr_b), 3),
+            "stop_remove_median_diff_ms": round(statistics.median(sr_a) - statistics.median(sr_b), 2),
+        }
+        print(f"{a}/{b}: RunPodSandbox median ratio {cmp['run_median_ratio']:.3f} "
+              f"(per-pod ratios, median {cmp['run_per_pod_ratio_median']:.3f}), difference "
+              f"{cmp['run_median_diff_ms']:+.1f} ms; Stop+Remove median ratio "
+              f"{cmp['stop_remove_median_ratio']:.3f}, difference {cmp['stop_remove_median_diff_ms']:+.1f} ms")
+        if "base" in by:
+            base_run = statistics.median(by["base"].run_ms)
+            base_sr = statistics.median([s + r for s, r in zip(by["base"].stop_ms, by["base"].remove_ms)])
+            for name in (a, b):
+                m = by[name]
+                extra_run = statistics.median(m.run_ms) - base_run
+                extra_sr = statistics.median([s + r for s, r in zip(m.stop_ms, m.remove_ms)]) - base_sr
+                cmp[f"{name}_extra_over_base_ms"] = {"run": round(extra_run, 2), "stop_remove": round(extra_sr, 2)}
+                print(f"  the extra network in {name}: +{extra_run:.1f} ms run, "
+                      f"+{extra_sr:.1f} ms stop+remove (over base medians)")
+        out["compare"] = cmp
+        return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pods", type=int, default=40, help="measured pods per mode (default 40)")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
+    ap.add_argument("--part", choices=("1", "2", "all"), default="all",
+                    help="1: shim vs native; 2: secondary vs native2 (default both)")
+    ap.add_argument("--no-base", action="store_true", help="part 2 without the bridge-only instance")
+    ap.add_argument("--host-ports", action="store_true",
+                    help="one port mapping per pod (portmap then adds DNAT rules)")
+    ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_pods: needs root (containerd, netns, iptables)", file=sys.stderr)
+        return 2
+    if args.pods < 2:
+        ap.error("--pods must be at least 2")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    report: dict = {"pods": args.pods, "warmup": args.warmup, "host_ports": args.host_ports,
+                    "python": sys.version.split()[0]}
+    rc = 0
+    parts: list[tuple[str, Callable[[Bench], dict]]] = []
+    if args.part in ("1", "all"):
+        parts.append(("shim_vs_native", Bench.part_shim))
+    if args.part in ("2", "all"):
+        parts.append(("secondary_vs_native2", Bench.part_secondary))
+    for key, part in parts:
+        problems: list[str] = []
+        try:
+            with contextlib.ExitStack() as stack:
+                bench = Bench(args, stack)
+                try:
+                    report[key] = part(bench)
+                finally:
+                    problems = bench.problems  # filled while the stack unwinds, below
+        except (KeyboardInterrupt, Interrupted) as exc:
+            print(f"bench_pods: interrupted ({exc or 'Ctrl-C'}); cleaned up", file=sys.stderr)
+            return 130
+        if problems:
+            print("bench_pods: cleanup problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+            rc = 1
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

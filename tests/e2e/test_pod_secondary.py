@@ -1,0 +1,357 @@
+"""Secondary mode through real containerd 2.1.9: containerd's own CNI (a bridge list in its conf
+dir) makes eth0; nri-cni adds net1 (macvlan over a veth master the test made) in NRI
+RunPodSandbox and runs FINALIZE for both, the runtime's primary included (its result read from
+containerd's libcni cache, /var/lib/cni/results/<primary>-<pod>-eth0).
+
+Failure paths: net1's ADD fails, or a FINALIZE plugin of net1 fails. nri-cni rolls its network
+back either way; containerd 2.1.9 leaks the sandbox when NRI fails the pod (containerd#13355),
+so the default failure_policy "auto" keeps the pod, logs, and lets the repair loop retry, while
+failure_policy "fail" fails the pod (unique pod names: the leaked sandbox keeps its name).
+
+Subnets: 10.246.128.0/18, one pair per test (containerd's bridge gets a host route).
+"""
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.hostnet import bridge_ports, cni_cache_files
+from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "nct-e2e"
+# Generous: the 2 s default is fine for these few plugins, but the machine is shared and noisy
+# and a timed-out request would make containerd run the pod without nri-cni (another test).
+NRI_TIMEOUT = "15s"
+
+# A FINALIZE drop-in: one line per call with the verb, pod, CNI_IFNAME and the pod's links.
+PROBE = """#!/bin/sh
+cat >/dev/null
+links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort | paste -sd, -)
+printf '%%s %%s %%s %%s\\n' "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_IFNAME" "$links" >> "%s"
+"""
+
+
+class SecondaryNode:
+    """containerd with its own bridge network + nri-cni in secondary mode adding `fastnet`."""
+
+    def __init__(self, tmp: Path, make_bridge_network, make_containerd, subnets: tuple[str, str]):
+        self.tmp = tmp
+        self.make_containerd = make_containerd
+        self.jan = Janitor()
+        self.setup = ShimSetup(tmp)  # nri-cni's bin dir (real + fake plugins), state, cache, socket
+        self.primary = make_bridge_network(bridge=unique_name("cb"), subnet=subnets[0],
+                                           name=f"cbr0-{secrets.token_hex(3)}")
+        self.net1_subnet = subnets[1]
+        self.master, _ = self.jan.veth()
+        self.probe_log = tmp / "finalize.log"
+        probe = self.setup.bin_dir / "nct-probe"
+        probe.write_text(PROBE % self.probe_log)
+        probe.chmod(0o755)
+        (self.setup.finalize_dir / "50-probe.conf").write_text('{"type": "nct-probe"}')
+        self.ctd = None
+        self.daemon: NriCni | None = None
+        self.leaks = LeakChecker(
+            dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir,
+                  self.primary.ipam_dir],
+            bridges=[self.primary.bridge]).start()
+
+    def fastnet(self, *, master: str | None = None, finalize_plugins: list | None = None) -> dict:
+        conflist = {
+            "cniVersion": "1.0.0", "name": "fastnet", "plugins": [
+                {"type": "macvlan", "master": master or self.master, "mode": "bridge",
+                 "ipam": {"type": "host-local", "dataDir": str(self.setup.ipam_dir),
+                          "ranges": [[{"subnet": self.net1_subnet}]]}}]}
+        if finalize_plugins:
+            conflist["finalize_plugins"] = finalize_plugins
+        return {"name": "fastnet", "default": True, "conflist": conflist}
+
+    def start(self, net: dict | None = None, **extra) -> NriCni:
+        self.ctd = self.make_containerd(cni_conf_dir=self.primary.conf_dir,
+                                        nri_request_timeout=NRI_TIMEOUT)
+        cfg = self.setup.config(self.ctd.nri_socket, [net or self.fastnet()], mode="secondary",
+                                primary_network=self.primary.name, **extra)
+        cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's; it cannot be moved
+        self.daemon = NriCni(self.tmp, cfg).start()
+        return self.daemon
+
+    def run_pod(self, prefix: str) -> str:
+        return self.ctd.cri.run_pod(f"{prefix}-{uuid.uuid4().hex[:8]}", NAMESPACE, str(uuid.uuid4()))
+
+    def probe_calls(self, pod: str) -> list[tuple[str, str, str]]:
+        """(verb, CNI_IFNAME, links) of every probe call for `pod`, in order."""
+        if not self.probe_log.exists():
+            return []
+        out = []
+        for line in self.probe_log.read_text().splitlines():
+            verb, cid, ifname, links = (line.split(" ", 3) + [""])[:4]
+            if cid == pod:
+                out.append((verb, ifname, links))
+        return out
+
+    def failed_pod_id(self) -> str:
+        """The id of the pod whose ADD nri-cni logged as failed (RunPodSandbox gave none)."""
+        ids = {op["podId"] for op in self.daemon.op_lines() if op["op"] == "add" and op["result"] == "error"}
+        assert len(ids) == 1, self.daemon.op_lines()
+        return ids.pop()
+
+    def teardown(self) -> list[str]:
+        problems = []
+        # Pods left by a failed test go while nri-cni still runs, so that it DELs net1 too.
+        if self.ctd is not None and self.ctd.running:
+            try:
+                for pod in self.ctd.cri.list_pods():
+                    self.ctd.cri.stop_pod(pod.id)
+                    self.ctd.cri.remove_pod(pod.id)
+            except Exception as exc:  # noqa: BLE001 - containerd's own cleanup follows
+                problems.append(f"removing pods: {exc}")
+        if self.daemon is not None:
+            self.daemon.stop()
+        problems += self.jan.cleanup()
+        self.setup.cleanup()
+        return problems
+
+
+@pytest.fixture
+def make_node(tmp_path, make_bridge_network, make_containerd):
+    # make_bridge_network before make_containerd: containerd's pods are gone before its network
+    nodes: list[SecondaryNode] = []
+
+    def factory(subnets: tuple[str, str]) -> SecondaryNode:
+        node = SecondaryNode(tmp_path, make_bridge_network, make_containerd, subnets)
+        nodes.append(node)
+        return node
+
+    yield factory
+    problems = [p for node in nodes for p in node.teardown()]
+    if problems:
+        pytest.fail(f"cleanup: {problems}")
+
+
+def _addrs(netns: str, ifname: str) -> list[str]:
+    out = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
+                         capture_output=True, text=True)
+    return [line.split()[3] for line in out.stdout.splitlines()]
+
+
+def _links(netns: str) -> list[str]:
+    out = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "link", "show"],
+                         capture_output=True, text=True, check=True)
+    return sorted(line.split(": ")[1].split("@")[0] for line in out.stdout.splitlines())
+
+
+def _in(cidr_or_ip: str, subnet: str) -> bool:
+    return ipaddress.ip_interface(cidr_or_ip).ip in ipaddress.ip_network(subnet)
+
+
+def _remove(ctd, pod: str) -> None:
+    ctd.cri.stop_pod(pod)
+    ctd.cri.remove_pod(pod)
+
+
+def _assert_pod_gone_clean(node: SecondaryNode, pods: list[str]) -> None:
+    for pod in pods:
+        assert cni_cache_files(pod) == [], "containerd's cache entry of the pod remains"
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert host_local_reservations(node.primary.ipam_dir) == []
+    assert bridge_ports(node.primary.bridge) == []
+    assert node.daemon.pods() == []
+    assert node.leaks.leaks() == []
+
+
+def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node):
+    node = make_node(("10.246.130.0/24", "10.246.131.0/24"))
+    daemon = node.start()
+    ctd = node.ctd
+    pods = [node.run_pod("sec") for _ in range(2)]
+    statuses = [ctd.cri.pod_status(p) for p in pods]
+    for pod, st in zip(pods, statuses):
+        node.leaks.add_markers(pod, st.ip)
+        assert st.ready
+        # CRI's pod IP is containerd's own network's, on eth0
+        assert _in(st.ip, node.primary.subnet), st.ip
+        assert f"{st.ip}/24" in _addrs(st.netns_path, "eth0")
+        # nri-cni's net1, from its own range
+        net1 = _addrs(st.netns_path, "net1")
+        assert len(net1) == 1 and _in(net1[0], node.net1_subnet), net1
+        assert _links(st.netns_path) == ["eth0", "lo", "net1"]
+        # containerd's cache holds its own networks (eth0, and lo); nri-cni's holds net1 only
+        assert sorted(p.name for p in cni_cache_files(pod)) == sorted(
+            [f"{node.primary.name}-{pod}-eth0", f"cni-loopback-{pod}-lo"])
+        mine = sorted(p.name for p in (node.setup.cache_dir / "results").iterdir() if pod in p.name)
+        assert mine == [f"fastnet-{pod}-net1"]
+        # FINALIZE ran for the runtime's eth0 and then nri-cni's net1, both interfaces present
+        assert node.probe_calls(pod) == [("FINALIZE", "eth0", "eth0,lo,net1"),
+                                         ("FINALIZE", "net1", "eth0,lo,net1")]
+    node.leaks.learn()
+    assert len(bridge_ports(node.primary.bridge)) == 2
+    assert len(host_local_reservations(node.setup.ipam_dir)) == 2
+    # containerd's eth0 works between the pods; net1 (macvlan, bridge mode) too
+    ping = subprocess.run(["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2",
+                           statuses[1].ip], capture_output=True, text=True)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    peer_net1 = _addrs(statuses[1].netns_path, "net1")[0].split("/")[0]
+    ping = subprocess.run(["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2",
+                           "-I", "net1", peer_net1], capture_output=True, text=True)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    # `nri-cni pods` lists what nri-cni attached: net1, not containerd's eth0
+    table = {p["id"]: p for p in daemon.pods()}
+    assert set(table) == set(pods)
+    assert [n["interface"] for n in table[pods[0]]["networks"]] == ["net1"]
+    # one op line per pod: the ADD of fastnet, FINALIZE of both networks
+    adds = [op for op in daemon.op_lines() if op["op"] == "add" and op["podId"] == pods[0]]
+    assert len(adds) == 1 and adds[0]["result"] == "ok", adds
+    assert [(n["network"], n["op"]) for n in adds[0]["networks"]] == [
+        ("fastnet", "add"), (node.primary.name, "finalize"), ("fastnet", "finalize")]
+
+    _remove(ctd, pods[0])
+    # the other pod is untouched
+    assert _links(statuses[1].netns_path) == ["eth0", "lo", "net1"]
+    assert len(host_local_reservations(node.setup.ipam_dir)) == 1
+    _remove(ctd, pods[1])
+    _assert_pod_gone_clean(node, pods)
+    # NRI stop DELs net1 while the netns exists (before containerd's own DEL)
+    dels = [op for op in daemon.op_lines() if op["op"] == "del" and op["podId"] in pods
+            and op["networks"]]
+    assert sorted(op["podId"] for op in dels) == sorted(pods), dels
+    assert all(op["result"] == "ok" for op in dels), dels
+
+
+def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later(make_node):
+    node = make_node(("10.246.132.0/24", "10.246.133.0/24"))
+    missing = unique_name("mm")  # a master that does not exist yet
+    daemon = node.start(node.fastnet(master=missing), gc={"interval": "1s"})
+    ctd = node.ctd
+    pod = node.run_pod("auto")  # containerd 2.1.9 would leak a failed sandbox: the pod is kept
+    st = ctd.cri.pod_status(pod)
+    node.leaks.add_markers(pod, st.ip)
+    assert st.ready and _in(st.ip, node.primary.subnet)
+    # nri-cni's network is absent, rolled back entirely; the error is in its log
+    assert _links(st.netns_path) == ["eth0", "lo"]
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == []
+    assert not (node.setup.state_dir / "intents" / pod).exists()  # no intent record left
+    log = daemon.log_path.read_text()
+    kept = [ln for ln in log.splitlines() if "the pod is kept and the attachment retried" in ln]
+    assert kept and "network 'fastnet', plugin 'macvlan', ADD" in kept[0], log
+    assert pod in daemon.status()["pendingRepair"]
+    # the repair loop retries; once the master exists the pod gets net1 and FINALIZE for both
+    node.jan.veth(host_name=missing)
+    deadline = time.monotonic() + 30
+    while pod in daemon.status()["pendingRepair"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert daemon.status()["pendingRepair"] == []
+    assert _links(st.netns_path) == ["eth0", "lo", "net1"]
+    assert _in(_addrs(st.netns_path, "net1")[0], node.net1_subnet)
+    assert node.probe_calls(pod)[-2:] == [("FINALIZE", "eth0", "eth0,lo,net1"),
+                                          ("FINALIZE", "net1", "eth0,lo,net1")]
+    assert [n["interface"] for n in daemon.pods()[0]["networks"]] == ["net1"]
+    node.leaks.learn()
+    _remove(ctd, pod)
+    _assert_pod_gone_clean(node, [pod])
+
+
+def test_net1_add_failure_fail_policy_fails_the_pod_cleanly(make_node):
+    node = make_node(("10.246.134.0/24", "10.246.135.0/24"))
+    missing = unique_name("mm")
+    node.start(node.fastnet(master=missing), failure_policy="fail")
+    with pytest.raises(Exception) as err:
+        node.run_pod("fail")
+    msg = str(err.value)
+    assert "NRI RunPodSandbox failed" in msg, msg
+    assert "network 'fastnet', plugin 'macvlan', ADD: Link not found" in msg, msg
+    pod = node.failed_pod_id()
+    node.leaks.add_markers(pod)
+    # nri-cni rolled net1 back; containerd tore its own network down
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert not (node.setup.state_dir / "intents" / pod).exists()
+    _assert_pod_gone_clean(node, [pod])
+
+
+def test_net1_finalize_failure_fail_policy_rolls_net1_back(make_node):
+    node = make_node(("10.246.136.0/24", "10.246.137.0/24"))
+    refuse = {"type": "fake-fail", "fake": {"FINALIZE": {"error": {
+        "code": 120, "msg": "nct finalize refuses", "details": "by design of the test"}}}}
+    node.start(node.fastnet(finalize_plugins=[refuse]), failure_policy="fail")
+    with pytest.raises(Exception) as err:
+        node.run_pod("fin")
+    msg = str(err.value)
+    assert "nct finalize refuses" in msg and "fastnet" in msg and "fake-fail" in msg, msg
+    pod = node.failed_pod_id()
+    node.leaks.add_markers(pod)
+    # eth0's FINALIZE ran (drop-in), then net1's own finalize plugin failed before the drop-in
+    assert node.probe_calls(pod) == [("FINALIZE", "eth0", "eth0,lo,net1")]
+    rollback = [n for op in node.daemon.op_lines() if op["podId"] == pod for n in op["networks"]
+                if n["op"] == "rollback"]
+    assert [n["network"] for n in rollback] == ["fastnet"]
+    _assert_pod_gone_clean(node, [pod])
+
+
+def test_net1_finalize_failure_auto_policy_keeps_the_pod_without_net1(make_node):
+    node = make_node(("10.246.138.0/24", "10.246.139.0/24"))
+    refuse = {"type": "fake-fail", "fake": {"FINALIZE": {"error": {"code": 121, "msg": "nct no"}}}}
+    daemon = node.start(node.fastnet(finalize_plugins=[refuse]))
+    pod = node.run_pod("finauto")
+    st = node.ctd.cri.pod_status(pod)
+    node.leaks.add_markers(pod, st.ip)
+    assert st.ready
+    assert _links(st.netns_path) == ["eth0", "lo"]  # net1 rolled back
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == []
+    assert pod in daemon.status()["pendingRepair"]
+    assert "nct no" in daemon.log_path.read_text()
+    node.leaks.learn()
+    _remove(node.ctd, pod)
+    _assert_pod_gone_clean(node, [pod])
+    assert daemon.status()["pendingRepair"] == []  # a removed pod is not repaired
+
+
+def test_pod_started_while_nri_cni_was_down_gets_net1_when_it_connects(make_node):
+    node = make_node(("10.246.142.0/24", "10.246.143.0/24"))
+    daemon = node.start()
+    daemon.stop()  # containerd runs pods without NRI plugins meanwhile
+    pod = node.run_pod("late")
+    st = node.ctd.cri.pod_status(pod)
+    node.leaks.add_markers(pod, st.ip)
+    assert st.ready and _links(st.netns_path) == ["eth0", "lo"]
+    daemon.start()  # Synchronize lists the pod; repair attaches net1 and runs FINALIZE for both
+    daemon.wait_idle()
+    assert _links(st.netns_path) == ["eth0", "lo", "net1"]
+    assert node.probe_calls(pod) == [("FINALIZE", "eth0", "eth0,lo,net1"),
+                                     ("FINALIZE", "net1", "eth0,lo,net1")]
+    node.leaks.learn()
+    _remove(node.ctd, pod)
+    _assert_pod_gone_clean(node, [pod])
+
+
+def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_node):
+    """A FINALIZE plugin that returns a changed result for containerd's eth0 must not turn
+    containerd's attachment into one of nri-cni's (nri-cni's cache holds only its own)."""
+    node = make_node(("10.246.140.0/24", "10.246.141.0/24"))
+    # The drop-in adds a DNS entry to every result it is given (so also to the primary's).
+    (node.setup.bin_dir / "nct-dns").write_text(
+        "#!/bin/sh\n"
+        f"exec {Path('/root/.pyenv/versions/3.11.7/bin/python3')} -IS -c '"
+        "import json,sys; c=json.load(sys.stdin); r=c[\"prevResult\"]; "
+        "r[\"dns\"]={\"nameservers\":[\"10.246.140.53\"]}; print(json.dumps(r))'\n")
+    (node.setup.bin_dir / "nct-dns").chmod(0o755)
+    (node.setup.finalize_dir / "60-dns.conf").write_text('{"type": "nct-dns"}')
+    daemon = node.start()
+    pod = node.run_pod("dns")
+    st = node.ctd.cri.pod_status(pod)
+    node.leaks.add_markers(pod, st.ip)
+    assert _links(st.netns_path) == ["eth0", "lo", "net1"]
+    mine = sorted(p.name for p in (node.setup.cache_dir / "results").iterdir() if pod in p.name)
+    assert mine == [f"fastnet-{pod}-net1"]
+    assert [n["interface"] for n in daemon.pods()[0]["networks"]] == ["net1"]
+    node.leaks.learn()
+    _remove(node.ctd, pod)
+    _assert_pod_gone_clean(node, [pod])
