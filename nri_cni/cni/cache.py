@@ -2,10 +2,10 @@
 
 Files are written the way Go's encoding/json writes libcni's cachedInfo struct (field order,
 compact, nested maps with sorted keys, <>& escaped, config as base64), so containerd, CRI-O,
-cnitool and nri-cni can read each other's entries. Unlike libcni the write is atomic and
-durable (temp file, fsync, rename, dir fsync): a crash never leaves a half entry that would
-make DEL run without its prevResult. Keys are read case-insensitively, as Go does (ocicni
-writes "containerID").
+cnitool and nri-cni can read each other's entries. Unlike libcni the write is atomic (temp
+file, rename): a reader never sees half an entry. It is durable too (fsync of the file and
+the directory), either before write() returns or, for the ADD path, right after via sync().
+Keys are read case-insensitively, as Go does (ocicni writes "containerID").
 """
 from __future__ import annotations
 
@@ -123,8 +123,14 @@ class ResultCache:
                 raise ConfigError(f"cannot name a cache file after {part!r}", location=self.results_dir)
         return os.path.join(self.results_dir, f"{network}-{container_id}-{ifname}")
 
-    def write(self, entry: CacheEntry) -> None:
-        """Atomic and durable; raises CNIError(IO_FAILURE) and leaves no partial file."""
+    def write(self, entry: CacheEntry, *, durable: bool = True) -> None:
+        """Atomic (readers see the old entry or the new one, never a part); raises
+        CNIError(IO_FAILURE) and leaves no partial file.
+
+        durable: on disk when this returns (fsync, rename, directory fsync). Without it the
+        fsyncs are left to sync(): a power loss before then can leave the entry missing or
+        empty, which read() reports as corrupt and DEL tolerates.
+        """
         path = self.path(entry.network_name, entry.container_id, entry.ifname)
         data = entry.to_json()
         tmp = os.path.join(self.results_dir, f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp")
@@ -135,15 +141,13 @@ class ResultCache:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(tmp, path)
-            dfd = os.open(self.results_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            if durable:
+                self._fsync_dir()
         except OSError as exc:
             try:
                 os.unlink(tmp)
@@ -151,6 +155,32 @@ class ResultCache:
                 pass
             raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
                            details=exc.strerror or str(exc)) from exc
+
+    def sync(self, network: str, container_id: str, ifname: str) -> None:
+        """Makes an entry written with durable=False durable; one deleted meanwhile is fine."""
+        path = self.path(network, container_id, ifname)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise CNIError(CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}",
+                           details=exc.strerror or str(exc)) from exc
+        try:
+            os.fsync(fd)
+            self._fsync_dir()
+        except OSError as exc:
+            raise CNIError(CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}",
+                           details=exc.strerror or str(exc)) from exc
+        finally:
+            os.close(fd)
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.results_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     def read(self, network: str, container_id: str, ifname: str, *,
              drop_corrupt: bool = False) -> CacheEntry | None:

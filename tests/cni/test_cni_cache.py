@@ -146,6 +146,18 @@ def test_full_filesystem_fails_cleanly(tiny_tmpfs):
     assert os.listdir(path.parent) == [path.name]  # no temp file
     assert path.read_bytes() == GOLDEN  # the old entry is intact
     fresh = CacheEntry(container_id="c2", ifname="eth0", network_name="n", config=b"x" * 20000)
-    with pytest.raises(CNIError):
-        cache.write(fresh)
-    assert os.listdir(path.parent) == [path.name]
+    for durable in (True, False):
+        with pytest.raises(CNIError) as err:
+            cache.write(fresh, durable=durable)
+        assert err.value.code == CniCode.IO_FAILURE
+        assert os.listdir(path.parent) == [path.name]
+
+
+def test_deferred_durability(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    cache.write(golden_entry(), durable=False)
+    path = tmp_path / "results" / "nct-golden-c0ffee-eth0"
+    assert path.read_bytes() == GOLDEN and os.listdir(path.parent) == [path.name]
+    cache.sync("nct-golden", "c0ffee", "eth0")
+    cache.delete("nct-golden", "c0ffee", "eth0")
+    cache.sync("nct-golden", "c0ffee", "eth0")  # deleted before its sync: nothing to do

@@ -304,6 +304,13 @@ def test_bad_add_output(runtime, make_net, rt, act, message):
     assert not cache_file(runtime, "testnet", rt).exists()
 
 
+def test_error_object_with_exit_0(runtime, make_net, rt):
+    net = make_net([{"type": "fake-a", "fake": {"ADD": {"result": {"code": 7, "msg": "no bridge name"}}}}])
+    with pytest.raises(CNIError, match="no bridge name") as err:
+        run(runtime.add(net, rt))
+    assert err.value.code == 7 and not cache_file(runtime, "testnet", rt).exists()
+
+
 def test_failed_add_no_cache(runtime, make_net, call_log, rt):
     net = make_net(["fake-a", {"type": "fake-b", "fake": {"ADD": {"error": {"code": 7, "msg": "bad bridge"}}}}, "fake-c"])
     with pytest.raises(CNIError) as err:
@@ -437,3 +444,18 @@ def test_delete_with_unnameable_ids_still_runs(runtime, make_net, call_log, rt):
     run(runtime.delete(make_net(["fake-a"]), bad))
     assert call_log.summary() == [("DEL", "fake-a")]
     assert call_log.calls()[0]["env"]["CNI_CONTAINERID"] == ""
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_cache_durability_modes(fake_bin, tmp_path, make_net, rt, durable):
+    runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), durable_cache=durable)
+    calls = []
+    write, sync = runtime.cache.write, runtime.cache.sync
+    runtime.cache.write = lambda entry, durable=True: (calls.append(("write", durable)), write(entry, durable=durable))
+    runtime.cache.sync = lambda *key: (calls.append(("sync", key)), sync(*key))
+    run(runtime.add(make_net(["fake-a"]), rt))  # asyncio.run waits for the executor's jobs
+    if durable:
+        assert calls == [("write", True)]
+    else:
+        assert calls == [("write", False), ("sync", ("testnet", "c0ffee", "eth0"))]
+    assert runtime.cache.read("testnet", "c0ffee", "eth0") is not None
