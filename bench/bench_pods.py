@@ -91,6 +91,8 @@ class Mode:
     stop_ms: list[float] = field(default_factory=list)
     remove_ms: list[float] = field(default_factory=list)
     ipam_dirs: list[Path] = field(default_factory=list)
+    daemon: NriCni | None = None  # the nri-cni daemon of this instance, if any
+    measured_pods: set[str] = field(default_factory=set)
 
     def check(self, pod: str) -> None:
         st = self.ctd.cri.pod_status(pod)
@@ -186,6 +188,7 @@ class Bench:
                                                  port_mappings=ports)
                 if measured:
                     m.run_ms.append((time.perf_counter() - t0) * 1000)
+                    m.measured_pods.add(pods[m.name])
             for m in order:
                 m.check(pods[m.name])
             for m in order:
@@ -223,7 +226,7 @@ class Bench:
         daemon = NriCni(setup.tmp, cfg)
         daemons.append(daemon)
         daemon.start()
-        shim = Mode("shim", ctd, shim_net, ipam_dirs=[shim_net.ipam_dir])
+        shim = Mode("shim", ctd, shim_net, ipam_dirs=[shim_net.ipam_dir], daemon=daemon)
         print(f"part 1: shim vs native, {self.args.pods} pods each (+{self.args.warmup} warm-up), "
               "alternated")
         self.run([native, shim])
@@ -261,7 +264,7 @@ class Bench:
         daemons.append(daemon)
         daemon.start()
         modes.append(Mode("secondary", ctd, sec_net, extra_if="net1",
-                          ipam_dirs=[sec_net.ipam_dir, sec_ipam]))
+                          ipam_dirs=[sec_net.ipam_dir, sec_ipam], daemon=daemon))
         if not self.args.no_base:
             base_net = self.bridge_net("base")
             modes.append(Mode("base", self.containerd("base", base_net.conf_dir, [cni_plugin_dir()]),
@@ -274,6 +277,27 @@ class Bench:
         return self.report(modes, "secondary", "native2")
 
     # -- output --------------------------------------------------------------------------------
+
+    @staticmethod
+    def daemon_ops(m: Mode) -> dict:
+        """nri-cni's own account of the measured pods (its op log lines): per verb, the
+        median of the whole operation and of the time spent in plugins."""
+        out = {}
+        for op in ("add", "del"):
+            lines = [ln for ln in m.daemon.op_lines() if ln["op"] == op
+                     and ln["podId"] in m.measured_pods and ln["networks"]]
+            if not lines:
+                continue
+            total = [ln["ms"] for ln in lines]
+            plugins = [sum(p["ms"] for p in ln["plugins"]) for ln in lines]
+            own = [t - p for t, p in zip(total, plugins)]
+            out[op] = {"ops": len(lines), "median_ms": round(statistics.median(total), 2),
+                       "plugins_median_ms": round(statistics.median(plugins), 2),
+                       "own_median_ms": round(statistics.median(own), 2)}
+            print(f"  nri-cni in {m.name}, {op.upper()}: median {out[op]['median_ms']:.1f} ms, of "
+                  f"which plugins {out[op]['plugins_median_ms']:.1f} ms, nri-cni itself "
+                  f"{out[op]['own_median_ms']:.1f} ms ({len(lines)} ops)")
+        return out
 
     def report(self, modes: list[Mode], a: str, b: str) -> dict:
         by = {m.name: m for m in modes}
@@ -289,6 +313,9 @@ class Bench:
             print(f"{m.name:<10} {s['run']['median']:>9.1f}ms {s['run']['p90']:>6.1f}ms "
                   f"{s['stop_remove']['median']:>13.1f}ms {s['stop_remove']['p90']:>5.1f}ms"
                   f"   ({s['stop']['median']:.1f} / {s['remove']['median']:.1f})")
+        for m in modes:
+            if m.daemon is not None:
+                out["modes"][m.name]["nri_cni_ops"] = self.daemon_ops(m)
         ma, mb = by[a], by[b]
         sr_a = [s + r for s, r in zip(ma.stop_ms, ma.remove_ms)]
         sr_b = [s + r for s, r in zip(mb.stop_ms, mb.remove_ms)]
@@ -297,13 +324,17 @@ class Bench:
             "run_per_pod_ratio_median": round(statistics.median(
                 x / y for x, y in zip(ma.run_ms, mb.run_ms)), 3),
             "run_median_diff_ms": round(statistics.median(ma.run_ms) - statistics.median(mb.run_ms), 2),
+            "run_per_pod_diff_median_ms": round(statistics.median(
+                x - y for x, y in zip(ma.run_ms, mb.run_ms)), 2),
             "stop_remove_median_ratio": round(statistics.median(sr_a) / statistics.median(sr_b), 3),
             "stop_remove_median_diff_ms": round(statistics.median(sr_a) - statistics.median(sr_b), 2),
         }
-        print(f"{a}/{b}: RunPodSandbox median ratio {cmp['run_median_ratio']:.3f} "
+        print(f"{a}/{b} RunPodSandbox: median ratio {cmp['run_median_ratio']:.3f} "
               f"(per-pod ratios, median {cmp['run_per_pod_ratio_median']:.3f}), difference "
-              f"{cmp['run_median_diff_ms']:+.1f} ms; Stop+Remove median ratio "
-              f"{cmp['stop_remove_median_ratio']:.3f}, difference {cmp['stop_remove_median_diff_ms']:+.1f} ms")
+              f"{cmp['run_median_diff_ms']:+.1f} ms (per-pod differences, median "
+              f"{cmp['run_per_pod_diff_median_ms']:+.1f} ms)")
+        print(f"{a}/{b} Stop+Remove:   median ratio {cmp['stop_remove_median_ratio']:.3f}, "
+              f"difference {cmp['stop_remove_median_diff_ms']:+.1f} ms")
         if "base" in by:
             base_run = statistics.median(by["base"].run_ms)
             base_sr = statistics.median([s + r for s, r in zip(by["base"].stop_ms, by["base"].remove_ms)])
@@ -311,9 +342,10 @@ class Bench:
                 m = by[name]
                 extra_run = statistics.median(m.run_ms) - base_run
                 extra_sr = statistics.median([s + r for s, r in zip(m.stop_ms, m.remove_ms)]) - base_sr
-                cmp[f"{name}_extra_over_base_ms"] = {"run": round(extra_run, 2), "stop_remove": round(extra_sr, 2)}
-                print(f"  the extra network in {name}: +{extra_run:.1f} ms run, "
-                      f"+{extra_sr:.1f} ms stop+remove (over base medians)")
+                cmp[f"{name}_extra_over_base_ms"] = {"run": round(extra_run, 2),
+                                                     "stop_remove": round(extra_sr, 2)}
+                print(f"  the extra network in {name}: {extra_run:+.1f} ms run, "
+                      f"{extra_sr:+.1f} ms stop+remove (over base medians)")
         out["compare"] = cmp
         return out
 

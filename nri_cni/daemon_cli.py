@@ -38,6 +38,11 @@ def register(sub) -> None:
     p.add_argument("--python", default=None,
                    help="the interpreter the shim runs with, as the node sees it (default: this "
                         "one; a DaemonSet's init container names the host's)")
+    build = p.add_mutually_exclusive_group()
+    build.add_argument("--compiled", dest="compiled", action="store_true", default=None,
+                       help="build the C shim (~1 ms per call; needs cc); the default when cc exists")
+    build.add_argument("--script", dest="compiled", action="store_false",
+                       help="write the Python shim (~9 ms per call; no compiler needed)")
     p.set_defaults(func=cmd_install_shim)
 
 
@@ -155,5 +160,5 @@ def cmd_gc(args) -> int:
 def cmd_install_shim(args) -> int:
     from nri_cni.shim import install
 
-    print(install(args.dest, args.socket, python=args.python))
+    print(install(args.dest, args.socket, python=args.python, compiled=args.compiled))
     return 0

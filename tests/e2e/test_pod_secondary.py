@@ -13,8 +13,10 @@ Subnets: 10.246.128.0/18, one pair per test (containerd's bridge gets a host rou
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -35,7 +37,8 @@ NRI_TIMEOUT = "15s"
 # A FINALIZE drop-in: one line per call with the verb, pod, CNI_IFNAME and the pod's links.
 PROBE = """#!/bin/sh
 cat >/dev/null
-links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort | paste -sd, -)
+links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1)
+links=$(echo "$links" | sort | paste -sd, -)
 printf '%%s %%s %%s %%s\\n' "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_IFNAME" "$links" >> "%s"
 """
 
@@ -339,7 +342,7 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     # The drop-in adds a DNS entry to every result it is given (so also to the primary's).
     (node.setup.bin_dir / "nct-dns").write_text(
         "#!/bin/sh\n"
-        f"exec {Path('/root/.pyenv/versions/3.11.7/bin/python3')} -IS -c '"
+        f"exec {os.path.realpath(sys.executable)} -IS -c '"
         "import json,sys; c=json.load(sys.stdin); r=c[\"prevResult\"]; "
         "r[\"dns\"]={\"nameservers\":[\"10.246.140.53\"]}; print(json.dumps(r))'\n")
     (node.setup.bin_dir / "nct-dns").chmod(0o755)
@@ -355,3 +358,7 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     node.leaks.learn()
     _remove(node.ctd, pod)
     _assert_pod_gone_clean(node, [pod])
+    # nri-cni DELs its own network only; containerd's DEL is containerd's
+    deleted = {(n["network"], n["ifname"]) for op in daemon.op_lines() if op["op"] == "del"
+               for n in op["networks"]}
+    assert deleted == {("fastnet", "net1")}
