@@ -2,8 +2,18 @@
 
 It wires the parts together and owns the little state that is not in the CNI cache: the pods the
 runtime has (from Synchronize and the pod events), each network's STATUS, and the timers (GC,
-STATUS, repair). Start-up order: roll back interrupted ADDs (intent records), open the local
-socket (the shim may call as soon as the runtime starts pods), then connect to the runtime.
+STATUS, repair, the netns reaper). Start-up order: roll back interrupted ADDs (intent records),
+open the local socket (the shim may call as soon as the runtime starts pods), then connect to the
+runtime.
+
+Which pods are valid for GC (docs/reliability.md, section 2): the runtime's pod list (the last
+Synchronize plus the pod events since), the pods with an operation in flight, and, while their
+netns exists, the pods the runtime has not listed yet or for the first time: attached since the
+previous Synchronize (a runtime stores a new pod only after its CNI ADD or NRI RunPodSandbox
+returned, so a Synchronize in between does not list it), or had by the runtime before and
+missing from the last Synchronize only (containerd leaves a pod whose state it cannot tell yet
+out of its NRI list). Missing from two Synchronizes in a row, or its netns gone, or removed by a
+pod event: garbage.
 """
 from __future__ import annotations
 
@@ -24,7 +34,7 @@ from nri_cni.errors import CNIError, CniCode, NriCniError
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
-from nri_cni.pod.plan import PodNetworker
+from nri_cni.pod.plan import PodNetworker, netns_gone
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -37,6 +47,7 @@ class Daemon:
                               exec_timeout=cfg.cni.plugin_timeout, hooks=hooks)
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
         self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)
+        self.networker.readiness = self.network_ready
         self.handlers = NriHandlers(self)
         self.stub = Stub(self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index,
                          socket_path=cfg.nri.socket)
@@ -45,6 +56,10 @@ class Daemon:
         self.synced = False
         self.network_status: dict[str, str] = {}  # network -> "" (ready) or the STATUS error
         self._repair: dict[str, PodInfo] = {}
+        # pods the runtime has not listed (yet, or any more) -> (the Synchronize count they
+        # are counted from, their netns): valid while that is the last or the one before
+        self._unconfirmed: dict[str, tuple[int, str]] = {}
+        self._syncs = 0
         self._background: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.started = time.time()
@@ -67,6 +82,7 @@ class Daemon:
         await self.refresh_status()
         stub_task = asyncio.create_task(self.stub.run(), name="nri-stub")
         timers = [asyncio.create_task(self._every(self.cfg.status_interval, self.refresh_status)),
+                  asyncio.create_task(self._every(self.cfg.status_interval, self.reap)),
                   asyncio.create_task(self._every(self.cfg.gc_interval, self._timed_gc)),
                   asyncio.create_task(self._notify_ready())]
         log.info("nri-cni running in %s mode: %d network(s), NRI socket %s, local socket %s",
@@ -108,11 +124,22 @@ class Daemon:
     # -- pods --------------------------------------------------------------------------------
 
     def pod_seen(self, pod: PodInfo) -> None:
+        """The runtime told us about the pod (an NRI pod event). Not yet a confirmation: the
+        runtime stores the pod only after the event, so a Synchronize may still miss it."""
         self.pods[pod.id] = pod
+
+    def pod_attached(self, pod: PodInfo) -> None:
+        """An ADD for the pod finished; the runtime lists the pod only later (and a
+        Synchronize that comes first must not make it garbage)."""
+        self._unconfirmed[pod.id] = (self._syncs, pod.netns)
+
+    def pod_detached(self, pod_id: str) -> None:
+        self._unconfirmed.pop(pod_id, None)
 
     def pod_gone(self, pod_id: str) -> None:
         self.pods.pop(pod_id, None)
         self._repair.pop(pod_id, None)
+        self._unconfirmed.pop(pod_id, None)
 
     def needs_repair(self, pod: PodInfo) -> None:
         self._repair[pod.id] = pod
@@ -120,10 +147,28 @@ class Daemon:
     def pods_in_flight(self) -> set[str]:
         return set(self.networker.locks._pod_locks)
 
+    def unconfirmed_valid(self) -> set[str]:
+        """Pods not listed by the runtime that are still given the benefit of the doubt: not
+        yet listed since their attach, or missing from the last Synchronize only, while their
+        netns exists. (An entry goes when the pod is listed, detached, gone or collected.)"""
+        return {pod_id for pod_id, (since, netns) in self._unconfirmed.items()
+                if self._syncs - since <= 1 and not netns_gone(netns)}
+
+    def valid_pod_ids(self) -> set[str]:
+        return set(self.pods) | self.pods_in_flight() | self.unconfirmed_valid()
+
     async def synchronized(self, pods: list[PodInfo]) -> None:
         """The runtime's full pod list (every (re)connection). Answered at once: GC and repair
         run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
-        self.pods = {p.id: p for p in pods}
+        previous, self.pods = self.pods, {p.id: p for p in pods}
+        self._syncs += 1
+        for pod_id in self.pods:
+            self._unconfirmed.pop(pod_id, None)
+        # a pod the runtime had (listed, or an event) that this list misses gets until the next
+        # one; a pod nri-cni never saw the runtime have (it was down) does not
+        for pod_id, pod in previous.items():
+            if pod_id not in self.pods and pod_id not in self._unconfirmed:
+                self._unconfirmed[pod_id] = (self._syncs - 1, pod.netns)
         self.synced = True
         log.info("synchronized: the runtime has %d pod(s)", len(pods))
         self._spawn(self._after_sync(), "after-sync")
@@ -164,25 +209,58 @@ class Daemon:
         if not self.synced:
             raise NriCniError("no pod list from the runtime yet (not synchronized): GC would "
                               "delete every attachment")
-        valid = set(self.pods) | self.pods_in_flight()
-        log.info("gc (%s): %d valid pod(s)", reason, len(valid))
-        return await self.networker.gc(valid)
+
+        def valid() -> set[str]:  # evaluated once GC holds its lock
+            ids = self.valid_pod_ids()
+            log.info("gc (%s): %d valid pod(s)", reason, len(ids))
+            return ids
+
+        report = await self.networker.gc(valid)
+        for name in report["deleted"]:
+            self._unconfirmed.pop(name.split("/")[1], None)
+        still_valid = self.unconfirmed_valid()
+        if len(still_valid) < len(self._unconfirmed):  # forget the ones with nothing left
+            attached = self.networker.attached_pod_ids()
+            for pod_id in list(self._unconfirmed):
+                if pod_id not in still_valid and pod_id not in attached:
+                    del self._unconfirmed[pod_id]
+        return report
+
+    async def reap(self) -> None:
+        """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9
+        sends no NRI stop/remove for pods that lived through its restart, containerd#8426)."""
+        for pod_id in await self.networker.reap():
+            # stopped (or removed) without an event: nothing more to do for it
+            self.pod_gone(pod_id)
 
     # -- STATUS ------------------------------------------------------------------------------
 
     async def refresh_status(self) -> None:
         for spec in self.cfg.networks:
-            try:
-                await self.cni.status(spec.conflist)
-                error = ""
-            except NriCniError as exc:
-                error = str(exc)
-            if error != self.network_status.get(spec.name):
-                if error:
-                    log.error("network %s is not ready: %s", spec.name, error)
-                else:
-                    log.info("network %s is ready", spec.name)
-            self.network_status[spec.name] = error
+            await self._status_of(spec)
+
+    async def _status_of(self, spec) -> str:
+        try:
+            await self.cni.status(spec.conflist)
+            error = ""
+        except NriCniError as exc:
+            error = str(exc)
+        if error != self.network_status.get(spec.name):
+            if error:
+                log.error("network %s is not ready: %s", spec.name, error)
+            else:
+                log.info("network %s is ready", spec.name)
+        self.network_status[spec.name] = error
+        return error
+
+    async def network_ready(self, name: str) -> str:
+        """"" when the network is ready, else its STATUS error (status.refuse_when_not_ready).
+        A network last seen failing is asked again first: a recovered one must not go on
+        refusing pods until the next status.interval."""
+        if not self.network_status.get(name):
+            return ""
+        spec = self.cfg.network(name)
+        return await self._status_of(spec) if spec is not None else ""
 
     def check_ready(self) -> None:
         failing = {n: e for n, e in self.network_status.items() if e}
@@ -208,6 +286,13 @@ class Daemon:
             "pods": len(self.pods),
             "attachments": len(self.networker.cached()),
             "pendingRepair": sorted(self._repair),
+            "pendingRollback": self.networker.pending_rollbacks(),
+            "unconfirmed": len(self._unconfirmed),
+            # what the daemon keeps per pod besides the cache: all zero on an idle, empty node
+            "tracked": {"pods": len(self.pods), "operations": len(self.networker.locks),
+                        "unconfirmed": len(self._unconfirmed), "repair": len(self._repair),
+                        "hooks": len(self.networker.hooks) if self.networker.hooks else 0,
+                        "background": len(self._background)},
             "uptimeSeconds": round(time.time() - self.started, 1),
         }
 

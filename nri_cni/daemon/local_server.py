@@ -94,13 +94,14 @@ class LocalServer:
             if command == "ADD":
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
-                self.daemon.pod_seen(pod)
                 answer = await self.daemon.networker.attach(
                     pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0"))
+                self.daemon.pod_attached(pod)
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":
                 await self.daemon.networker.detach(pod)
+                self.daemon.pod_detached(pod.id)
                 return 0, b""
             if command == "CHECK":
                 await self.daemon.networker.check(pod)
@@ -130,9 +131,14 @@ class LocalServer:
                        annotations={str(k): str(v) for k, v in annotations.items()})
 
     async def _gc(self, conf: dict) -> None:
+        """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
         pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
-        await self.daemon.networker.gc(pod_ids | self.daemon.pods_in_flight())
+        report = await self.daemon.networker.gc(
+            lambda: pod_ids | self.daemon.pods_in_flight() | self.daemon.unconfirmed_valid())
+        if report["errors"]:
+            raise NriCniError(f"GC left {len(report['errors'])} error(s), retried by the next GC",
+                              details="; ".join(report["errors"]))
 
     # -- CLI ---------------------------------------------------------------------------------
 

@@ -73,6 +73,9 @@ class NriHandlers:
         if mode == "shim" or info.host_network:
             return None
         try:
+            # Past the runtime's request timeout the runtime gives up on us (and creates the
+            # pod anyway); the attach goes on regardless (a shielded task), its state is kept,
+            # and the Synchronize after the reconnect (GC, repair) makes the pod whole.
             answer = await daemon.networker.attach(info)
         except NriCniError as exc:
             if self._fail_pods():
@@ -82,6 +85,7 @@ class NriHandlers:
                       self.runtime_version)
             daemon.needs_repair(info)
             return None
+        daemon.pod_attached(info)
         return run_pod_response(answer) if mode == "native" else None
 
     def _fail_pods(self) -> bool:
@@ -93,6 +97,7 @@ class NriHandlers:
     async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
         info = PodInfo.from_nri(pod)
         await self.daemon.networker.detach(info)
+        self.daemon.pod_detached(info.id)
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
         info = PodInfo.from_nri(pod)
