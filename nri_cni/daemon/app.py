@@ -30,6 +30,7 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
 from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
+from nri_cni.metrics import Metrics
 from nri_cni.errors import CNIError, CniCode, NriCniError
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
@@ -47,6 +48,10 @@ class Daemon:
                               exec_timeout=cfg.cni.plugin_timeout, hooks=hooks)
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
         self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)
+        # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
+        self.metrics = Metrics(attachments=lambda: len(self.networker.cached()))
+        self.networker.on_operation = self.metrics.observe_operation
+        self.networker.on_gc = self.metrics.observe_gc
         self.networker.readiness = self.network_ready
         self.handlers = NriHandlers(self)
         self.stub = Stub(self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index,
@@ -79,6 +84,8 @@ class Daemon:
         if recovered:
             log.warning("rolled back %d interrupted ADD(s) at start-up", recovered)
         await self.local.start()
+        if self.cfg.metrics_listen:
+            await self.metrics.serve(self.cfg.metrics_listen)
         await self.refresh_status()
         stub_task = asyncio.create_task(self.stub.run(), name="nri-stub")
         timers = [asyncio.create_task(self._every(self.cfg.status_interval, self.refresh_status)),
@@ -97,6 +104,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*timers, stub_task, stop_wait, *self._background, return_exceptions=True)
         await self.local.close()
+        await self.metrics.close()
 
     def stop(self) -> None:
         self._stopping.set()

@@ -80,9 +80,8 @@ class NriHandlers:
         except NriCniError as exc:
             if self._fail_pods():
                 raise
-            log.error("pod %s: %s; the pod is kept and the attachment retried (failing it would "
-                      "leak the sandbox on %s %s)", info.label(), exc, self.runtime_name,
-                      self.runtime_version)
+            log.error("%s; the pod is kept and the attachment retried (failing it would leak "
+                      "the sandbox on %s %s)", exc, self.runtime_name, self.runtime_version)
             daemon.needs_repair(info)
             return None
         daemon.pod_attached(info)

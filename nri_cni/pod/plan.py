@@ -94,6 +94,7 @@ class OpRecord:
     networks: list[dict] = field(default_factory=list)
     plugins: list[dict] = field(default_factory=list)
     error: str = ""
+    error_code: int = 0  # the CNI code of the failure, for the metrics
 
     def emit(self) -> None:
         ended = time.time()
@@ -120,6 +121,7 @@ class PodNetworker:
         self.runtime_cache = runtime_cache  # ResultCache of the runtime's libcni (secondary mode)
         self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir)
         self.on_operation: Callable[[OpRecord], None] | None = None
+        self.on_gc: Callable[[dict], None] | None = None
         # status.refuse_when_not_ready: async (network name) -> "" when ready, else its STATUS
         # error. Set by the daemon; asked only for the networks an ADD is about to attach.
         self.readiness: Callable[[str], Awaitable[str]] | None = None
@@ -155,19 +157,25 @@ class PodNetworker:
         return await asyncio.shield(asyncio.ensure_future(coro))
 
     async def _attach(self, pod: PodInfo, runtime_caps: dict, primary_ifname: str) -> PodNetworks:
+        record = OpRecord("add", pod)
         skip = (self.cfg.primary_network,) if self.cfg.mode == "secondary" else ()
-        selected = select_networks(self.cfg, pod.namespace, pod.annotations, skip=skip)
+        try:
+            # A refused annotation is an operation too: it gets its log line and its metric.
+            selected = select_networks(self.cfg, pod.namespace, pod.annotations, skip=skip)
+            if pod.host_network:
+                raise PodError(f"pod {pod.label()} has no network namespace (host network?)")
+        except NriCniError as exc:
+            record.error, record.error_code = str(exc), exc.cni_code
+            self._emit(record)
+            raise
         if primary_ifname and selected and self.cfg.mode != "secondary":
             selected[0] = Selected(selected[0].network, primary_ifname, selected[0].capability_args)
-        if pod.host_network:
-            raise PodError(f"pod {pod.label()} has no network namespace (host network?)")
-        record = OpRecord("add", pod)
         async with self.locks.pod(pod.id):
             try:
                 await self._undo_abandoned(pod, record)
                 return await self._attach_locked(pod, selected, runtime_caps, record)
             except NriCniError as exc:
-                record.error = str(exc)
+                record.error, record.error_code = str(exc), exc.cni_code
                 raise
             finally:
                 if record.networks or record.error:  # not for a pod that was attached already
@@ -488,7 +496,7 @@ class PodNetworker:
                         report["deleted"].append(name)
                     except NriCniError as exc:
                         report["errors"].append(f"DEL {name}: {exc}")
-                        record.error = str(exc)
+                        record.error, record.error_code = str(exc), exc.cni_code
                     record.networks.append({"network": entry.network_name, "ifname": entry.ifname,
                                             "op": "del"})
                 self._emit(record)
@@ -505,6 +513,8 @@ class PodNetworker:
                  len(report["deleted"]), len(report["rolledBack"]), len(report["errors"]))
         for err in report["errors"]:
             log.error("gc: %s", err)
+        if self.on_gc:
+            self.on_gc(report)
         return report
 
     async def reap(self) -> list[str]:
@@ -596,8 +606,6 @@ def _finalize_dropins(path: str) -> tuple[PluginConf, ...]:
 
 def _pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: list[str] = ()) -> PodError:
     where = ""
-    if isinstance(exc, CNIError) and str(exc.ref):
-        where = f" ({exc.ref})"
     if rollback_errors:
         where += (f"; undoing it failed too, retried later ({len(rollback_errors)} network(s): "
                   + "; ".join(rollback_errors) + ")")
