@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import itertools
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nri_cni.errors import CniCode, CNIError, ConfigError
+from nri_cni.fsutil import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,6 @@ DEFAULT_CACHE_DIR = "/var/lib/cni"
 # Go's json.Marshal escapes these even inside strings (HTML safety); match it byte for byte.
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
-_tmp_seq = itertools.count()
 
 
 def _go_json(value: Any) -> str:
@@ -132,27 +131,10 @@ class ResultCache:
         empty, which read() reports as corrupt and DEL tolerates.
         """
         path = self.path(entry.network_name, entry.container_id, entry.ifname)
-        data = entry.to_json()
-        tmp = os.path.join(self.results_dir, f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp")
         try:
             os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                if durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-            if durable:
-                self._fsync_dir()
+            write_atomic(path, entry.to_json(), durable=durable)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
                            details=exc.strerror or str(exc)) from exc
 
@@ -168,19 +150,12 @@ class ResultCache:
                            details=exc.strerror or str(exc)) from exc
         try:
             os.fsync(fd)
-            self._fsync_dir()
+            fsync_dir(self.results_dir)
         except OSError as exc:
             raise CNIError(CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}",
                            details=exc.strerror or str(exc)) from exc
         finally:
             os.close(fd)
-
-    def _fsync_dir(self) -> None:
-        dfd = os.open(self.results_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def read(self, network: str, container_id: str, ifname: str, *,
              drop_corrupt: bool = False) -> CacheEntry | None:

@@ -25,6 +25,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from nri_cni.fsutil import is_temporary, write_atomic
 from nri_cni.errors import CniCode, NriCniError
 
 log = logging.getLogger(__name__)
@@ -82,25 +83,9 @@ class IntentStore:
         }
         data = json.dumps(doc, separators=(",", ":")).encode()
         path = self._path(intent.pod_id)
-        tmp = f"{path}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            write_atomic(path, data)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             raise NriCniError(f"cannot write the intent record {path}: {exc.strerror}",
                               cni_code=CniCode.IO_FAILURE) from exc
 
@@ -113,7 +98,7 @@ class IntentStore:
     def pod_ids(self) -> list[str]:
         """Pods with a record (cheap: a directory listing)."""
         try:
-            return sorted(n for n in os.listdir(self.dir) if not n.endswith(".tmp"))
+            return sorted(n for n in os.listdir(self.dir) if not is_temporary(n))
         except FileNotFoundError:
             return []
 
@@ -129,7 +114,7 @@ class IntentStore:
         out = []
         for name in names:
             path = os.path.join(self.dir, name)
-            if name.endswith(".tmp"):
+            if is_temporary(name):
                 # A crash while writing the record: no plugin had run yet.
                 _unlink(path)
                 continue

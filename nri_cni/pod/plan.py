@@ -24,6 +24,7 @@ of the plugins before it nor counts as a failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import json
@@ -40,6 +41,8 @@ from nri_cni.cni.runtime import Attachment, CNIRuntime, RuntimeConf
 from nri_cni.config import Config
 from nri_cni.errors import (CNIError, CniCode, NriCniError, PluginExecError, PluginRef,
                             PluginTimeout, PodError)
+from nri_cni.lifecycle.spec import is_managed
+from nri_cni.fsutil import is_temporary
 from nri_cni.pod import netlink
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
@@ -125,6 +128,9 @@ class PodNetworker:
         # status.refuse_when_not_ready: async (network name) -> "" when ready, else its STATUS
         # error. Set by the daemon; asked only for the networks an ADD is about to attach.
         self.readiness: Callable[[str], Awaitable[str]] | None = None
+        # INIT / DEINIT per network generation (nri_cni.lifecycle.NetworkLifecycle); set by the
+        # daemon. ADDs hold a lease on their generation; DELs let it re-check retired ones.
+        self.lifecycle: Any = None
 
     def reconfigure(self, cfg: Config) -> None:
         """A new config (hot reload) applies to the next ADD; cached pods keep their config."""
@@ -173,13 +179,28 @@ class PodNetworker:
         async with self.locks.pod(pod.id):
             try:
                 await self._undo_abandoned(pod, record)
-                return await self._attach_locked(pod, selected, runtime_caps, record)
+                async with self._lifecycle_leases(pod, selected):  # waits for INIT
+                    return await self._attach_locked(pod, selected, runtime_caps, record)
             except NriCniError as exc:
                 record.error, record.error_code = str(exc), exc.cni_code
                 raise
             finally:
                 if record.networks or record.error:  # not for a pod that was attached already
                     self._emit(record)
+
+    def _lifecycle_leases(self, pod: PodInfo, selected: list[Selected]):
+        """Leases on the generations this ADD will use (docs/lifecycle.md): INIT has run
+        before the first ADD, fails the pod with INIT's error, and no DEINIT starts meanwhile."""
+        managed = [s for s in selected if is_managed(s.network.conflist)]
+        if self.lifecycle is None or not managed:
+            return contextlib.nullcontext()
+        existing = {(e.network_name, e.ifname) for e in self.cached(pod.id)}
+        return self.lifecycle.leases(s.network.conflist for s in managed
+                                     if (s.network.name, s.ifname) not in existing)
+
+    def _attachments_gone(self) -> None:
+        if self.lifecycle is not None:
+            self.lifecycle.poke()  # a retired generation may have lost its last attachment
 
     async def _undo_abandoned(self, pod: PodInfo, record: OpRecord) -> None:
         """An intent record found under the pod's lock belongs to an ADD nobody is running any
@@ -438,6 +459,7 @@ class PodNetworker:
                 errors.append(f"network {entry.network_name!r}: {exc}")
             record.networks.append({"network": entry.network_name, "ifname": entry.ifname,
                                     "op": "del", "ms": _ms(t0)})
+        self._attachments_gone()  # detach and the reaper
         return errors
 
     @staticmethod
@@ -509,6 +531,7 @@ class PodNetworker:
                     await self.cni.gc(spec.conflist, valid_attachments.get(spec.name, []))
                 except NriCniError as exc:
                     report["errors"].append(f"GC {spec.name}: {exc}")
+        self._attachments_gone()
         log.info("gc: %d attachment(s) deleted, %d rollback(s) finished, %d error(s)",
                  len(report["deleted"]), len(report["rolledBack"]), len(report["errors"]))
         for err in report["errors"]:
@@ -576,8 +599,8 @@ class PodNetworker:
         return len(intents)
 
     def _sweep_cache_temp_files(self) -> None:
-        # ResultCache.write names them ".<entry>.<pid>.<n>.tmp"; only this process writes
-        # nri-cni's cache dir, and at start-up nothing is being written yet.
+        # fsutil.write_atomic's temporary files; only this process writes nri-cni's cache dir,
+        # and at start-up nothing is being written yet.
         results = self.cni.cache.results_dir
         try:
             names = os.listdir(results)
@@ -585,7 +608,7 @@ class PodNetworker:
             return
         mine = f".{os.getpid()}."
         for name in names:
-            if name.startswith(".") and name.endswith(".tmp") and mine not in name:
+            if is_temporary(name) and mine not in name:
                 try:
                     os.unlink(os.path.join(results, name))
                     log.warning("removed %s/%s, a cache write cut short", results, name)
