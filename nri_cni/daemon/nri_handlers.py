@@ -63,10 +63,12 @@ class NriHandlers:
 
     async def synchronize(self, pods, containers) -> None:
         infos = [PodInfo.from_nri(p) for p in pods]
+        for info in infos:
+            log.info("Synchronize: pod %s id=%s netns=%s", info.label(), info.id, info.netns or "-")
         await self.daemon.synchronized(infos)
 
     async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse | None:
-        info = PodInfo.from_nri(pod)
+        info = _event("RunPodSandbox", pod)
         daemon = self.daemon
         daemon.pod_seen(info)
         mode = daemon.cfg.mode
@@ -94,12 +96,12 @@ class NriHandlers:
         return runtime_fails_cleanly(self.runtime_name, self.runtime_version)
 
     async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        info = PodInfo.from_nri(pod)
+        info = _event("StopPodSandbox", pod)
         await self.daemon.networker.detach(info)
         self.daemon.pod_detached(info.id)
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        info = PodInfo.from_nri(pod)
+        info = _event("RemovePodSandbox", pod)
         try:
             await self.daemon.networker.detach(info)
         finally:
@@ -107,3 +109,10 @@ class NriHandlers:
 
     async def on_disconnect(self) -> None:
         log.warning("disconnected from the runtime; pod events wait for the reconnect")
+
+
+def _event(name: str, pod: nri_pb2.PodSandbox) -> PodInfo:
+    """Every pod event is logged as it arrives, before any work: what the runtime asked for."""
+    info = PodInfo.from_nri(pod)
+    log.info("%s: pod %s id=%s netns=%s", name, info.label(), info.id, info.netns or "-")
+    return info
