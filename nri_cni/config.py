@@ -54,6 +54,23 @@ class CniSettings:
 
 
 @dataclass(frozen=True)
+class LifecycleSettings:
+    """INIT / DEINIT retries (docs/lifecycle.md): back-off doubles from initial up to max."""
+
+    retry_initial: float = 1.0
+    retry_max: float = 300.0
+
+
+@dataclass(frozen=True)
+class ReloadSettings:
+    """Hot reload: inotify on the files' directories, and a periodic rescan as the fallback."""
+
+    watch: bool = True
+    rescan_interval: float = 30.0  # 0 = no rescan
+    debounce: float = 0.2  # events closer than this are one change (an editor's several writes)
+
+
+@dataclass(frozen=True)
 class NetworkSpec:
     """One network nri-cni may attach: a CNI network list plus how pods get it."""
 
@@ -87,6 +104,8 @@ class Config:
     refuse_when_not_ready: bool = False
     repair_on_sync: bool = True
     metrics_listen: str = ""
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    reload: ReloadSettings = field(default_factory=ReloadSettings)
 
     def network(self, name: str) -> NetworkSpec | None:
         for net in self.networks:
@@ -204,7 +223,7 @@ def _kind(value: Any) -> str:
 
 
 _TOP_KEYS = {"mode", "nri", "daemon", "state_dir", "log", "cni", "networks", "primary_network",
-             "failure_policy", "gc", "status", "repair_on_sync", "metrics"}
+             "failure_policy", "gc", "status", "repair_on_sync", "metrics", "lifecycle", "reload"}
 _NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir"}
 
 
@@ -252,6 +271,22 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     if metrics_listen and not _local_listen(metrics_listen):
         r.fail("metrics.listen", f"{metrics_listen!r}: only a unix socket path or 127.0.0.1:PORT")
 
+    lifecycle = r.section(data, "lifecycle")
+    r.unknown_keys(lifecycle, {"retry_initial", "retry_max"}, "lifecycle")
+    lifecycle_settings = LifecycleSettings(
+        retry_initial=r.duration(lifecycle, "retry_initial", 1.0, "lifecycle"),
+        retry_max=r.duration(lifecycle, "retry_max", 300.0, "lifecycle"))
+    if lifecycle_settings.retry_initial <= 0:
+        r.fail("lifecycle.retry_initial", "must be more than 0")
+    if lifecycle_settings.retry_max < lifecycle_settings.retry_initial:
+        r.fail("lifecycle.retry_max", "must not be less than retry_initial")
+    reload = r.section(data, "reload")
+    r.unknown_keys(reload, {"watch", "rescan_interval", "debounce"}, "reload")
+    reload_settings = ReloadSettings(
+        watch=r.boolean(reload, "watch", True, "reload"),
+        rescan_interval=r.duration(reload, "rescan_interval", 30.0, "reload"),
+        debounce=r.duration(reload, "debounce", 0.2, "reload"))
+
     networks = _parse_networks(r, data.get("networks"), base_dir)
     mode = r.string(data, "mode", "shim", "", choices=MODES)
     primary_network = r.string(data, "primary_network", "", "")
@@ -279,6 +314,8 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         refuse_when_not_ready=r.boolean(status, "refuse_when_not_ready", False, "status"),
         repair_on_sync=r.boolean(data, "repair_on_sync", True, ""),
         metrics_listen=metrics_listen,
+        lifecycle=lifecycle_settings,
+        reload=reload_settings,
     )
     if r.errors:
         raise ConfigErrors(r.errors)
@@ -377,6 +414,13 @@ def _load_network_list(r: _Reader, item: dict, source: str, name: str, where: st
         return None
     if lst.name != name:
         r.fail(_join(where, source), f"the network list is named {lst.name!r}, not {name!r}")
+        return None
+    try:
+        # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
+        from nri_cni.lifecycle.spec import validate_list
+        validate_list(lst, lst.source)
+    except ConfigError as exc:
+        r.fail(_join(where, source), str(exc))
         return None
     return lst
 

@@ -30,8 +30,10 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
 from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
+from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.metrics import Metrics
 from nri_cni.errors import CNIError, CniCode, NriCniError
+from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_counter
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
@@ -53,6 +55,12 @@ class Daemon:
         self.networker.on_operation = self.metrics.observe_operation
         self.networker.on_gc = self.metrics.observe_gc
         self.networker.readiness = self.network_ready
+        # INIT / DEINIT per network generation, and hot reload (docs/lifecycle.md)
+        self.lifecycle = NetworkLifecycle(
+            VerbRunner(self.cni), RecordStore(cfg.state_dir), cache_counter(self.cni.cache),
+            retry_initial=cfg.lifecycle.retry_initial, retry_max=cfg.lifecycle.retry_max)
+        self.networker.lifecycle = self.lifecycle
+        self.reloader = ConfigReloader(cfg, self.apply_config)
         self.handlers = NriHandlers(self)
         self.stub = Stub(self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index,
                          socket_path=cfg.nri.socket)
@@ -80,9 +88,13 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger)
         recovered = await self.networker.recover_intents()
         if recovered:
             log.warning("rolled back %d interrupted ADD(s) at start-up", recovered)
+        # after the rollbacks (their DELs count as attachments gone), before any ADD
+        await self.lifecycle.start(n.conflist for n in self.cfg.networks)
+        await self.reloader.start()
         await self.local.start()
         if self.cfg.metrics_listen:
             await self.metrics.serve(self.cfg.metrics_listen)
@@ -103,11 +115,25 @@ class Daemon:
         for task in [*timers, stub_task, stop_wait, *self._background]:
             task.cancel()
         await asyncio.gather(*timers, stub_task, stop_wait, *self._background, return_exceptions=True)
+        await self.reloader.close()
+        await self.lifecycle.close()
         await self.local.close()
         await self.metrics.close()
 
     def stop(self) -> None:
         self._stopping.set()
+
+    async def apply_config(self, cfg: Config) -> None:
+        """A hot reload the reloader validated (docs/lifecycle.md): the next pod operation uses
+        it; attachments keep their cached config; new generations get INIT, gone ones DEINIT."""
+        if cfg.log_level != self.cfg.log_level:
+            logging.getLogger().setLevel(cfg.log_level.upper())
+        self.cfg = cfg
+        self.networker.reconfigure(cfg)
+        self.lifecycle.update(n.conflist for n in cfg.networks)
+        for name in set(self.network_status) - {n.name for n in cfg.networks}:
+            del self.network_status[name]
+        await self.refresh_status()
 
     async def _every(self, interval: float, job) -> None:
         if interval <= 0:
@@ -272,6 +298,7 @@ class Daemon:
 
     def check_ready(self) -> None:
         failing = {n: e for n, e in self.network_status.items() if e}
+        failing.update(self.lifecycle.not_ready())  # INIT failed: no ADD can succeed
         if failing:
             name, error = next(iter(failing.items()))
             raise CNIError(CniCode.PLUGIN_NOT_AVAILABLE, f"network {name!r} is not ready",
@@ -280,15 +307,17 @@ class Daemon:
     # -- reports (CLI) -----------------------------------------------------------------------
 
     def status_report(self) -> dict:
+        # not ready: STATUS fails, or INIT failed (docs/lifecycle.md)
+        errors = {**{n: e for n, e in self.network_status.items() if e}, **self.lifecycle.not_ready()}
         return {
             "mode": self.cfg.mode,
-            "ready": self.stub.synchronized.is_set() and not any(self.network_status.values()),
+            "ready": self.stub.synchronized.is_set() and not errors,
             "nri": {"socket": self.cfg.nri.socket, "registered": self.stub.registered.is_set(),
                     "synchronized": self.stub.synchronized.is_set(),
                     "runtime": f"{self.stub.runtime_name} {self.stub.runtime_version}".strip(),
                     "requestTimeoutMs": self.stub.request_timeout_ms},
-            "networks": {n.name: {"ready": not self.network_status.get(n.name),
-                                  "error": self.network_status.get(n.name, ""),
+            "networks": {n.name: {"ready": n.name not in errors,
+                                  "error": errors.get(n.name, ""),
                                   "default": n.default}
                          for n in self.cfg.networks},
             "pods": len(self.pods),
@@ -302,6 +331,8 @@ class Daemon:
                         "hooks": len(self.networker.hooks) if self.networker.hooks else 0,
                         "background": len(self._background)},
             "uptimeSeconds": round(time.time() - self.started, 1),
+            "lifecycle": self.lifecycle.report(),
+            "reload": self.reloader.report(),
         }
 
     def pods_report(self) -> list[dict]:
