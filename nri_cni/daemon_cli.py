@@ -120,6 +120,14 @@ def cmd_status(args) -> int:
         for name, st in data["networks"].items():
             state = "ready" if st["ready"] else f"NOT READY: {st['error']}"
             print(f"network {name}: {state}")
+        for name, lc in (data.get("lifecycle") or {}).items():
+            for old in lc.get("retired", []):
+                print(f"network {name}: generation {old['generation']} retired, "
+                      f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
+                      + (f": {old['error']}" if old["error"] else ""))
+        reload = data.get("reload") or {}
+        if reload.get("refused"):
+            print(f"config reload REFUSED (running config kept): {reload['refused']}")
     return 0 if data["ready"] else EXIT_FAILED
 
 
