@@ -12,6 +12,7 @@ import struct
 from collections.abc import Iterable, Iterator
 
 from nri_cni.errors import ProtocolError
+from nri_cni.ttrpc.buffer import HeaderBuffer
 
 HEADER = struct.Struct(">II")
 HEADER_SIZE = HEADER.size
@@ -19,7 +20,6 @@ RESERVED_CONN = 0
 PLUGIN_SERVICE_CONN = 1
 RUNTIME_SERVICE_CONN = 2
 MAX_PAYLOAD = 10 + (4 << 20)
-_COMPACT_AT = 64 << 10
 
 
 class MuxProtocolError(ProtocolError):
@@ -43,14 +43,13 @@ class MuxDecoder:
 
     def __init__(self, conn_ids: Iterable[int]) -> None:
         self._ids = frozenset(conn_ids) - {RESERVED_CONN}
-        self._buf = bytearray()
-        self._pos = 0
+        self._in = HeaderBuffer(HEADER)
         self._error: MuxProtocolError | None = None
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             raise self._error
-        self._buf += data
+        self._in.feed(data)
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         return self
@@ -59,28 +58,16 @@ class MuxDecoder:
         while True:
             if self._error is not None:
                 raise self._error
-            buf, pos = self._buf, self._pos
-            if len(buf) - pos < HEADER_SIZE:
-                self._compact()
+            header = self._in.peek_header()
+            if header is None:
                 raise StopIteration
-            conn_id, length = HEADER.unpack_from(buf, pos)
+            conn_id, length = header
             if length > MAX_PAYLOAD:
                 self._error = MuxProtocolError(
                     f"mux chunk of {length} bytes exceeds {MAX_PAYLOAD} (conn {conn_id})")
                 raise self._error
-            end = pos + HEADER_SIZE + length
-            if len(buf) < end:
-                self._compact()
+            payload = self._in.take(length)
+            if payload is None:
                 raise StopIteration
-            self._pos = end
             if conn_id in self._ids and length:
-                with memoryview(buf) as view:
-                    return conn_id, bytes(view[pos + HEADER_SIZE:end])
-
-    def _compact(self) -> None:
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
-        elif self._pos >= _COMPACT_AT:
-            del self._buf[:self._pos]
-            self._pos = 0
+                return conn_id, payload

@@ -11,6 +11,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from nri_cni.ttrpc.buffer import HeaderBuffer
 from nri_cni.ttrpc.errors import TtrpcProtocolError
 
 HEADER = struct.Struct(">IIBB")
@@ -18,7 +19,6 @@ HEADER_SIZE = HEADER.size
 MAX_DATA = 4 << 20
 # Keep the consumed prefix of the receive buffer until it is this large: dropping it is a
 # memmove of everything after it, not worth doing per frame.
-_COMPACT_AT = 64 << 10
 
 
 class MessageType(IntEnum):
@@ -74,19 +74,18 @@ class FrameDecoder:
     """Bytes in, frames out. Raises TtrpcProtocolError, then keeps raising it."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
-        self._pos = 0
+        self._in = HeaderBuffer(HEADER)
         self._error: TtrpcProtocolError | None = None
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             raise self._error
-        self._buf += data
+        self._in.feed(data)
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame."""
-        return len(self._buf) - self._pos
+        return self._in.buffered
 
     def __iter__(self) -> FrameDecoder:
         return self
@@ -94,29 +93,16 @@ class FrameDecoder:
     def __next__(self) -> Frame:
         if self._error is not None:
             raise self._error
-        buf, pos = self._buf, self._pos
-        if len(buf) - pos < HEADER_SIZE:
-            self._compact()
+        header = self._in.peek_header()
+        if header is None:
             raise StopIteration
-        length, stream_id, msg_type, flags = HEADER.unpack_from(buf, pos)
+        length, stream_id, msg_type, flags = header
         try:
             kind = _check_header(length, stream_id, msg_type, flags)
         except TtrpcProtocolError as exc:
             self._error = exc
             raise
-        end = pos + HEADER_SIZE + length
-        if len(buf) < end:
-            self._compact()
+        data = self._in.take(length)
+        if data is None:
             raise StopIteration
-        with memoryview(buf) as view:
-            data = bytes(view[pos + HEADER_SIZE:end])
-        self._pos = end
         return Frame(stream_id, kind, flags, data)
-
-    def _compact(self) -> None:
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
-        elif self._pos >= _COMPACT_AT:
-            del self._buf[:self._pos]
-            self._pos = 0
