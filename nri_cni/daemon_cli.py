@@ -102,42 +102,49 @@ def _ask(args, op: str):
     return 0, data
 
 
-def cmd_status(args) -> int:
+def _report(args, op: str, show_table, ok=lambda data: True) -> int:
+    """Asks the daemon; prints JSON (-o json) or `show_table(data)`; exit 1 unless ok(data)."""
     from nri_cni.cli import EXIT_FAILED
 
-    code, data = _ask(args, "status")
+    code, data = _ask(args, op)
     if code:
         return code
     if args.output == "json":
         print(json.dumps(data, indent=2))
     else:
-        nri = data["nri"]
-        print(f"mode:       {data['mode']}")
-        print(f"ready:      {'yes' if data['ready'] else 'NO'}")
-        print(f"runtime:    {nri['runtime'] or '-'} (registered: {nri['registered']}, "
-              f"synchronized: {nri['synchronized']})")
-        print(f"pods:       {data['pods']}  attachments: {data['attachments']}")
-        for name, st in data["networks"].items():
-            state = "ready" if st["ready"] else f"NOT READY: {st['error']}"
-            print(f"network {name}: {state}")
-        for name, lc in (data.get("lifecycle") or {}).items():
-            for old in lc.get("retired", []):
-                print(f"network {name}: generation {old['generation']} retired, "
-                      f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
-                      + (f": {old['error']}" if old["error"] else ""))
-        reload = data.get("reload") or {}
-        if reload.get("refused"):
-            print(f"config reload REFUSED (running config kept): {reload['refused']}")
-    return 0 if data["ready"] else EXIT_FAILED
+        show_table(data)
+    return 0 if ok(data) else EXIT_FAILED
+
+
+def cmd_status(args) -> int:
+    return _report(args, "status", _status_table, ok=lambda data: data["ready"])
+
+
+def _status_table(data) -> None:
+    nri = data["nri"]
+    print(f"mode:       {data['mode']}")
+    print(f"ready:      {'yes' if data['ready'] else 'NO'}")
+    print(f"runtime:    {nri['runtime'] or '-'} (registered: {nri['registered']}, "
+          f"synchronized: {nri['synchronized']})")
+    print(f"pods:       {data['pods']}  attachments: {data['attachments']}")
+    for name, st in data["networks"].items():
+        state = "ready" if st["ready"] else f"NOT READY: {st['error']}"
+        print(f"network {name}: {state}")
+    for name, lc in (data.get("lifecycle") or {}).items():
+        for old in lc.get("retired", []):
+            print(f"network {name}: generation {old['generation']} retired, "
+                  f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
+                  + (f": {old['error']}" if old["error"] else ""))
+    reload = data.get("reload") or {}
+    if reload.get("refused"):
+        print(f"config reload REFUSED (running config kept): {reload['refused']}")
 
 
 def cmd_pods(args) -> int:
-    code, data = _ask(args, "pods")
-    if code:
-        return code
-    if args.output == "json":
-        print(json.dumps(data, indent=2))
-        return 0
+    return _report(args, "pods", _pods_table)
+
+
+def _pods_table(data) -> None:
     rows = [("POD", "NETWORK", "INTERFACE", "IPS", "MAC")]
     for pod in data:
         label = f"{pod['namespace']}/{pod['name']}" if pod["name"] else pod["id"][:12]
@@ -147,22 +154,16 @@ def cmd_pods(args) -> int:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    return 0
 
 
 def cmd_gc(args) -> int:
-    from nri_cni.cli import EXIT_FAILED
+    return _report(args, "gc", _gc_table, ok=lambda data: not data["errors"])
 
-    code, data = _ask(args, "gc")
-    if code:
-        return code
-    if args.output == "json":
-        print(json.dumps(data, indent=2))
-    else:
-        print(f"deleted {len(data['deleted'])} attachment(s)")
-        for err in data["errors"]:
-            print(f"error: {err}", file=sys.stderr)
-    return EXIT_FAILED if data["errors"] else 0
+
+def _gc_table(data) -> None:
+    print(f"deleted {len(data['deleted'])} attachment(s)")
+    for err in data["errors"]:
+        print(f"error: {err}", file=sys.stderr)
 
 
 def cmd_install_shim(args) -> int:
