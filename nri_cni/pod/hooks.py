@@ -2,7 +2,7 @@
 plugin of a chain was running when it failed (the doomed-delete record needs its position), and
 crash points for the recovery tests.
 
-NRI_CNI_CRASH_AT (a debugging facility, documented in README "Troubleshooting"): when set to
+NRI_CNI_CRASH_AT (a testing facility, documented in docs/reliability.md): when set to
 `<COMMAND>:<network>:<plugin index>:<before|after>` or `cache:<network>`, the daemon kills itself
 with SIGKILL at that point, exactly as an OOM kill or a node crash would. It is how the tests
 prove that an ADD interrupted anywhere leaves nothing that the next start does not clean.
