@@ -54,6 +54,7 @@ class Daemon:
         self.metrics = Metrics(attachments=lambda: len(self.networker.cached()))
         self.networker.on_operation = self.metrics.observe_operation
         self.networker.on_gc = self.metrics.observe_gc
+        self.networker.on_attached = self.pod_attached
         self.networker.readiness = self.network_ready
         # INIT / DEINIT per network generation, and hot reload (docs/lifecycle.md)
         self.lifecycle = NetworkLifecycle(

@@ -96,7 +96,6 @@ class LocalServer:
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
                 answer = await self.daemon.networker.attach(
                     pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0"))
-                self.daemon.pod_attached(pod)
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":

@@ -86,7 +86,6 @@ class NriHandlers:
                       "the sandbox on %s %s)", exc, self.runtime_name, self.runtime_version)
             daemon.needs_repair(info)
             return None
-        daemon.pod_attached(info)
         return run_pod_response(answer) if mode == "native" else None
 
     def _fail_pods(self) -> bool:

@@ -125,6 +125,7 @@ class PodNetworker:
         self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir)
         self.on_operation: Callable[[OpRecord], None] | None = None
         self.on_gc: Callable[[dict], None] | None = None
+        self.on_attached: Callable[[PodInfo], None] | None = None
         # status.refuse_when_not_ready: async (network name) -> "" when ready, else its STATUS
         # error. Set by the daemon; asked only for the networks an ADD is about to attach.
         self.readiness: Callable[[str], Awaitable[str]] | None = None
@@ -180,7 +181,12 @@ class PodNetworker:
             try:
                 await self._undo_abandoned(pod, record)
                 async with self._lifecycle_leases(pod, selected):  # waits for INIT
-                    return await self._attach_locked(pod, selected, runtime_caps, record)
+                    answer = await self._attach_locked(pod, selected, runtime_caps, record)
+                if self.on_attached:
+                    # Still under the pod's lock: a GC waiting for the exclusive lock computes
+                    # its valid pods after this, so a pod attached just now is never garbage.
+                    self.on_attached(pod)
+                return answer
             except NriCniError as exc:
                 record.error, record.error_code = str(exc), exc.cni_code
                 raise

@@ -26,9 +26,7 @@ from tests.support.netns import (  # noqa: E402
     Janitor,
     free_subnet,
     host_local_reservations,
-    iptables_lines,
     purge_firewall_rules,
-    remove_cni_scaffolding,
     unique_name,
 )
 
@@ -49,16 +47,6 @@ def cni_bin_dir() -> str:
     if tools:
         pytest.fail(f"tools missing on PATH: {tools}")
     return str(CNI_BIN)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def cni_scaffolding_removed(cni_bin_dir):
-    """firewall and portmap leave their shared chains (CNI-FORWARD, CNI-ADMIN,
-    CNI-HOSTPORT-DNAT and the jumps into them) behind forever; at the end of the session remove
-    the ones this session brought, if nobody else is using them by then."""
-    baseline = set(iptables_lines())
-    yield
-    remove_cni_scaffolding(baseline)
 
 
 @pytest.fixture(scope="session")

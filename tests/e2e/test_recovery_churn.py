@@ -10,6 +10,7 @@ containerd lists the pod (NOTREADY), or garbage for the GC after the reconnect.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -99,11 +100,16 @@ def test_containerd_restart_in_the_middle_of_a_churn(rnode):
     # although the old one tore its network down while shutting down: nri-cni got the
     # runtime's DEL for it (an op "del": NRI stop or the shim's DEL), and obeyed. Shim mode
     # never attaches a pod behind the runtime's back (docs/reliability.md, section 4).
+    # Or the old containerd removed its netns on the way down without a DEL reaching nri-cni:
+    # then GC collected what was left (there is no namespace to keep an interface in).
     torn_down = {op["podId"] for op in daemon.op_lines() if op["op"] == "del"}
     unattached = ready - set(attached)
-    assert unattached <= torn_down, [
+    no_netns = {pod for pod in unattached
+                if not os.path.exists(ctd.cri.pod_status(pod).netns_path or "/nonexistent")}
+    print(f"unattached ready pods: {len(unattached)}, of which without a netns: {len(no_netns)}")
+    assert unattached <= torn_down | no_netns, [
         (pod, [(op["op"], op["result"]) for op in daemon.op_lines() if op["podId"] == pod])
-        for pod in unattached - torn_down]
+        for pod in unattached - torn_down - no_netns]
     print(f"ready pods whose network containerd itself tore down: {len(unattached)}")
     assert all(ifs == ["eth0"] for ifs in attached.values())
     assert {r.container_id for r in rnode.reservations()} == set(attached)

@@ -1,0 +1,26 @@
+"""Session-wide hygiene for every test that runs real CNI plugins.
+
+The plugins leave host-wide state that no DEL removes: portmap's and firewall's shared chains
+(CNI-HOSTPORT-*, CNI-FORWARD, CNI-ADMIN, and the jumps into them), and the bridge plugin turns
+on net.ipv4.ip_forward. At the end of the session, remove the chains this session brought (only
+while nothing else uses them) and put ip_forward back as it was.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.netns import iptables_lines, remove_cni_scaffolding
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_state_restored():
+    baseline = set(iptables_lines())
+    forward = IP_FORWARD.read_text().strip()
+    yield
+    remove_cni_scaffolding(baseline)
+    if IP_FORWARD.read_text().strip() != forward:
+        IP_FORWARD.write_text(forward + "\n")
