@@ -182,9 +182,10 @@ class PodNetworker:
                 await self._undo_abandoned(pod, record)
                 async with self._lifecycle_leases(pod, selected):  # waits for INIT
                     answer = await self._attach_locked(pod, selected, runtime_caps, record)
-                if self.on_attached:
+                if self.on_attached and record.networks:
                     # Still under the pod's lock: a GC waiting for the exclusive lock computes
                     # its valid pods after this, so a pod attached just now is never garbage.
+                    # (Not for a pod that was attached already: nothing new to protect.)
                     self.on_attached(pod)
                 return answer
             except NriCniError as exc:
