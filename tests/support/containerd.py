@@ -107,6 +107,34 @@ def remove_netns(path: str | os.PathLike[str]) -> None:
         pass
 
 
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def _orphan_netns(before: set[str]) -> list[Path]:
+    """containerd's netns (cni-*) that appeared since `before` and that no process is in: a
+    running pod's pause process is in its netns; a leaked one has nobody."""
+    in_use = set()
+    for pid in _listdir(Path("/proc")):
+        if pid.isdigit():
+            try:
+                in_use.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+            except OSError:
+                pass  # gone meanwhile
+    orphans = []
+    for name in _listdir(NETNS_DIR):
+        if name.startswith("cni-") and name not in before:
+            try:
+                if os.stat(NETNS_DIR / name).st_ino not in in_use:
+                    orphans.append(NETNS_DIR / name)
+            except OSError:
+                pass
+    return orphans
+
+
 class ContainerdError(RuntimeError):
     pass
 
@@ -155,6 +183,9 @@ class Containerd:
         self._image_imported = False
         self._known_pods: set[str] = set()
         self._known_netns: set[str] = set()
+        # the runtime's netns dir as it was before this instance: what appears later and no
+        # process lives in is this instance's garbage (see _orphan_netns)
+        self._netns_before = set(_listdir(NETNS_DIR))
         self.start_seconds: float | None = None  # wall time of the last start() (to CRI ready)
         compile_cri()
         _live.add(self)
@@ -369,6 +400,14 @@ class Containerd:
     def _kill_cgroup_procs(self) -> None:
         for top in self.cgroup_dirs():
             for dirpath, _dirs, files in os.walk(top):
+                # runc freezes a container while it sets it up; a containerd killed meanwhile
+                # leaves `runc init` frozen, where SIGKILL waits until the cgroup is thawed
+                for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                    if name in files:
+                        try:
+                            Path(dirpath, name).write_text(thawed)
+                        except OSError:
+                            pass
                 if "cgroup.procs" not in files:
                     continue
                 try:
@@ -452,6 +491,17 @@ class Containerd:
             for sock in (self.shim_socket(pod_id),
                          Path(str(self.shim_socket(pod_id)) + ".debug")):
                 sock.unlink(missing_ok=True)
+        # A pod creation cut by a restart leaves a netns the next containerd never knew of
+        # (the sandbox was not yet stored): nobody lives in it and nobody removes it. Nor the
+        # CNI cache entries containerd wrote for it.
+        orphans = {str(p) for p in _orphan_netns(self._netns_before)}
+        self._known_netns.update(orphans)
+        for entry in CNI_RESULTS_DIR.glob("*") if orphans else ():
+            try:
+                if json.loads(entry.read_text()).get("netns") in orphans:
+                    entry.unlink(missing_ok=True)
+            except (OSError, ValueError):
+                pass
         for netns in self._known_netns:
             if Path(netns).parent in (NETNS_DIR, Path("/run/netns")) or \
                     Path(netns).is_relative_to(self.tmpdir):
