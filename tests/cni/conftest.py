@@ -1,7 +1,6 @@
 """Fixtures for the CNI runtime unit tests: fake plugins in a temp bin dir, a call log."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -11,6 +10,7 @@ import pytest
 
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+from tests.support.jsonlines import read_json_lines
 
 PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 FAKE_NAMES = ("fake", "fake-a", "fake-b", "fake-c", "fake-d")
@@ -40,9 +40,7 @@ class CallLog:
         self.path = path
 
     def calls(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()]
+        return read_json_lines(self.path)
 
     def summary(self) -> list[tuple[str, str]]:
         return [(c["command"], c["type"]) for c in self.calls()]

@@ -3,7 +3,6 @@
 spy that logs every CNI_COMMAND they are run with."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import NetworkConfigList, parse_conflist
+from tests.support.jsonlines import read_json_lines
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 LIFECYCLE_NAMES = ("lifecycle-test", "lifecycle-test2")
@@ -51,9 +51,7 @@ class Calls:
         self.path = path
 
     def all(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()]
+        return read_json_lines(self.path)
 
     def verbs(self, *commands: str, network: str | None = None) -> list[dict]:
         return [c for c in self.all() if c["command"] in commands

@@ -7,7 +7,6 @@ and a DaemonHarness that runs `Daemon` in-process against the runtime-side NRI d
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -21,6 +20,7 @@ from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon
 from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
 from tests.support.nri_runtime import NriRuntime
+from tests.support.jsonlines import read_json_lines
 
 DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
 REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
@@ -93,9 +93,7 @@ class Node:
         return conf
 
     def calls(self) -> list[dict]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
+        return read_json_lines(self.log)
 
     def config(self, mode: str, networks: list[dict], **extra) -> dict:
         return {
