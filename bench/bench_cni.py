@@ -17,6 +17,10 @@ in a pipe and the six CNI_* variables appended to the environment, read stdout, 
 the ADD result as prevResult (kept in memory: the floor writes no cache file; nri-cni's cache
 write and read are part of what is measured).
 
+nri-cni is driven as the daemon drives it: its CNIRuntime awaited inside an event loop that is
+already running, with the daemon's GC settings (nri_cni.gctune). The floor's blocking calls run
+in that same loop.
+
 Output: per chain and verb, the medians, the median of the per-pod ratios nri-cni/floor, and
 for the noop chain nri-cni's own cost per plugin call (median of per-pod differences / 3).
 Targets: ratio <= 1.03 on the real chain, own cost < 0.3 ms per call.
@@ -44,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from nri_cni.gctune import tune_gc  # noqa: E402
 from tests.support.netns import (  # noqa: E402  (netns/bridge helpers with cleanup)
     Janitor,
     free_subnet,
@@ -200,64 +205,70 @@ def build_noop(workdir: Path) -> str:
 
 def run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods: int, warmup: int,
               cache_dir: str, caps_for, cni_args: str) -> dict:
+    """Both drivers over `pods` (+ warmup) pod pairs, inside one running event loop: nri-cni
+    is measured as the daemon runs it (its loop already up when a request comes, its GC
+    settings), the floor's blocking calls simply hold that loop meanwhile."""
+    return asyncio.run(_run_chain(label, conflist, bin_dir, namespaces, pods, warmup, cache_dir,
+                                  caps_for, cni_args))
+
+
+async def _run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods: int, warmup: int,
+                     cache_dir: str, caps_for, cni_args: str) -> dict:
     from nri_cni.cni.config import parse_conflist
     from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 
     net = parse_conflist(json.dumps(conflist).encode(), source=f"bench:{label}")
     rt = CNIRuntime([bin_dir], cache_dir=cache_dir)
     floor = Floor(bin_dir)
-    loop = asyncio.new_event_loop()
     pairs = [tuple(kv.split("=", 1)) for kv in cni_args.split(";") if kv]
+    floor_args = ";".join(["IgnoreUnknown=1", cni_args]) if cni_args else "IgnoreUnknown=1"
     times = {("nri", "ADD"): [], ("nri", "DEL"): [], ("floor", "ADD"): [], ("floor", "DEL"): []}
-    pending: list = []
+    pending: list = []  # (who, state) attached and not yet deleted
+    tune_gc()  # what `nri-cni run` does once started
+
+    async def add(who: str, st: dict) -> None:
+        if who == "nri":
+            await rt.add(net, st["conf"])
+        else:
+            st["prev"] = floor.add(conflist, st["cid"], st["netns"], "eth0", floor_args, st["caps"])
+
+    async def delete(who: str, st: dict) -> None:
+        if who == "nri":
+            await rt.delete(net, st["conf"])
+        else:
+            floor.delete(conflist, st["cid"], st["netns"], "eth0", floor_args, st["caps"],
+                         st.get("prev"))
+
     try:
         for i in range(warmup + pods):
-            ns_nri, ns_floor = namespaces[2 * i], namespaces[2 * i + 1]
             cid_nri = f"nct-b-{uuid.uuid4().hex[:16]}"
-            cid_floor = f"nct-b-{uuid.uuid4().hex[:16]}"
-            caps_nri, caps_floor = caps_for(2 * i), caps_for(2 * i + 1)
-            conf = RuntimeConf(container_id=cid_nri, netns=ns_nri, ifname="eth0", args=pairs,
-                               capability_args=caps_nri)
-            floor_args = ";".join(["IgnoreUnknown=1", cni_args]) if cni_args else "IgnoreUnknown=1"
-
-            def nri_add():
-                loop.run_until_complete(rt.add(net, conf))
-
-            def nri_del():
-                loop.run_until_complete(rt.delete(net, conf))
-
-            state = {}
-
-            def floor_add():
-                state["prev"] = floor.add(conflist, cid_floor, ns_floor, "eth0", floor_args, caps_floor)
-
-            def floor_del():
-                floor.delete(conflist, cid_floor, ns_floor, "eth0", floor_args, caps_floor, state["prev"])
-
-            order = [("nri", nri_add, nri_del), ("floor", floor_add, floor_del)]
-            if i % 2:
-                order.reverse()
+            state = {
+                "nri": {"conf": RuntimeConf(container_id=cid_nri, netns=namespaces[2 * i], ifname="eth0",
+                                            args=pairs, capability_args=caps_for(2 * i))},
+                "floor": {"cid": f"nct-b-{uuid.uuid4().hex[:16]}", "netns": namespaces[2 * i + 1],
+                          "caps": caps_for(2 * i + 1)},
+            }
+            order = ["nri", "floor"] if i % 2 == 0 else ["floor", "nri"]
             sample = {}
-            for who, add, delete in order:
-                pending.append(delete)  # before the ADD: a failed ADD is owed a DEL too
+            for who in order:
+                pending.append((who, state[who]))  # before the ADD: a failed ADD is owed a DEL too
                 t0 = time.perf_counter()
-                add()
+                await add(who, state[who])
                 sample[(who, "ADD")] = time.perf_counter() - t0
-            for who, _, delete in order:
+            for who in order:
                 t0 = time.perf_counter()
-                delete()
+                await delete(who, state[who])
                 sample[(who, "DEL")] = time.perf_counter() - t0
-                pending.remove(delete)
+                pending.remove((who, state[who]))
             if i >= warmup:
                 for k, v in sample.items():
                     times[k].append(v * 1000.0)
     finally:
-        for delete in reversed(pending):  # only after a failure: undo what is still attached
+        for who, st in reversed(pending):  # only after a failure: undo what is still attached
             try:
-                delete()
+                await delete(who, st)
             except Exception as exc:  # keep going; report
                 print(f"bench_cni: cleanup DEL failed: {exc}", file=sys.stderr)
-        loop.close()
     return times
 
 

@@ -12,29 +12,49 @@ import os
 _tmp_seq = itertools.count()
 
 
-def write_atomic(path: str, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
-    """Raises OSError (ENOSPC, EIO...) and then leaves no temporary file behind."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+class AtomicFile:
+    """A file written under a temporary name in its directory and renamed over `path` by
+    commit(). Creating it early (before the data is known) takes the file creation off the
+    path that waits for the data; abort(), or a failed commit(), removes the temporary file.
+    Raises OSError when the temporary file cannot be created."""
+
+    def __init__(self, path: str, mode: int = 0o600) -> None:
+        self.path = path
+        self.directory = os.path.dirname(path)
+        self.tmp = os.path.join(self.directory,
+                                f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp")
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+
+    def commit(self, data: bytes, *, durable: bool = True) -> None:
+        """Raises OSError (ENOSPC, EIO...) and then leaves no temporary file behind."""
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(self.fd, view):]
             if durable:
-                os.fsync(fd)
-        finally:
+                os.fsync(self.fd)
+            fd, self.fd = self.fd, -1
             os.close(fd)
-        os.rename(tmp, path)
+            os.rename(self.tmp, self.path)
+        except OSError:
+            self.abort()
+            raise
         if durable:
-            fsync_dir(directory)
-    except OSError:
+            fsync_dir(self.directory)
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
         try:
-            os.unlink(tmp)
+            os.unlink(self.tmp)
         except OSError:
             pass
-        raise
+
+
+def write_atomic(path: str, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
+    """Raises OSError (ENOSPC, EIO...) and then leaves no temporary file behind."""
+    AtomicFile(path, mode).commit(data, durable=durable)
 
 
 def fsync_dir(directory: str) -> None:

@@ -14,11 +14,13 @@ import binascii
 import json
 import logging
 import os
+import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from nri_cni.errors import CniCode, CNIError, ConfigError
-from nri_cni.fsutil import fsync_dir, write_atomic
+from nri_cni.fsutil import AtomicFile, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,10 @@ _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
 def _go_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
                       sort_keys=True).translate(_GO_ESCAPES)
+
+
+def _result_tail(result: dict | None) -> str:
+    return f',"result":{_go_json(result)}}}' if result else "}"
 
 
 class CorruptEntry(ValueError):
@@ -53,6 +59,14 @@ class CacheEntry:
 
     def to_json(self) -> bytes:
         """libcni's cachedInfo as Go marshals it."""
+        return self.json_head(self.result)
+
+    def json_head(self, result: dict | None) -> bytes:
+        """to_json() with `result` in place of self.result (None: none); the result is the last
+        field, so a caller that serialised the rest already appends it (PreparedWrite)."""
+        return (self._head() + _result_tail(result)).encode()
+
+    def _head(self) -> str:
         parts = [
             f'"kind":{_go_json(KIND)}',
             f'"containerId":{_go_json(self.container_id)}',
@@ -66,9 +80,7 @@ class CacheEntry:
             parts.append(f'"cniArgs":{_go_json([list(kv) for kv in self.cni_args])}')
         if self.capability_args:
             parts.append(f'"capabilityArgs":{_go_json(self.capability_args)}')
-        if self.result:
-            parts.append(f'"result":{_go_json(self.result)}')
-        return ("{" + ",".join(parts) + "}").encode()
+        return "{" + ",".join(parts)
 
     @classmethod
     def from_json(cls, data: bytes, path: str = "") -> CacheEntry:
@@ -113,6 +125,7 @@ class ResultCache:
     def __init__(self, cache_dir: str = DEFAULT_CACHE_DIR) -> None:
         self.cache_dir = cache_dir
         self.results_dir = os.path.join(cache_dir, "results")
+        self._syncer: _Syncer | None = None
 
     def path(self, network: str, container_id: str, ifname: str) -> str:
         """Raises ConfigError for names no entry can have (empty, or with '/' or NUL)."""
@@ -127,19 +140,33 @@ class ResultCache:
         CNIError(IO_FAILURE) and leaves no partial file.
 
         durable: on disk when this returns (fsync, rename, directory fsync). Without it the
-        fsyncs are left to sync(): a power loss before then can leave the entry missing or
-        empty, which read() reports as corrupt and DEL tolerates.
+        fsyncs are left to sync() or sync_later(): a power loss before then can leave the entry
+        missing or empty, which read() reports as corrupt and DEL tolerates.
         """
-        path = self.path(entry.network_name, entry.container_id, entry.ifname)
-        try:
-            os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
-            write_atomic(path, entry.to_json(), durable=durable)
-        except OSError as exc:
-            raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
-                           details=exc.strerror or str(exc)) from exc
+        prepared = self.prepare(entry)
+        prepared.commit(entry.result, durable=durable)
 
-    def sync(self, network: str, container_id: str, ifname: str) -> None:
-        """Makes an entry written with durable=False durable; one deleted meanwhile is fine."""
+    def prepare(self, entry: CacheEntry) -> PreparedWrite:
+        """The write of `entry` with its result still to come (PreparedWrite)."""
+        return PreparedWrite(self, entry)
+
+    def _create(self, path: str) -> AtomicFile:
+        try:
+            return AtomicFile(path)
+        except FileNotFoundError:  # the first entry, or the directory was removed
+            os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
+            return AtomicFile(path)
+
+    def sync_later(self, network: str, container_id: str, ifname: str) -> None:
+        """sync() on a background thread, soon: an ADD need not wait for the journal commit
+        (0.5-3 ms here). Failures are logged."""
+        if self._syncer is None:
+            self._syncer = _Syncer(self)
+        self._syncer.submit((network, container_id, ifname))
+
+    def sync(self, network: str, container_id: str, ifname: str, *, directory: bool = True) -> None:
+        """Makes an entry written with durable=False durable; one deleted meanwhile is fine.
+        directory=False leaves the directory's fsync (the rename) to a later call."""
         path = self.path(network, container_id, ifname)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -150,7 +177,8 @@ class ResultCache:
                            details=exc.strerror or str(exc)) from exc
         try:
             os.fsync(fd)
-            fsync_dir(self.results_dir)
+            if directory:
+                fsync_dir(self.results_dir)
         except OSError as exc:
             raise CNIError(CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}",
                            details=exc.strerror or str(exc)) from exc
@@ -225,3 +253,86 @@ class ResultCache:
             pass
         except OSError as exc:
             log.warning("cannot remove CNI cache file %s: %s", path, exc.strerror)
+
+
+class PreparedWrite:
+    """The cache write of one attachment, split so that most of it happens before the result
+    is known: CNIRuntime.add calls prepare() while the chain's last plugin runs (serialising
+    every field but the result, creating the temporary file), and commit(result) afterwards is
+    one write and a rename. discard() removes whatever prepare() made; commit() does all of
+    it if prepare() never ran. Not thread-safe: one event loop uses it."""
+
+    def __init__(self, cache: ResultCache, entry: CacheEntry) -> None:
+        self.cache = cache
+        self.entry = entry
+        self._head: str | None = None
+        self._file: AtomicFile | None = None
+        self._done = False
+
+    def prepare(self) -> None:
+        """Best effort: whatever fails here is done again, and reported, by commit()."""
+        if self._done or self._file is not None:
+            return
+        try:
+            path = self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
+            self._head = self.entry._head()
+            self._file = self.cache._create(path)
+        except (OSError, ConfigError):
+            self._file = None
+
+    def commit(self, result: dict | None, *, durable: bool = True) -> None:
+        """Writes the entry with `result`; raises CNIError(IO_FAILURE) (or ConfigError for an
+        impossible name) and then leaves no temporary file."""
+        if self._done:
+            raise RuntimeError("cache write already committed or discarded")
+        path = self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
+        try:
+            if self._file is None:
+                self._head = self.entry._head()
+                self._file = self.cache._create(path)
+            data = (self._head + _result_tail(result)).encode()
+            file, self._file, self._done = self._file, None, True
+            file.commit(data, durable=durable)
+        except OSError as exc:
+            self.discard()
+            raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
+                           details=exc.strerror or str(exc)) from exc
+
+    def discard(self) -> None:
+        self._done = True
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.abort()
+
+
+class _Syncer:
+    """One thread that makes entries durable after the fact (ResultCache.sync_later).
+    Entries queued together share one directory fsync."""
+
+    def __init__(self, cache: ResultCache) -> None:
+        self.cache = cache
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="nri-cni-cache-sync", daemon=True)
+        self.thread.start()
+
+    def submit(self, key: tuple[str, str, str]) -> None:
+        self.queue.put(key)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self.queue.get()]
+            while True:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            for key in batch:
+                try:
+                    self.cache.sync(*key, directory=False)
+                except CNIError as exc:
+                    log.warning("CNI cache entry not made durable: %s (%s)", exc.msg, exc.details)
+            try:
+                fsync_dir(self.cache.results_dir)  # the renames
+            except OSError as exc:
+                log.warning("CNI cache directory %s not made durable: %s", self.cache.results_dir,
+                            exc.strerror or exc)

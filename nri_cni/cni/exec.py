@@ -1,10 +1,18 @@
 """Running one CNI plugin binary: libcni's pkg/invoke, built for a low per-call cost.
 
 asyncio's subprocess support starts a watcher thread per child on Python 3.11 and wraps every
-pipe in a transport; a CNI call needs none of that. Here a plugin is started with
-os.posix_spawn (glibc's clone(CLONE_VFORK) path) in its own process group, stdin is written
-into the pipe before the plugin starts (as far as it fits), and the loop watches three raw fds:
-stdout, stderr and a pidfd for the exit. A timeout kills the whole process group.
+pipe in a transport; a CNI call needs none of that, and on a busy node every bit of the
+daemon's CPU is taken from the plugins it runs. So a plugin gets memory files (memfd), not
+pipes: stdin holds the config (a plugin reads it to EOF as from a pipe), stdout and stderr are
+written by the plugin and read once it has exited. The event loop watches one fd per plugin,
+a pidfd, and wakes once, at the exit. The plugin is started with os.posix_spawn (glibc's
+clone(CLONE_VFORK) path) in its own process group; a timeout kills the whole group.
+
+Bounds: stdout and stderr are sealed at a fixed size (MAX_STDOUT plus a margin, STDERR_MAX),
+so a plugin cannot make the daemon hold more. Output past MAX_STDOUT is an error; a single
+write that would cross the seal fails in the plugin (EPERM), which then reports that itself.
+The exit, not EOF, ends a call: a helper the plugin left running with our stdout cannot hold
+the call open, as it does with pipes (and in libcni).
 """
 from __future__ import annotations
 
@@ -23,8 +31,10 @@ from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, Plugin
 log = logging.getLogger(__name__)
 
 MAX_STDOUT = 16 << 20  # a result is a few KiB; more is a broken or hostile plugin
-STDERR_TAIL = 8 << 10
-KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the pipes to close before giving up
+STDOUT_MARGIN = 64 << 10  # writes up to this far past MAX_STDOUT succeed, so that we see them
+STDERR_MAX = 1 << 20  # kept of a plugin's stderr (later writes fail)
+STDERR_TAIL = 8 << 10  # shown in messages
+KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the exit before giving up on it
 ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we back off faster)
 
 _RESTORE_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores these; plugins must not
@@ -89,23 +99,21 @@ class PluginExecutor:
 
 
 class _Run:
-    """One child: its pipes, its pidfd, and the callbacks that collect them.
+    """One child: its memory files, its exit, and the callback that collects them.
 
-    The exit is observed with waitid(WNOWAIT), which leaves the leader a zombie until the
-    pipes are drained: while it is unreaped its process group ID cannot be reused, so a
-    killpg() at the timeout can never hit an unrelated group.
+    The exit is observed with waitid(WNOWAIT), which leaves the leader a zombie until its
+    output is read: while it is unreaped its process group ID cannot be reused, so a killpg()
+    at the timeout can never hit an unrelated group.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stdin: bytes) -> None:
         self.loop = loop
-        self.stdin = memoryview(stdin)
+        self.stdin = stdin
         self.pid = 0
         self.pidfd = -1
-        self.fds: dict[str, int] = {}  # parent ends still open: "in", "out", "err"
-        self.child_ends: list[int] = []  # the child's ends, until it is spawned
-        self.stdout: list[bytes] = []
-        self.stdout_len = 0
-        self.stderr = bytearray()
+        self.fds: dict[str, int] = {}  # "in" (until spawned), "out", "err"
+        self.stdout = b""
+        self.stderr = b""
         self.status: int | None = None  # exit code, or -signal
         self.reaped = False
         self.abandoned = False
@@ -114,113 +122,86 @@ class _Run:
         self.done = loop.create_future()
 
     def spawn(self, path: str, env: dict[str, str]) -> None:
-        if not self.child_ends:
-            self._pipes()
+        if not self.fds:
+            self._files()
         self.pid = os.posix_spawn(
             path, [path], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, self.child_ends[0], 0),
-                          (os.POSIX_SPAWN_DUP2, self.child_ends[1], 1),
-                          (os.POSIX_SPAWN_DUP2, self.child_ends[2], 2)],
+            file_actions=[(os.POSIX_SPAWN_DUP2, self.fds["in"], 0),
+                          (os.POSIX_SPAWN_DUP2, self.fds["out"], 1),
+                          (os.POSIX_SPAWN_DUP2, self.fds["err"], 2)],
             setpgroup=0, setsigdef=_RESTORE_SIGNALS, setsigmask=())
-        for fd in self.child_ends:
-            os.close(fd)
-        self.child_ends = []
-        self.pidfd = os.pidfd_open(self.pid)
-        self.loop.add_reader(self.pidfd, self._on_exit)
-        self.loop.add_reader(self.fds["out"], self._on_stdout)
-        self.loop.add_reader(self.fds["err"], self._on_stderr)
-        if "in" in self.fds:
-            self.loop.add_writer(self.fds["in"], self._on_stdin)
+        os.close(self.fds.pop("in"))
+        self._watch_exit()
 
-    def _pipes(self) -> None:
-        in_r, in_w = _pipe()
-        out_r, out_w = _pipe()
-        err_r, err_w = _pipe()
-        self.child_ends = [in_r, out_w, err_w]
-        self.fds = {"in": in_w, "out": out_r, "err": err_r}
-        for fd in (in_w, out_r, err_r):
-            os.set_blocking(fd, False)
-        # a config fits in the empty pipe: write it before the spawn and never watch stdin
-        if self.stdin:
-            self.stdin = self.stdin[os.write(in_w, self.stdin):]
-        if not self.stdin:
-            os.close(self.fds.pop("in"))
-
-    def _on_stdin(self) -> None:
+    def _files(self) -> None:
         try:
-            self.stdin = self.stdin[os.write(self.fds["in"], self.stdin):]
-        except BlockingIOError:
+            self.fds["in"] = fd = _memfd("cni-stdin", 0)
+            view = memoryview(self.stdin)
+            while view:
+                view = view[os.write(fd, view):]
+            os.lseek(fd, 0, os.SEEK_SET)
+            self.fds["out"] = _memfd("cni-stdout", MAX_STDOUT + STDOUT_MARGIN)
+            self.fds["err"] = _memfd("cni-stderr", STDERR_MAX)
+        except OSError:
+            self._close_files()
+            raise
+
+    def _watch_exit(self) -> None:
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError:  # out of fds: poll instead
+            self.loop.call_later(0.005, self._on_exit)
             return
-        except OSError:  # EPIPE: the plugin exited without reading everything
-            self.stdin = self.stdin[:0]
-        if not self.stdin:
-            self._close("in")
+        self.loop.add_reader(self.pidfd, self._on_exit)
 
-    # Readers drain until the pipe is empty: after the plugin's last write its EOF is usually
-    # there already, and every loop iteration saved is an epoll round trip.
-    def _on_stdout(self) -> None:
-        while "out" in self.fds:
-            try:
-                data = os.read(self.fds["out"], 1 << 18)
-            except BlockingIOError:
-                return
-            if not data:
-                self._close("out")
-                return
-            self.stdout.append(data)
-            self.stdout_len += len(data)
-            if self.stdout_len > MAX_STDOUT:
-                self.overflow = True
-                self.kill()
-                self._close("out")
-
-    def _on_stderr(self) -> None:
-        while "err" in self.fds:
-            try:
-                data = os.read(self.fds["err"], 1 << 16)
-            except BlockingIOError:
-                return
-            if not data:
-                self._close("err")
-                return
-            self.stderr += data
-            if len(self.stderr) > 2 * STDERR_TAIL:
-                del self.stderr[:-STDERR_TAIL]
-
-    def _on_exit(self) -> None:
+    def _poll_exit(self) -> bool:
+        """Records the exit status if the child has exited (it stays a zombie)."""
+        if self.status is not None:
+            return True
         try:
             info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:  # reaped by someone else: the status is lost
-            info, self.status, self.reaped = None, 255, True
-        else:
-            if info is None:
-                return
-            self.status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        self.loop.remove_reader(self.pidfd)
-        os.close(self.pidfd)
-        self.pidfd = -1
+            self.status, self.reaped = 255, True
+            return True
+        if info is None:
+            return False
+        self.status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return True
+
+    def _on_exit(self) -> None:
+        if not self._poll_exit():
+            if self.pidfd < 0:
+                self.loop.call_later(0.005, self._on_exit)
+            return
+        if self.pidfd >= 0:
+            self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
         if self.abandoned:
             self._reap()
             return
-        # the plugin is gone: its output is most likely all there, collect it in this iteration
-        self._on_stdout()
-        self._on_stderr()
-        self._check_done()
-
-    def _close(self, name: str) -> None:
-        fd = self.fds.pop(name)
-        if name == "in":
-            self.loop.remove_writer(fd)
-        else:
-            self.loop.remove_reader(fd)
-        os.close(fd)
-        self._check_done()
-
-    def _check_done(self) -> None:
-        if self.status is not None and "out" not in self.fds and "err" not in self.fds \
-                and not self.done.done():
+        if not self.done.done():
+            self._collect()
             self._reap()
             self.done.set_result(None)
+
+    def _collect(self) -> None:
+        """Reads what the plugin wrote: the files' offsets, shared with the plugin's fds 1
+        and 2, say how much."""
+        out, err = self.fds.pop("out"), self.fds.pop("err")
+        try:
+            n = os.lseek(out, 0, os.SEEK_CUR)
+            if n > MAX_STDOUT:
+                self.overflow = True
+            elif n:
+                self.stdout = _pread_all(out, n, 0)
+            n = os.lseek(err, 0, os.SEEK_CUR)
+            if n:
+                start = max(0, n - STDERR_TAIL)
+                self.stderr = _pread_all(err, n - start, start)
+        finally:
+            os.close(out)
+            os.close(err)
 
     def _reap(self) -> None:
         if self.pid and not self.reaped:
@@ -250,7 +231,7 @@ class _Run:
             return
         self.timed_out = True
         self.kill()
-        # a grandchild that left the group may hold stdout open: stop waiting for EOF then
+        # the exit follows at once, unless the plugin is stuck in the kernel
         self.loop.call_later(KILL_GRACE, self._give_up)
 
     def _give_up(self) -> None:
@@ -259,33 +240,59 @@ class _Run:
             self.done.set_result(None)
 
     def abandon(self) -> None:
-        """Stops collecting (cancelled, failed, or given up): kill, close our pipe ends, and
-        leave the pidfd watched so the child is still reaped whenever it dies."""
+        """Stops collecting (cancelled, failed, or given up): kill, close the files, and keep
+        watching the child's exit so that it is still reaped whenever it dies."""
         self.kill()
         self.abandoned = True
-        for name in list(self.fds):
-            fd = self.fds.pop(name)
-            if name == "in":
-                self.loop.remove_writer(fd)
-            else:
-                self.loop.remove_reader(fd)
-            os.close(fd)
-        for fd in self.child_ends:
-            os.close(fd)
-        self.child_ends = []
-        if self.pid and (self.status is not None or self.pidfd < 0):
-            # exited, or never watched (pidfd_open failed): it was just SIGKILLed, so the
-            # wait is short
+        self._close_files()
+        if not self.pid or self.reaped:
+            return
+        if self._poll_exit():
+            if self.pidfd >= 0:
+                self.loop.remove_reader(self.pidfd)
+                os.close(self.pidfd)
+                self.pidfd = -1
             self._reap()
+        elif self.pidfd < 0:
+            self._watch_exit()  # the SIGKILL lands soon; _on_exit reaps it then
+
+    def _close_files(self) -> None:
+        for name in list(self.fds):
+            os.close(self.fds.pop(name))
 
 
-def _pipe() -> tuple[int, int]:
-    r, w = os.pipe()
-    return _above_stdio(r), _above_stdio(w)
+def _memfd(name: str, cap: int) -> int:
+    """An anonymous memory file; with `cap`, sealed at that size (sparse: only what is
+    written takes memory)."""
+    if not cap:
+        return _above_stdio(os.memfd_create(name, os.MFD_CLOEXEC))
+    fd = _above_stdio(os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+    try:
+        os.ftruncate(fd, cap)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    data = os.pread(fd, n, offset)
+    if len(data) == n:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = os.pread(fd, n - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def _above_stdio(fd: int) -> int:
-    """Moves a pipe end off 0-2 (possible if the daemon runs with stdio closed): a dup2 onto
+    """Moves an fd off 0-2 (possible if the daemon runs with stdio closed): a dup2 onto
     itself in the child would keep O_CLOEXEC and the plugin would lose that stream."""
     if fd >= 3:
         return fd
@@ -295,8 +302,8 @@ def _above_stdio(fd: int) -> int:
 
 
 def _outcome(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> bytes:
-    stdout = b"".join(run.stdout)
-    stderr = bytes(run.stderr[-STDERR_TAIL:])
+    stdout = run.stdout
+    stderr = run.stderr
     name = os.path.basename(plugin_path)
     if run.timed_out:
         raise PluginTimeout(f"plugin {name} killed after {timeout:g}s timeout",

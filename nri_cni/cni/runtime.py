@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nri_cni.cni import versions
-from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, ResultCache
+from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, PreparedWrite, ResultCache
 from nri_cni.cni.config import (NetworkConfigList, PluginConf, parse_conflist, validate_container_id,
                                 validate_ifname, validate_network_name)
 from nri_cni.cni.exec import PluginExecutor, excerpt
@@ -103,7 +103,6 @@ class CNIRuntime:
         self.bin_dirs = list(bin_dirs)
         self.cache = ResultCache(cache_dir)
         self.durable_cache = durable_cache
-        self._syncing: set[asyncio.Future] = set()
         self.exec_timeout = exec_timeout
         self.executor = executor or PluginExecutor()
         self._before_plugin = getattr(hooks, "before_plugin", None)
@@ -125,17 +124,25 @@ class CNIRuntime:
             raise ConfigError(f"network {net.name!r} has no plugins", location=net.source)
         env = self._env("ADD", rt)
         paths = self._find_all(net, net.plugins, "ADD")
+        last = len(net.plugins) - 1
+        prepared = self.cache.prepare(self._entry(net, rt))
         result: Result | None = None
-        for i, plugin in enumerate(net.plugins):
-            if self._before_plugin:
-                await self._before_plugin("ADD", net, i, rt)
-            prev = result.to_dict(net.cni_version) if result is not None else None
-            out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev), paths[i])
-            result = self._result(net, plugin, "ADD", out)
-            if self._after_plugin:
-                await self._after_plugin("ADD", net, i, rt, result)
-        assert result is not None  # checked above: there was a plugin
-        await self.cache_result(net, rt, result)
+        try:
+            for i, plugin in enumerate(net.plugins):
+                if self._before_plugin:
+                    await self._before_plugin("ADD", net, i, rt)
+                prev = result.to_dict(net.cni_version) if result is not None else None
+                if i == last:
+                    # runs once the plugin is started: the cache file is made while it works
+                    asyncio.get_running_loop().call_soon(prepared.prepare)
+                out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev), paths[i])
+                result = self._result(net, plugin, "ADD", out)
+                if self._after_plugin:
+                    await self._after_plugin("ADD", net, i, rt, result)
+            assert result is not None  # checked above: there was a plugin
+            await self.cache_result(net, rt, result, prepared)
+        finally:
+            prepared.discard()  # after a failure (or an override that did not write): no temp file
         return result
 
     async def check(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
@@ -276,29 +283,28 @@ class CNIRuntime:
 
     # ---- steps -----------------------------------------------------------------------------
 
-    async def cache_result(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
-        """Writes the attachment's cache entry; a separate step so it can be overridden."""
+    async def cache_result(self, net: NetworkConfigList, rt: RuntimeConf, result: Result,
+                           prepared: PreparedWrite | None = None) -> None:
+        """Writes the attachment's cache entry; a separate step so it can be overridden.
+        `prepared`: the same write begun ahead by add() (PreparedWrite)."""
         if self._before_cache_write:
             await self._before_cache_write(net, rt, result)
-        entry = CacheEntry(container_id=rt.container_id, ifname=rt.ifname, network_name=net.name,
-                           config=net.bytes, netns=rt.netns, cni_args=list(rt.args),
-                           capability_args=dict(rt.capability_args),
-                           result=result.to_dict(result.cni_version))
+        if prepared is None:
+            prepared = self.cache.prepare(self._entry(net, rt))
         if self.durable_cache:
             # fsync waits for a journal commit, milliseconds: keep it off the event loop
-            await asyncio.to_thread(self.cache.write, entry)
+            await asyncio.to_thread(prepared.commit, result.to_dict(result.cni_version))
             return
-        # open+write+rename of a small file costs less than a thread round trip
-        self.cache.write(entry, durable=False)
-        sync = asyncio.get_running_loop().run_in_executor(
-            None, self.cache.sync, net.name, rt.container_id, rt.ifname)
-        self._syncing.add(sync)
-        sync.add_done_callback(self._synced)
+        # write+rename of a small file costs less than a thread round trip
+        prepared.commit(result.to_dict(result.cni_version), durable=False)
+        self.cache.sync_later(net.name, rt.container_id, rt.ifname)
 
-    def _synced(self, fut: asyncio.Future) -> None:
-        self._syncing.discard(fut)
-        if not fut.cancelled() and fut.exception() is not None:
-            log.warning("CNI cache entry not made durable: %s", fut.exception())
+    @staticmethod
+    def _entry(net: NetworkConfigList, rt: RuntimeConf) -> CacheEntry:
+        """The attachment's cache entry, without its result."""
+        return CacheEntry(container_id=rt.container_id, ifname=rt.ifname, network_name=net.name,
+                          config=net.bytes, netns=rt.netns, cni_args=list(rt.args),
+                          capability_args=dict(rt.capability_args))
 
     def _cached_prev(self, net: NetworkConfigList, rt: RuntimeConf, command: str) -> dict | None:
         """The cached result in the list's version, or None (with a warning) when there is none

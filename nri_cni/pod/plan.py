@@ -655,7 +655,7 @@ def _without_cache(cni: CNIRuntime) -> CNIRuntime:
     to be overridden) a no-op."""
     view = copy.copy(cni)
 
-    async def no_cache(net, rt, result) -> None:
+    async def no_cache(net, rt, result, prepared=None) -> None:
         return None
 
     view.cache_result = no_cache  # type: ignore[method-assign]

@@ -5,6 +5,7 @@ import logging
 import os
 import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,51 @@ def test_deferred_durability(tmp_path):
     cache.sync("nct-golden", "c0ffee", "eth0")
     cache.delete("nct-golden", "c0ffee", "eth0")
     cache.sync("nct-golden", "c0ffee", "eth0")  # deleted before its sync: nothing to do
+
+
+def test_prepared_write(tmp_path):
+    """A write begun before the result is known: prepare() makes only a temporary file,
+    commit() gives the bytes of a one-step write, discard() leaves nothing."""
+    cache = ResultCache(str(tmp_path / "cache"))
+    entry = CacheEntry(container_id="c1", ifname="eth0", network_name="net", config=b'{"a":1}',
+                       netns="/var/run/netns/x", cni_args=[("K8S_POD_NAME", "p")])
+    result = {"cniVersion": "1.1.0", "ips": [{"address": "10.0.0.2/24"}]}
+    w = cache.prepare(entry)
+    w.prepare()
+    (tmp,) = os.listdir(cache.results_dir)
+    assert tmp.startswith(".") and tmp.endswith(".tmp")
+    w.commit(result, durable=False)
+    assert os.listdir(cache.results_dir) == ["net-c1-eth0"]
+    full = CacheEntry(**{**entry.__dict__, "result": result})
+    assert (tmp_path / "cache/results/net-c1-eth0").read_bytes() == full.to_json()
+    with pytest.raises(RuntimeError):
+        w.commit(result)
+
+    gone = cache.prepare(CacheEntry(container_id="c2", ifname="eth0", network_name="net", config=b"{}"))
+    gone.prepare()
+    gone.discard()
+    gone.prepare()  # too late (a call_soon that ran after the failure): makes nothing
+    assert os.listdir(cache.results_dir) == ["net-c1-eth0"]
+
+    unprepared = cache.prepare(CacheEntry(container_id="c3", ifname="eth0", network_name="net", config=b"{}"))
+    unprepared.commit(None)
+    assert cache.read("net", "c3", "eth0").result is None
+
+
+def test_sync_later(tmp_path, monkeypatch):
+    cache = ResultCache(str(tmp_path / "cache"))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="net", config=b"{}"), durable=False)
+    synced = []
+    real_fsync = os.fsync
+    done = threading.Event()
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+        if os.path.isdir(synced[-1]):
+            done.set()
+
+    monkeypatch.setattr(os, "fsync", spy)
+    cache.sync_later("net", "c1", "eth0")
+    assert done.wait(5)
+    assert synced == [cache.path("net", "c1", "eth0"), cache.results_dir]

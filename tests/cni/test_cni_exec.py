@@ -212,3 +212,89 @@ def test_concurrent_calls(fake_bin):
         return await asyncio.gather(*(ex.exec(str(fake_bin / "fake"), ENV, s, 10) for s in stdin))
 
     assert [json.loads(o)["n"] for o in run(go())] == list(range(8))
+
+
+def _closer(tmp_path, body: str):
+    """A plugin that prints a result, closes stdout and stderr, then does `body`."""
+    script = tmp_path / "bin" / "closer"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("#!/bin/sh\necho '{\"cniVersion\":\"1.1.0\"}'\nexec >&- 2>&-\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_exit_after_closing_output_is_waited_for(tmp_path):
+    # EOF on both pipes is not the exit: the status must be the one the plugin exits with
+    path = _closer(tmp_path, "sleep 0.3\nexit 3\n")
+    before = open_fds()
+    t0 = time.monotonic()
+    with pytest.raises(PluginExecError, match="exit status 3"):
+        run(PluginExecutor().exec(path, ENV, b"{}", 10))
+    assert time.monotonic() - t0 >= 0.3
+    assert open_fds() == before
+    ok = _closer(tmp_path, "sleep 0.2\nexit 0\n")
+    assert json.loads(run(PluginExecutor().exec(ok, ENV, b"{}", 10))) == {"cniVersion": "1.1.0"}
+
+
+def test_timeout_after_closing_output(tmp_path):
+    pidfile = tmp_path / "closer.pid"
+    path = _closer(tmp_path, f"echo $$ > {pidfile}\nexec sleep 30\n")
+    before = open_fds()
+    t0 = time.monotonic()
+    with pytest.raises(PluginTimeout):
+        run(PluginExecutor().exec(path, ENV, b"{}", 0.5))
+    assert time.monotonic() - t0 < 2.0
+    pid = int(pidfile.read_text())
+    assert group_gone(pid)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+    assert open_fds() == before
+
+
+def test_exit_polled_when_no_pidfd(tmp_path, monkeypatch):
+    # out of fds for a pidfd: the exit is polled instead, the status still exact
+    def no_pidfd(pid):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(cni_exec.os, "pidfd_open", no_pidfd)
+    path = _closer(tmp_path, "sleep 0.1\nexit 4\n")
+    with pytest.raises(PluginExecError, match="exit status 4"):
+        run(PluginExecutor().exec(path, ENV, b"{}", 10))
+
+
+def test_helper_holding_stdout_does_not_hold_the_call(tmp_path):
+    """The exit ends a call: a background helper that inherited stdout is not waited for."""
+    pidfile = tmp_path / "helper.pid"
+    script = tmp_path / "bin" / "forker"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f"#!/bin/sh\nsleep 30 &\necho $! > {pidfile}\necho '{{\"cniVersion\":\"1.1.0\"}}'\n")
+    script.chmod(0o755)
+    t0 = time.monotonic()
+    try:
+        out = run(PluginExecutor().exec(str(script), ENV, b"{}", 10))
+        assert time.monotonic() - t0 < 5
+        assert json.loads(out) == {"cniVersion": "1.1.0"}
+    finally:
+        os.kill(int(pidfile.read_text()), 9)
+
+
+def test_stdout_sealed(tmp_path, monkeypatch):
+    """Writes past the cap fail in the plugin; nri-cni never holds more than the cap."""
+    monkeypatch.setattr(cni_exec, "MAX_STDOUT", 1000)
+    monkeypatch.setattr(cni_exec, "STDOUT_MARGIN", 4096)
+    script = tmp_path / "bin" / "flood"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("#!/bin/sh\nhead -c 10000000 /dev/zero\n")
+    script.chmod(0o755)
+    run_obj = {}
+    real = cni_exec._Run._collect
+
+    def spy(self):
+        run_obj["out_size"] = os.fstat(self.fds["out"]).st_size
+        run_obj["written"] = os.lseek(self.fds["out"], 0, os.SEEK_CUR)
+        real(self)
+
+    monkeypatch.setattr(cni_exec._Run, "_collect", spy)
+    with pytest.raises(PluginExecError, match="more than 1000 bytes"):
+        run(PluginExecutor().exec(str(script), ENV, b"", 10))
+    assert run_obj["out_size"] == 1000 + 4096 and 1000 < run_obj["written"] <= 1000 + 4096

@@ -8,6 +8,8 @@ import logging
 import os
 from pathlib import Path
 
+import threading
+
 import pytest
 
 from nri_cni.cni.config import PluginConf, parse_conflist
@@ -25,6 +27,14 @@ def run(coro):
 
 def cache_file(runtime: CNIRuntime, net: str, rt: RuntimeConf) -> Path:
     return Path(runtime.cache.path(net, rt.container_id, rt.ifname))
+
+
+def cache_files(runtime: CNIRuntime) -> list[str]:
+    """Everything in the results dir, temporary files included."""
+    try:
+        return sorted(os.listdir(runtime.cache.results_dir))
+    except FileNotFoundError:
+        return []
 
 
 def test_add_chain_order_prev_result_env_and_cache(runtime, make_net, call_log, rt):
@@ -309,6 +319,7 @@ def test_error_object_with_exit_0(runtime, make_net, rt):
     with pytest.raises(CNIError, match="no bridge name") as err:
         run(runtime.add(net, rt))
     assert err.value.code == 7 and not cache_file(runtime, "testnet", rt).exists()
+    assert cache_files(runtime) == []  # the write begun while the last plugin ran is undone
 
 
 def test_failed_add_no_cache(runtime, make_net, call_log, rt):
@@ -317,7 +328,7 @@ def test_failed_add_no_cache(runtime, make_net, call_log, rt):
         run(runtime.add(net, rt))
     assert (err.value.code, err.value.ref.network, err.value.ref.plugin) == (7, "testnet", "fake-b")
     assert call_log.summary() == [("ADD", "fake-a"), ("ADD", "fake-b")]
-    assert not cache_file(runtime, "testnet", rt).exists()
+    assert not cache_file(runtime, "testnet", rt).exists() and cache_files(runtime) == []
 
 
 def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
@@ -329,6 +340,28 @@ def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
     assert err.value.ref.network == "testnet"
     with pytest.raises(ProcessLookupError):
         os.kill(int(pidfile.read_text()), 0)  # the plugin itself is gone and reaped
+    assert cache_files(runtime) == []
+
+
+def test_cache_file_made_while_last_plugin_runs(fake_bin, tmp_path, make_net, rt):
+    """The entry's temporary file exists while the last plugin works; after ADD only the
+    entry is left, with the same bytes a one-step write gives."""
+    seen = tmp_path / "seen"
+    script = fake_bin / "lister"
+    script.write_text("#!/bin/sh\ncat >/dev/null\nsleep 0.1\nls -a \"$LIST_DIR\" > \"$LIST_OUT\"\n"
+                      "echo '{\"cniVersion\":\"1.1.0\",\"ips\":[{\"address\":\"10.1.2.3/24\"}]}'\n")
+    script.chmod(0o755)
+    runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"))
+    os.makedirs(runtime.cache.results_dir)
+    net = make_net(["fake-a", "lister"])
+    runtime._base_env.update(LIST_DIR=runtime.cache.results_dir, LIST_OUT=str(seen))
+    result = run(runtime.add(net, rt))
+    during = [n for n in seen.read_text().split() if n not in (".", "..")]
+    assert len(during) == 1 and during[0].startswith(".") and during[0].endswith(".tmp")
+    assert cache_files(runtime) == [os.path.basename(cache_file(runtime, "testnet", rt))]
+    entry = runtime.cache.read("testnet", rt.container_id, rt.ifname)
+    assert entry.result == result.to_dict("1.1.0")
+    assert cache_file(runtime, "testnet", rt).read_bytes() == entry.to_json()
 
 
 def test_finalize_chain(runtime, make_net, call_log, rt):
@@ -400,7 +433,7 @@ def test_hooks(fake_bin, tmp_path, make_net, call_log, rt):
 
 def test_cache_write_step_overridable(fake_bin, tmp_path, make_net, rt):
     class NoCache(CNIRuntime):
-        async def cache_result(self, net, rt, result):
+        async def cache_result(self, net, rt, result, prepared=None):
             self.seen = result
 
     runtime = NoCache([str(fake_bin)], cache_dir=str(tmp_path / "cache"))
@@ -447,15 +480,31 @@ def test_delete_with_unnameable_ids_still_runs(runtime, make_net, call_log, rt):
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_cache_durability_modes(fake_bin, tmp_path, make_net, rt, durable):
+def test_cache_durability_modes(fake_bin, tmp_path, make_net, rt, durable, monkeypatch):
+    from nri_cni.cni import cache as cache_mod
+
     runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), durable_cache=durable)
     calls = []
-    write, sync = runtime.cache.write, runtime.cache.sync
-    runtime.cache.write = lambda entry, durable=True: (calls.append(("write", durable)), write(entry, durable=durable))
-    runtime.cache.sync = lambda *key: (calls.append(("sync", key)), sync(*key))
-    run(runtime.add(make_net(["fake-a"]), rt))  # asyncio.run waits for the executor's jobs
+    synced = threading.Event()
+    commit, sync = cache_mod.PreparedWrite.commit, runtime.cache.sync
+
+    def spy_commit(self, result, *, durable=True):
+        calls.append(("write", durable))
+        commit(self, result, durable=durable)
+
+    def spy_sync(*key, directory=True):
+        calls.append(("sync", key))
+        sync(*key, directory=directory)
+        synced.set()
+
+    monkeypatch.setattr(cache_mod.PreparedWrite, "commit", spy_commit)
+    runtime.cache.sync = spy_sync
+    run(runtime.add(make_net(["fake-a"]), rt))
     if durable:
         assert calls == [("write", True)]
     else:
+        # written before ADD returned, made durable by the cache's sync thread right after
+        assert calls[0] == ("write", False)
+        assert synced.wait(5)
         assert calls == [("write", False), ("sync", ("testnet", "c0ffee", "eth0"))]
     assert runtime.cache.read("testnet", "c0ffee", "eth0") is not None
