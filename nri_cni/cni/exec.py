@@ -25,6 +25,7 @@ import os
 import signal
 import stat
 from collections.abc import Iterable
+from typing import NoReturn
 
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
 
@@ -71,7 +72,6 @@ class PluginExecutor:
         was killed at `timeout`, PluginExecError for anything else (cannot start, crash,
         garbage, output over MAX_STDOUT).
         """
-        ref = PluginRef(plugin=os.path.basename(plugin_path), command=env.get("CNI_COMMAND", ""))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         run = _Run(loop, stdin)
@@ -84,34 +84,54 @@ class PluginExecutor:
                     # a plugin binary being replaced right now; libcni retries the same way
                     if exc.errno != errno.ETXTBSY or attempt == ETXTBSY_RETRIES:
                         raise PluginExecError(f"cannot run plugin {plugin_path}: {exc.strerror}",
-                                              ref=ref) from None
+                                              ref=_ref(plugin_path, env)) from None
                     await asyncio.sleep(min(0.05 * 2 ** attempt, max(0.0, deadline - loop.time())))
                     if loop.time() >= deadline:
                         raise PluginTimeout(f"plugin {plugin_path} stayed busy (ETXTBSY) for {timeout}s",
-                                            ref=ref) from None
+                                            ref=_ref(plugin_path, env)) from None
                 except ValueError as exc:  # NUL in an env value or argument
-                    raise PluginExecError(f"cannot run plugin {plugin_path}: {exc}", ref=ref) from None
-            await run.wait(deadline)
+                    raise PluginExecError(f"cannot run plugin {plugin_path}: {exc}",
+                                          ref=_ref(plugin_path, env)) from None
+            timer = loop.call_at(deadline, run.on_timeout)
+            try:
+                await run.done
+            finally:
+                timer.cancel()
         except BaseException:
             run.abandon()
             raise
-        return _outcome(run, plugin_path, ref, timeout)
+        if run.status == 0 and not (run.timed_out or run.overflow):
+            if run.stderr:
+                log.debug("plugin %s %s stderr: %s", plugin_path, env.get("CNI_COMMAND"),
+                          run.stderr.decode(errors="replace"))
+            out = PluginOutput(run.stdout)
+            out.stderr = run.stderr
+            return out
+        return _failure(run, plugin_path, _ref(plugin_path, env), timeout)
+
+
+def _ref(plugin_path: str, env: dict[str, str]) -> PluginRef:
+    return PluginRef(plugin=os.path.basename(plugin_path), command=env.get("CNI_COMMAND", ""))
 
 
 class _Run:
     """One child: its memory files, its exit, and the callback that collects them.
 
-    The exit is observed with waitid(WNOWAIT), which leaves the leader a zombie until its
-    output is read: while it is unreaped its process group ID cannot be reused, so a killpg()
-    at the timeout can never hit an unrelated group.
+    Written lean (it runs twice per plugin chain per pod): the pidfd turns readable when
+    the plugin has exited and is a zombie, so the output is read and the child reaped in
+    that one callback. Until it is reaped its process group ID cannot be reused, so a
+    killpg() at the timeout can never hit an unrelated group.
     """
+
+    __slots__ = ("loop", "stdin", "pid", "pidfd", "fds", "stdout", "stderr", "status", "reaped",
+                 "abandoned", "timed_out", "overflow", "done")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stdin: bytes) -> None:
         self.loop = loop
         self.stdin = stdin
         self.pid = 0
         self.pidfd = -1
-        self.fds: dict[str, int] = {}  # "in" (until spawned), "out", "err"
+        self.fds: list[int] = []  # stdin, stdout, stderr memfds (stdin closed once spawned)
         self.stdout = b""
         self.stderr = b""
         self.status: int | None = None  # exit code, or -signal
@@ -122,73 +142,76 @@ class _Run:
         self.done = loop.create_future()
 
     def spawn(self, path: str, env: dict[str, str]) -> None:
-        if not self.fds:
-            self._files()
+        fds = self.fds or self._files()
         self.pid = os.posix_spawn(
             path, [path], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, self.fds["in"], 0),
-                          (os.POSIX_SPAWN_DUP2, self.fds["out"], 1),
-                          (os.POSIX_SPAWN_DUP2, self.fds["err"], 2)],
+            file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
+                          (os.POSIX_SPAWN_DUP2, fds[2], 2)],
             setpgroup=0, setsigdef=_RESTORE_SIGNALS, setsigmask=())
-        os.close(self.fds.pop("in"))
-        self._watch_exit()
-
-    def _files(self) -> None:
+        os.close(fds[0])
+        fds[0] = -1
         try:
-            self.fds["in"] = fd = _memfd("cni-stdin", 0)
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError:  # out of fds: poll instead
+            self.loop.call_later(0.005, self._poll_exit)
+        else:
+            self.loop.add_reader(self.pidfd, self._on_exit)
+
+    def _files(self) -> list[int]:
+        fds = self.fds
+        try:
+            fd = os.memfd_create("cni-stdin", os.MFD_CLOEXEC)
+            fds.append(fd if fd > 2 else _above_stdio(fd))
             view = memoryview(self.stdin)
             while view:
                 view = view[os.write(fd, view):]
             os.lseek(fd, 0, os.SEEK_SET)
-            self.fds["out"] = _memfd("cni-stdout", MAX_STDOUT + STDOUT_MARGIN)
-            self.fds["err"] = _memfd("cni-stderr", STDERR_MAX)
+            fds.append(_memfd("cni-stdout", MAX_STDOUT + STDOUT_MARGIN))
+            fds.append(_memfd("cni-stderr", STDERR_MAX))
         except OSError:
             self._close_files()
             raise
-
-    def _watch_exit(self) -> None:
-        try:
-            self.pidfd = os.pidfd_open(self.pid)
-        except OSError:  # out of fds: poll instead
-            self.loop.call_later(0.005, self._on_exit)
-            return
-        self.loop.add_reader(self.pidfd, self._on_exit)
-
-    def _poll_exit(self) -> bool:
-        """Records the exit status if the child has exited (it stays a zombie)."""
-        if self.status is not None:
-            return True
-        try:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # reaped by someone else: the status is lost
-            self.status, self.reaped = 255, True
-            return True
-        if info is None:
-            return False
-        self.status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        return True
+        return fds
 
     def _on_exit(self) -> None:
-        if not self._poll_exit():
-            if self.pidfd < 0:
-                self.loop.call_later(0.005, self._on_exit)
-            return
-        if self.pidfd >= 0:
-            self.loop.remove_reader(self.pidfd)
-            os.close(self.pidfd)
-            self.pidfd = -1
+        """The pidfd is readable: the plugin has exited."""
+        self.loop.remove_reader(self.pidfd)
+        os.close(self.pidfd)
+        self.pidfd = -1
         if self.abandoned:
-            self._reap()
+            self._reap(0)
             return
         if not self.done.done():
             self._collect()
-            self._reap()
+            self._reap(0)
             self.done.set_result(None)
+
+    def _poll_exit(self) -> None:
+        """The fallback without a pidfd."""
+        if self.reaped:
+            return
+        if not self.abandoned and not self.done.done():
+            self._collect_if_exited()
+        elif not self._reap(os.WNOHANG):
+            self.loop.call_later(0.005, self._poll_exit)
+
+    def _collect_if_exited(self) -> None:
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = True  # reaped by someone else
+        if info is None:
+            self.loop.call_later(0.005, self._poll_exit)
+            return
+        self._collect()
+        self._reap(0)
+        self.done.set_result(None)
 
     def _collect(self) -> None:
         """Reads what the plugin wrote: the files' offsets, shared with the plugin's fds 1
         and 2, say how much."""
-        out, err = self.fds.pop("out"), self.fds.pop("err")
+        _, out, err = self.fds
+        self.fds = []
         try:
             n = os.lseek(out, 0, os.SEEK_CUR)
             if n > MAX_STDOUT:
@@ -203,13 +226,20 @@ class _Run:
             os.close(out)
             os.close(err)
 
-    def _reap(self) -> None:
-        if self.pid and not self.reaped:
-            self.reaped = True
-            try:
-                os.waitpid(self.pid, 0)  # a zombie by now: returns at once
-            except ChildProcessError:
-                pass
+    def _reap(self, flags: int) -> bool:
+        """waitpid; records the status. False if WNOHANG found it still running."""
+        if self.reaped:
+            return True
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped by someone else: the status is lost
+            pid, status = self.pid, 255 << 8
+        if pid == 0:
+            return False
+        self.reaped = True
+        if self.status is None:
+            self.status = os.waitstatus_to_exitcode(status)
+        return True
 
     def kill(self) -> None:
         """SIGKILL to the plugin's whole process group."""
@@ -219,14 +249,7 @@ class _Run:
             except ProcessLookupError:
                 pass
 
-    async def wait(self, deadline: float) -> None:
-        timer = self.loop.call_at(deadline, self._on_timeout)
-        try:
-            await self.done
-        finally:
-            timer.cancel()
-
-    def _on_timeout(self) -> None:
+    def on_timeout(self) -> None:
         if self.done.done():  # finished in the same loop iteration
             return
         self.timed_out = True
@@ -245,20 +268,17 @@ class _Run:
         self.kill()
         self.abandoned = True
         self._close_files()
-        if not self.pid or self.reaped:
-            return
-        if self._poll_exit():
-            if self.pidfd >= 0:
-                self.loop.remove_reader(self.pidfd)
-                os.close(self.pidfd)
-                self.pidfd = -1
-            self._reap()
-        elif self.pidfd < 0:
-            self._watch_exit()  # the SIGKILL lands soon; _on_exit reaps it then
+        if self.pid and not self.reaped and self._reap(os.WNOHANG) and self.pidfd >= 0:
+            self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
+        # else: the pidfd (or the poll) reaps it once the SIGKILL has landed
 
     def _close_files(self) -> None:
-        for name in list(self.fds):
-            os.close(self.fds.pop(name))
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
 
 def _memfd(name: str, cap: int) -> int:
@@ -301,7 +321,7 @@ def _above_stdio(fd: int) -> int:
     return new
 
 
-def _outcome(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> bytes:
+def _failure(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> NoReturn:
     stdout = run.stdout
     stderr = run.stderr
     name = os.path.basename(plugin_path)
@@ -310,12 +330,6 @@ def _outcome(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> byt
                             details=excerpt(stdout, stderr), ref=ref)
     if run.overflow:
         raise PluginExecError(f"plugin {name} printed more than {MAX_STDOUT} bytes", ref=ref)
-    if run.status == 0:
-        if stderr:
-            log.debug("plugin %s %s stderr: %s", name, ref.command, stderr.decode(errors="replace"))
-        out = PluginOutput(stdout)
-        out.stderr = stderr
-        return out
     how = (f"killed by signal {-run.status}" if run.status is not None and run.status < 0
            else f"exit status {run.status}")
     if not stdout.strip():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +122,8 @@ def parse_result(obj: dict | bytes | str, version: str | None = None) -> Result:
             res.routes += [_route(r, f"{key}.routes[{n}]") for n, r in enumerate(_list(cfg, "routes"))]
     else:
         raise CNIError(CniCode.INCOMPATIBLE_VERSION, f"unsupported result cniVersion {ver!r}")
-    res.extra = {k: v for k, v in obj.items() if k not in _TOP_KEYS}
+    if not obj.keys() <= _TOP_KEYS:
+        res.extra = {k: v for k, v in obj.items() if k not in _TOP_KEYS}
     return res
 
 
@@ -163,9 +165,28 @@ def _opt_int(val: Any, where: str) -> int | None:
 @functools.lru_cache(maxsize=4096)
 def _canonical(text: str, with_prefix: bool) -> tuple[str, int] | None:
     """(canonical text, IP version), or None if invalid. Cached: a chain repeats the same
-    addresses in every prevResult, and ipaddress parsing is slow."""
-    if ("/" in text) != with_prefix:
+    addresses in every prevResult. Plain addresses go through the C parser (inet_pton /
+    inet_ntop, the same canonical form); the rest (zones, IPv4-mapped IPv6, a prefix
+    written with a leading zero) through ipaddress."""
+    addr, slash, plen = text.partition("/")
+    if bool(slash) != with_prefix:
         return None
+    v6 = ":" in addr
+    if "%" not in addr and "." not in (addr if v6 else ""):
+        family = socket.AF_INET6 if v6 else socket.AF_INET
+        try:
+            canon = socket.inet_ntop(family, socket.inet_pton(family, addr))
+        except (OSError, ValueError):  # ValueError: NUL
+            return None
+        if not v6 or "." not in canon:  # inet_ntop writes ::ffff:a.b.c.d, ipaddress does not
+            if not slash:
+                return canon, 6 if v6 else 4
+            if plen.isascii() and plen.isdigit() and (plen == "0" or plen[0] != "0"):
+                return (f"{canon}/{plen}", 6 if v6 else 4) if int(plen) <= (128 if v6 else 32) else None
+    return _canonical_slow(text, with_prefix)
+
+
+def _canonical_slow(text: str, with_prefix: bool) -> tuple[str, int] | None:
     try:
         addr = ipaddress.ip_interface(text) if with_prefix else ipaddress.ip_address(text)
     except ValueError:
@@ -198,32 +219,50 @@ def _family(cidr: str) -> int:
     return canon[1]
 
 
+_INTERFACE_STRS = ("name", "mac", "sandbox", "pciID", "socketPath")
+
+
 def _interface(obj: Any, n: int) -> Interface:
-    where = f"interfaces[{n}]"
-    if not isinstance(obj, dict):
-        raise _bad(f"{where} is not an object")
-    meta = obj.get("metadata") or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise _bad(f"{where}.metadata is not a map of strings")
-    return Interface(
-        name=_str(obj.get("name"), f"{where}.name"),
-        mac=_str(obj.get("mac"), f"{where}.mac"),
-        mtu=_int(obj.get("mtu"), f"{where}.mtu"),
-        sandbox=_str(obj.get("sandbox"), f"{where}.sandbox"),
-        pci_id=_str(obj.get("pciID"), f"{where}.pciID"),
-        socket_path=_str(obj.get("socketPath"), f"{where}.socketPath"),
-        metadata=dict(meta),
-        extra={k: v for k, v in obj.items() if k not in _INTERFACE_KEYS},
-    )
+    # written for speed (one is parsed per interface per plugin call): the path for a
+    # message is only built on an error
+    if type(obj) is not dict:
+        raise _bad(f"interfaces[{n}] is not an object")
+    get = obj.get
+    name, mac, sandbox, pci_id, socket_path = (get("name"), get("mac"), get("sandbox"), get("pciID"),
+                                               get("socketPath"))
+    for val in (name, mac, sandbox, pci_id, socket_path):
+        if val is not None and type(val) is not str:
+            key = next(k for k in _INTERFACE_STRS if get(k) is val)
+            raise _bad(f"interfaces[{n}].{key} is not a string")
+    mtu = get("mtu")
+    if mtu is not None and type(mtu) is not int:
+        raise _bad(f"interfaces[{n}].mtu is not an integer")
+    meta = get("metadata")
+    if meta:
+        if type(meta) is not dict or not all(type(v) is str for v in meta.values()):
+            raise _bad(f"interfaces[{n}].metadata is not a map of strings")
+        meta = dict(meta)
+    else:
+        meta = {}
+    return Interface(name or "", mac or "", mtu or 0, sandbox or "", pci_id or "", socket_path or "", meta,
+                     {} if obj.keys() <= _INTERFACE_KEYS
+                     else {k: v for k, v in obj.items() if k not in _INTERFACE_KEYS})
 
 
 def _ip(obj: Any, n: int) -> IPConfig:
-    where = f"ips[{n}]"
-    if not isinstance(obj, dict):
-        raise _bad(f"{where} is not an object")
-    return IPConfig(address=_cidr(obj.get("address"), f"{where}.address"),
-                    gateway=_opt_ip(obj.get("gateway"), f"{where}.gateway"),
-                    interface=_opt_int(obj.get("interface"), f"{where}.interface"))
+    if type(obj) is not dict:
+        raise _bad(f"ips[{n}] is not an object")
+    address, gateway, iface = obj.get("address"), obj.get("gateway"), obj.get("interface")
+    canon = _canonical(address, True) if type(address) is str else None
+    if canon is None:
+        return IPConfig(address=_cidr(address, f"ips[{n}].address"))  # raises, worded
+    if gateway:
+        gateway = _opt_ip(gateway, f"ips[{n}].gateway")
+    elif gateway is not None and type(gateway) is not str:
+        raise _bad(f"ips[{n}].gateway is not a string")
+    if iface is not None and (type(iface) is not int):
+        raise _bad(f"ips[{n}].interface is not an integer")
+    return IPConfig(address=canon[0], gateway=gateway or "", interface=iface)
 
 
 def _route(obj: Any, where: str) -> Route:

@@ -290,8 +290,8 @@ def test_stdout_sealed(tmp_path, monkeypatch):
     real = cni_exec._Run._collect
 
     def spy(self):
-        run_obj["out_size"] = os.fstat(self.fds["out"]).st_size
-        run_obj["written"] = os.lseek(self.fds["out"], 0, os.SEEK_CUR)
+        run_obj["out_size"] = os.fstat(self.fds[1]).st_size
+        run_obj["written"] = os.lseek(self.fds[1], 0, os.SEEK_CUR)
         real(self)
 
     monkeypatch.setattr(cni_exec._Run, "_collect", spy)

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from nri_cni.cni import result
 from nri_cni.cni.result import parse_result
 from nri_cni.errors import CniCode, CNIError
 
@@ -70,6 +74,24 @@ def test_malformed_results(bad):
     assert err.value.code == CniCode.DECODING_FAILURE
 
 
+@pytest.mark.parametrize("bad, where", [
+    ({"interfaces": ["eth0"]}, "interfaces[0] is not an object"),
+    ({"interfaces": [{"name": "eth0"}, {"name": 7}]}, "interfaces[1].name is not a string"),
+    ({"interfaces": [{"name": "eth0", "mac": ["a"]}]}, "interfaces[0].mac is not a string"),
+    ({"interfaces": [{"name": "eth0", "sandbox": 1}]}, "interfaces[0].sandbox is not a string"),
+    ({"interfaces": [{"name": "eth0", "socketPath": False}]}, "interfaces[0].socketPath is not a string"),
+    ({"interfaces": [{"name": "eth0", "mtu": True}]}, "interfaces[0].mtu is not an integer"),
+    ({"interfaces": [{"name": "eth0", "metadata": ["x"]}]}, "interfaces[0].metadata is not a map"),
+    ({"ips": [{"address": "10.0.0.2/24", "interface": "0"}]}, "ips[0].interface is not an integer"),
+    ({"ips": [{"address": "10.0.0.2/24", "gateway": 1}]}, "ips[0].gateway is not a string"),
+    ({"ips": [{"address": 1}]}, "ips[0].address is not a string"),
+    ({"ips": [{}, {"address": "10.0.0.2"}]}, "ips[0].address '' is not an address/prefix"),
+])
+def test_malformed_results_name_the_field(bad, where):
+    with pytest.raises(CNIError, match=re.escape(where)):
+        parse_result({"cniVersion": "1.1.0", **bad})
+
+
 def test_unknown_version():
     with pytest.raises(CNIError) as err:
         parse_result({"cniVersion": "9.9.9"})
@@ -81,3 +103,37 @@ def test_down_to_020_needs_an_address():
     with pytest.raises(CNIError, match="no IP addresses"):
         res.to_dict("0.2.0")
     assert res.to_dict("0.4.0") == {"cniVersion": "0.4.0", "interfaces": [{"name": "eth0"}], "dns": {}}
+
+
+_V4_PART = st.sampled_from(["0", "1", "9", "10", "99", "255", "256", "010", "300"])
+_V6_PART = st.sampled_from(["0", "1", "ff", "FFFF", "db8", "0000", "a", "10000"])
+
+
+@st.composite
+def _address_text(draw):
+    if draw(st.booleans()):
+        text = ".".join(draw(st.lists(_V4_PART, min_size=3, max_size=5)))
+    else:
+        parts = draw(st.lists(_V6_PART, min_size=8, max_size=8))
+        i = draw(st.integers(0, 7))
+        j = draw(st.integers(i, 8))
+        text = ":".join(parts) if i == j else ":".join(parts[:i]) + "::" + ":".join(parts[j:])
+        text += draw(st.sampled_from(["", "", "%eth0", ":1.2.3.4"]))
+    if draw(st.booleans()):
+        text += "/" + draw(st.sampled_from(["0", "8", "24", "32", "33", "64", "128", "129", "024",
+                                            "x", "", "255.255.255.0"]))
+    return text
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_address_text())
+def test_fast_address_canonical_form_matches_ipaddress(text):
+    """The C-parser fast path gives exactly what the ipaddress module gives (validity and
+    canonical text), for addresses and address/prefix."""
+    for with_prefix in (True, False):
+        result._canonical.cache_clear()
+        fast = result._canonical(text, with_prefix)
+        if ("/" in text) != with_prefix:
+            assert fast is None
+        else:
+            assert fast == result._canonical_slow(text, with_prefix)
