@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 MAX_STDOUT = 16 << 20  # a result is a few KiB; more is a broken or hostile plugin
 STDOUT_MARGIN = 64 << 10  # writes up to this far past MAX_STDOUT succeed, so that we see them
-STDERR_MAX = 1 << 20  # kept of a plugin's stderr (later writes fail)
+STDERR_MAX = 4 << 20  # kept of a plugin's stderr (later writes fail; pages only for what is written)
 STDERR_TAIL = 8 << 10  # shown in messages
 KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the exit before giving up on it
 ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we back off faster)
