@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import logging
 import os
@@ -35,6 +36,13 @@ _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
 def _go_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
                       sort_keys=True).translate(_GO_ESCAPES)
+
+
+@functools.lru_cache(maxsize=64)
+def _b64(config: bytes) -> str:
+    """A network's config, as every one of its entries holds it (the same bytes object per
+    network generation: its hash is computed once)."""
+    return base64.b64encode(config).decode()
 
 
 def _result_tail(result: dict | None) -> str:
@@ -70,7 +78,7 @@ class CacheEntry:
         parts = [
             f'"kind":{_go_json(KIND)}',
             f'"containerId":{_go_json(self.container_id)}',
-            f'"config":"{base64.b64encode(self.config).decode()}"',
+            f'"config":"{_b64(self.config)}"',
             f'"ifName":{_go_json(self.ifname)}',
             f'"networkName":{_go_json(self.network_name)}',
         ]
