@@ -2,17 +2,17 @@
 
 asyncio's subprocess support starts a watcher thread per child on Python 3.11 and wraps every
 pipe in a transport; a CNI call needs none of that, and on a busy node every bit of the
-daemon's CPU is taken from the plugins it runs. So a plugin gets memory files (memfd), not
-pipes: stdin holds the config (a plugin reads it to EOF as from a pipe), stdout and stderr are
-written by the plugin and read once it has exited. The event loop watches one fd per plugin,
-a pidfd, and wakes once, at the exit. The plugin is started with os.posix_spawn (glibc's
-clone(CLONE_VFORK) path) in its own process group; a timeout kills the whole group.
+daemon's CPU is taken from the plugins it runs. Here a plugin is started with os.posix_spawn
+(glibc's clone(CLONE_VFORK) path) in its own process group. Its stdin is a memory file (memfd)
+holding the config, read to EOF as from a pipe; stdout and stderr are pipes. The event loop
+watches a pidfd and, in the common case, wakes once: at the exit, when the output sits in the
+pipes and is read there. A plugin still running after DRAIN_AFTER gets its pipes read as it
+writes, so that output bigger than a pipe holds never blocks it for longer. A timeout kills the
+whole group.
 
-Bounds: stdout and stderr are sealed at a fixed size (MAX_STDOUT plus a margin, STDERR_MAX),
-so a plugin cannot make the daemon hold more. Output past MAX_STDOUT is an error; a single
-write that would cross the seal fails in the plugin (EPERM), which then reports that itself.
 The exit, not EOF, ends a call: a helper the plugin left running with our stdout cannot hold
-the call open, as it does with pipes (and in libcni).
+the call open (with libcni it does). stdout is bounded (MAX_STDOUT: the plugin is killed past
+it); of stderr the tail is kept.
 """
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, Plugin
 log = logging.getLogger(__name__)
 
 MAX_STDOUT = 16 << 20  # a result is a few KiB; more is a broken or hostile plugin
-STDOUT_MARGIN = 64 << 10  # writes up to this far past MAX_STDOUT succeed, so that we see them
-STDERR_MAX = 4 << 20  # kept of a plugin's stderr (later writes fail; pages only for what is written)
-STDERR_TAIL = 8 << 10  # shown in messages
+STDERR_TAIL = 8 << 10  # kept of a plugin's stderr, for messages
+DRAIN_AFTER = 0.05  # a plugin still running then gets its pipes read as it writes
 KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the exit before giving up on it
 ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we back off faster)
 
@@ -92,20 +91,20 @@ class PluginExecutor:
                 except ValueError as exc:  # NUL in an env value or argument
                     raise PluginExecError(f"cannot run plugin {plugin_path}: {exc}",
                                           ref=_ref(plugin_path, env)) from None
-            timer = loop.call_at(deadline, run.on_timeout)
+            run.start_timer(deadline)
             try:
                 await run.done
             finally:
-                timer.cancel()
+                run.timer.cancel()
         except BaseException:
             run.abandon()
             raise
         if run.status == 0 and not (run.timed_out or run.overflow):
+            out = PluginOutput(run.stdout[0] if len(run.stdout) == 1 else b"".join(run.stdout))
             if run.stderr:
+                out.stderr = stderr = bytes(run.stderr[-STDERR_TAIL:])
                 log.debug("plugin %s %s stderr: %s", plugin_path, env.get("CNI_COMMAND"),
-                          run.stderr.decode(errors="replace"))
-            out = PluginOutput(run.stdout)
-            out.stderr = run.stderr
+                          stderr.decode(errors="replace"))
             return out
         return _failure(run, plugin_path, _ref(plugin_path, env), timeout)
 
@@ -115,39 +114,48 @@ def _ref(plugin_path: str, env: dict[str, str]) -> PluginRef:
 
 
 class _Run:
-    """One child: its memory files, its exit, and the callback that collects them.
+    """One child: its stdin file, its output pipes, its exit, and the callbacks that collect
+    them.
 
-    Written lean (it runs twice per plugin chain per pod): the pidfd turns readable when
-    the plugin has exited and is a zombie, so the output is read and the child reaped in
-    that one callback. Until it is reaped its process group ID cannot be reused, so a
-    killpg() at the timeout can never hit an unrelated group.
+    Written lean (it runs for every plugin call): the pidfd turns readable when the plugin has
+    exited and is a zombie, so the output is read and the child reaped in that one callback.
+    Until it is reaped its process group ID cannot be reused, so a killpg() at the timeout can
+    never hit an unrelated group.
     """
 
-    __slots__ = ("loop", "stdin", "pid", "pidfd", "fds", "stdout", "stderr", "status", "reaped",
-                 "abandoned", "timed_out", "overflow", "done")
+    __slots__ = ("loop", "stdin", "pid", "pidfd", "fds", "stdout", "stdout_len", "stderr",
+                 "status", "reaped", "abandoned", "timed_out", "overflow", "draining", "done",
+                 "deadline", "timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stdin: bytes) -> None:
         self.loop = loop
         self.stdin = stdin
         self.pid = 0
         self.pidfd = -1
-        self.fds: list[int] = []  # stdin, stdout, stderr memfds (stdin closed once spawned)
-        self.stdout = b""
-        self.stderr = b""
+        # stdin memfd, stdout read end, stderr read end, then the child's ends until spawned
+        self.fds: list[int] = []
+        self.stdout: list[bytes] = []
+        self.stdout_len = 0
+        self.stderr = bytearray()
         self.status: int | None = None  # exit code, or -signal
         self.reaped = False
         self.abandoned = False
         self.timed_out = False
         self.overflow = False
+        self.draining = False
         self.done = loop.create_future()
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     def spawn(self, path: str, env: dict[str, str]) -> None:
         fds = self.fds or self._files()
         self.pid = os.posix_spawn(
             path, [path], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[1], 1),
-                          (os.POSIX_SPAWN_DUP2, fds[2], 2)],
+            file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[3], 1),
+                          (os.POSIX_SPAWN_DUP2, fds[4], 2)],
             setpgroup=0, setsigdef=_RESTORE_SIGNALS, setsigmask=())
+        os.close(fds.pop())
+        os.close(fds.pop())
         os.close(fds[0])
         fds[0] = -1
         try:
@@ -166,12 +174,75 @@ class _Run:
             while view:
                 view = view[os.write(fd, view):]
             os.lseek(fd, 0, os.SEEK_SET)
-            fds.append(_memfd("cni-stdout", MAX_STDOUT + STDOUT_MARGIN))
-            fds.append(_memfd("cni-stderr", STDERR_MAX))
+            out_r, out_w = _pipe()
+            err_r, err_w = _pipe()
+            fds += (out_r, err_r, out_w, err_w)
+            os.set_blocking(out_r, False)
+            os.set_blocking(err_r, False)
         except OSError:
             self._close_files()
             raise
         return fds
+
+    def start_timer(self, deadline: float) -> None:
+        """One timer at a time: first DRAIN_AFTER, then the deadline."""
+        self.deadline = deadline
+        self.timer = self.loop.call_at(min(deadline, self.loop.time() + DRAIN_AFTER), self._on_timer)
+
+    def _on_timer(self) -> None:
+        if self.done.done():
+            return
+        if self.loop.time() >= self.deadline:
+            self.on_timeout()
+            return
+        # the plugin still runs: read its pipes as it writes, so a full pipe never blocks it
+        self.timer = self.loop.call_at(self.deadline, self.on_timeout)
+        if not self.abandoned and len(self.fds) == 3:
+            self.draining = True
+            for i, reader in ((1, self._read_stdout), (2, self._read_stderr)):
+                if self.fds[i] >= 0:
+                    self.loop.add_reader(self.fds[i], reader)
+
+    def _read_stdout(self) -> None:
+        fd = self.fds[1]
+        while fd >= 0:
+            try:
+                data = os.read(fd, 1 << 18)
+            except BlockingIOError:
+                return
+            if not data:  # EOF: nothing more can come; stop watching
+                if self.draining:
+                    self.loop.remove_reader(fd)
+                os.close(fd)
+                self.fds[1] = fd = -1
+                return
+            self.stdout.append(data)
+            self.stdout_len += len(data)
+            if self.stdout_len > MAX_STDOUT:
+                self.overflow = True
+                self.kill()
+                self.stdout = []
+                if self.draining:
+                    self.loop.remove_reader(fd)
+                os.close(fd)
+                self.fds[1] = fd = -1
+
+    def _read_stderr(self) -> None:
+        fd = self.fds[2]
+        while fd >= 0:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not data:
+                if self.draining:
+                    self.loop.remove_reader(fd)
+                os.close(fd)
+                self.fds[2] = fd = -1
+                return
+            self.stderr += data
+            if len(self.stderr) > 2 * STDERR_TAIL:
+                del self.stderr[:-STDERR_TAIL]
 
     def _on_exit(self) -> None:
         """The pidfd is readable: the plugin has exited."""
@@ -191,40 +262,25 @@ class _Run:
         if self.reaped:
             return
         if not self.abandoned and not self.done.done():
-            self._collect_if_exited()
+            try:
+                info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = True  # reaped by someone else
+            if info is None:
+                self.loop.call_later(0.005, self._poll_exit)
+                return
+            self._collect()
+            self._reap(0)
+            self.done.set_result(None)
         elif not self._reap(os.WNOHANG):
             self.loop.call_later(0.005, self._poll_exit)
 
-    def _collect_if_exited(self) -> None:
-        try:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            info = True  # reaped by someone else
-        if info is None:
-            self.loop.call_later(0.005, self._poll_exit)
-            return
-        self._collect()
-        self._reap(0)
-        self.done.set_result(None)
-
     def _collect(self) -> None:
-        """Reads what the plugin wrote: the files' offsets, shared with the plugin's fds 1
-        and 2, say how much."""
-        _, out, err = self.fds
-        self.fds = []
-        try:
-            n = os.lseek(out, 0, os.SEEK_CUR)
-            if n > MAX_STDOUT:
-                self.overflow = True
-            elif n:
-                self.stdout = _pread_all(out, n, 0)
-            n = os.lseek(err, 0, os.SEEK_CUR)
-            if n:
-                start = max(0, n - STDERR_TAIL)
-                self.stderr = _pread_all(err, n - start, start)
-        finally:
-            os.close(out)
-            os.close(err)
+        """The plugin has exited: what it wrote is in the pipes. Reads up to EOF, or to what is
+        there if a helper it left behind still holds a pipe."""
+        self._read_stdout()
+        self._read_stderr()
+        self._close_files()
 
     def _reap(self, flags: int) -> bool:
         """waitpid; records the status. False if WNOHANG found it still running."""
@@ -276,39 +332,16 @@ class _Run:
 
     def _close_files(self) -> None:
         fds, self.fds = self.fds, []
-        for fd in fds:
+        for i, fd in enumerate(fds):
             if fd >= 0:
+                if self.draining and i in (1, 2):
+                    self.loop.remove_reader(fd)
                 os.close(fd)
 
 
-def _memfd(name: str, cap: int) -> int:
-    """An anonymous memory file; with `cap`, sealed at that size (sparse: only what is
-    written takes memory)."""
-    if not cap:
-        return _above_stdio(os.memfd_create(name, os.MFD_CLOEXEC))
-    fd = _above_stdio(os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
-    try:
-        os.ftruncate(fd, cap)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _pread_all(fd: int, n: int, offset: int) -> bytes:
-    data = os.pread(fd, n, offset)
-    if len(data) == n:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n:
-        more = os.pread(fd, n - got, offset + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    return (r if r > 2 else _above_stdio(r)), (w if w > 2 else _above_stdio(w))
 
 
 def _above_stdio(fd: int) -> int:
@@ -322,8 +355,8 @@ def _above_stdio(fd: int) -> int:
 
 
 def _failure(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> NoReturn:
-    stdout = run.stdout
-    stderr = run.stderr
+    stdout = b"".join(run.stdout)
+    stderr = bytes(run.stderr[-STDERR_TAIL:])
     name = os.path.basename(plugin_path)
     if run.timed_out:
         raise PluginTimeout(f"plugin {name} killed after {timeout:g}s timeout",
