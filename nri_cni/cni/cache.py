@@ -33,9 +33,12 @@ _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
+# one encoder: json.dumps() with options builds a new one per call
+_GO_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
 def _go_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
-                      sort_keys=True).translate(_GO_ESCAPES)
+    return _GO_ENCODER.encode(value).translate(_GO_ESCAPES)
 
 
 @functools.lru_cache(maxsize=64)

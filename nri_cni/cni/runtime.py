@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 _ARG_KEY_RE = re.compile(r"[A-Za-z0-9_]+")
 _RESULT_KEYS = {"interfaces", "ips", "routes", "dns", "ip4", "ip6"}
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps() with options makes one per call
 
 
 @dataclass
@@ -352,7 +353,7 @@ class CNIRuntime:
                 conf["runtimeConfig"] = rc
         if extra:
             conf.update(extra)
-        return json.dumps(conf, separators=(",", ":")).encode()
+        return _COMPACT.encode(conf).encode()
 
     def _find_all(self, net: NetworkConfigList, plugins: Sequence[PluginConf], command: str) -> list[str]:
         """Every binary of a chain that creates things, found before the first one runs: a
