@@ -380,26 +380,36 @@ class CNIRuntime:
 
     @staticmethod
     def _result(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes) -> Result:
+        try:
+            obj = json.loads(out)
+        except (ValueError, UnicodeDecodeError):
+            obj = None  # parse_result words the error
+        if type(obj) is dict:
+            code = obj.get("code")
+            if type(code) is int and "msg" in obj and not _RESULT_KEYS & obj.keys():
+                # an error object with exit status 0: libcni would take it for an empty result
+                details = obj.get("details")
+                raise CNIError(code, str(obj["msg"]), details=details if isinstance(details, str) else "",
+                               ref=PluginRef(network=net.name, plugin=plugin.type, command=command))
+            try:
+                return parse_result(obj, net.cni_version)
+            except CNIError as exc:
+                error = exc
+        else:
+            error = None
         ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
         stderr = getattr(out, "stderr", b"")
         if not out.strip():
             raise PluginExecError(f"plugin {plugin.type} exited 0 but printed no result",
                                   details=excerpt(b"", stderr), ref=ref, code=CniCode.DECODING_FAILURE)
-        try:
-            obj = json.loads(out)
-        except (ValueError, UnicodeDecodeError):
-            obj = out  # parse_result words the error
-        if isinstance(obj, dict) and isinstance(obj.get("code"), int) and "msg" in obj \
-                and not _RESULT_KEYS & obj.keys():
-            # an error object with exit status 0: libcni would take it for an empty result
-            details = obj.get("details")
-            raise CNIError(obj["code"], str(obj["msg"]), details=details if isinstance(details, str) else "",
-                           ref=ref)
-        try:
-            return parse_result(obj, net.cni_version)
-        except CNIError as exc:
-            raise PluginExecError(f"plugin {plugin.type} printed an unusable result: {exc.msg}",
-                                  details=excerpt(out, stderr), ref=ref, code=exc.code) from None
+        if error is None:
+            try:
+                parse_result(out if obj is None else obj, net.cni_version)
+            except CNIError as exc:
+                error = exc
+        assert error is not None  # only a dict parses
+        raise PluginExecError(f"plugin {plugin.type} printed an unusable result: {error.msg}",
+                              details=excerpt(out, stderr), ref=ref, code=error.code) from None
 
 
 def _rt_of(entry: CacheEntry) -> RuntimeConf:
