@@ -247,15 +247,24 @@ class _Run:
     def _on_exit(self) -> None:
         """The pidfd is readable: the plugin has exited."""
         self.loop.remove_reader(self.pidfd)
-        os.close(self.pidfd)
-        self.pidfd = -1
         if self.abandoned:
+            os.close(self.pidfd)
+            self.pidfd = -1
             self._reap(0)
             return
         if not self.done.done():
             self._collect()
             self._reap(0)
             self.done.set_result(None)
+        # Closing the fds can wait: scheduled after the caller's wakeup, it runs once the
+        # caller has gone on (parsed the result, started the next plugin).
+        self.loop.call_soon(self._close_all)
+
+    def _close_all(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        self._close_files()
 
     def _poll_exit(self) -> None:
         """The fallback without a pidfd."""
@@ -271,16 +280,48 @@ class _Run:
                 return
             self._collect()
             self._reap(0)
+            self._close_files()
             self.done.set_result(None)
         elif not self._reap(os.WNOHANG):
             self.loop.call_later(0.005, self._poll_exit)
 
     def _collect(self) -> None:
-        """The plugin has exited: what it wrote is in the pipes. Reads up to EOF, or to what is
-        there if a helper it left behind still holds a pipe."""
-        self._read_stdout()
-        self._read_stderr()
-        self._close_files()
+        """The plugin has exited: what it wrote is in the pipes (or was read while draining).
+        A read shorter than asked has taken all a pipe held; EOF need not be seen: the exit
+        ends the call, even if a helper the plugin left behind still holds a pipe."""
+        if self.draining:
+            self._read_stdout()
+            self._read_stderr()
+            return
+        fd = self.fds[1]
+        while True:
+            try:
+                data = os.read(fd, 1 << 18)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.stdout.append(data)
+            self.stdout_len += len(data)
+            if self.stdout_len > MAX_STDOUT:
+                self.overflow = True
+                self.stdout = []
+                break
+            if len(data) < 1 << 18:
+                break
+        fd = self.fds[2]
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.stderr += data
+            if len(self.stderr) > 2 * STDERR_TAIL:
+                del self.stderr[:-STDERR_TAIL]
+            if len(data) < 1 << 16:
+                break
 
     def _reap(self, flags: int) -> bool:
         """waitpid; records the status. False if WNOHANG found it still running."""

@@ -322,3 +322,22 @@ def test_big_output_of_a_slow_plugin(tmp_path):
     script.chmod(0o755)
     out = run(PluginExecutor().exec(str(script), ENV, b"{}", 10))
     assert json.loads(out)["x"] == "q" * (200 << 10)
+
+
+def test_no_fd_left_after_calls(fake_bin):
+    """A call's fds are closed right after it returned (in the loop iteration that resumes
+    the caller), also when the loop ends with it."""
+    before = open_fds()
+
+    async def go():
+        in_loop = open_fds()
+        for _ in range(5):
+            await PluginExecutor().exec(str(fake_bin / "fake"), ENV, json.dumps(
+                {"type": "fake", "cniVersion": "1.1.0", "fake": {"ADD": {}}}).encode(), 10)
+        await asyncio.sleep(0)
+        assert open_fds() == in_loop
+        await PluginExecutor().exec(str(fake_bin / "fake"), ENV, json.dumps(
+            {"type": "fake", "cniVersion": "1.1.0", "fake": {"ADD": {}}}).encode(), 10)
+
+    run(go())
+    assert open_fds() == before
