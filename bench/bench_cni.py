@@ -241,12 +241,14 @@ async def _run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods:
                          st.get("prev"))
 
     try:
+        slots = len(namespaces) // 2  # pairs of netns; rounds > 1 use them again
         for i in range(warmup + pods):
+            k = i % slots
             cid_nri = f"nct-b-{uuid.uuid4().hex[:16]}"
             state = {
-                "nri": {"conf": RuntimeConf(container_id=cid_nri, netns=namespaces[2 * i], ifname="eth0",
+                "nri": {"conf": RuntimeConf(container_id=cid_nri, netns=namespaces[2 * k], ifname="eth0",
                                             args=pairs, capability_args=caps_for(2 * i))},
-                "floor": {"cid": f"nct-b-{uuid.uuid4().hex[:16]}", "netns": namespaces[2 * i + 1],
+                "floor": {"cid": f"nct-b-{uuid.uuid4().hex[:16]}", "netns": namespaces[2 * k + 1],
                           "caps": caps_for(2 * i + 1)},
             }
             order = ["nri", "floor"] if i % 2 == 0 else ["floor", "nri"]
@@ -321,6 +323,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=50, help="measured pods per chain (default 50)")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="go over the pods' namespaces this many times (default 1): more samples, "
+                         "a narrower interval")
     ap.add_argument("--chains", default=",".join(CHAINS),
                     help="comma-separated subset of " + ", ".join(CHAINS) + " (default all); "
                          "-tmpfs: the cache dir on /dev/shm instead of the temp dir's disk")
@@ -338,7 +343,7 @@ def main(argv=None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nct-bench-"))
     jan.track_path(workdir)
     ipt_baseline = set(iptables_lines())
-    report: dict = {"pods": args.pods, "warmup": args.warmup, "chains": {}}
+    report: dict = {"pods": args.pods, "warmup": args.warmup, "rounds": args.rounds, "chains": {}}
     try:
         n = args.warmup + args.pods
         namespaces = [jan.netns().path for _ in range(2 * n)]
@@ -375,11 +380,11 @@ def main(argv=None) -> int:
                     return {"portMappings": [{"hostPort": 20000 + k, "containerPort": 80,
                                               "protocol": "tcp", "hostIP": gw}]}
 
-                times = run_chain(chain, conflist, str(CNI_BIN), namespaces, args.pods,
+                times = run_chain(chain, conflist, str(CNI_BIN), namespaces, args.pods * args.rounds,
                                   args.warmup, str(cache), caps_for,
                                   "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod")
                 s = summarize(chain, times, None)
-                print_table(f"{chain}: bridge + host-local + portmap, {where}", s, args.pods)
+                print_table(f"{chain}: bridge + host-local + portmap, {where}", s, args.pods * args.rounds)
                 left = host_local_reservations(ipam_dir)
                 if left:
                     print(f"bench_cni: WARNING {len(left)} host-local reservations left",
@@ -389,10 +394,10 @@ def main(argv=None) -> int:
                     noop_bin = build_noop(workdir)
                 conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-noop",
                             "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}]}
-                times = run_chain(chain, conflist, noop_bin, namespaces, args.pods, args.warmup,
+                times = run_chain(chain, conflist, noop_bin, namespaces, args.pods * args.rounds, args.warmup,
                                   str(cache), lambda k: {}, "K8S_POD_NAMESPACE=bench")
                 s = summarize(chain, times, 3)
-                print_table(f"{chain}: 3 no-op static C plugins, {where}", s, args.pods)
+                print_table(f"{chain}: 3 no-op static C plugins, {where}", s, args.pods * args.rounds)
             report["chains"][chain] = {"summary": s, "times_ms": _raw(times)}
 
         print()
