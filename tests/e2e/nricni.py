@@ -101,7 +101,8 @@ class NriCni:
     def op_lines(self) -> list[dict]:
         """The structured pod operation lines from the log."""
         out = []
-        for line in self.log_path.read_text().splitlines():
+        # the daemon may be writing a line right now: only the complete ones
+        for line in self.log_path.read_text().split("\n")[:-1]:
             if "nri_cni.podop: " in line:
                 out.append(json.loads(line.split("nri_cni.podop: ", 1)[1]))
         return out

@@ -7,7 +7,6 @@ containerd sends: the handshake, Synchronize with the pods that exist, and the p
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.stubthread import Recorder, StubThread
+from tests.support.jsonlines import read_json_lines
 
 pytestmark = pytest.mark.e2e
 
@@ -178,10 +178,7 @@ asyncio.run(main())
 
 
 def _read_events(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines()]
-    except FileNotFoundError:
-        return []
+    return read_json_lines(path)
 
 
 def _wait_events(path: Path, predicate, timeout: float = 10.0) -> list[dict]:

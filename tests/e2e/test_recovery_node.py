@@ -14,7 +14,6 @@ the GC's valid container ids].
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -26,6 +25,7 @@ import pytest
 
 from nri_cni import localproto
 from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.jsonlines import read_json_lines
 from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
 
 CTL_PLUGIN = r'''
@@ -72,8 +72,7 @@ def install_ctl(bin_dir: Path) -> None:
 
 
 def read_calls(control: Path) -> list[list]:
-    path = control / "calls"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return read_json_lines(control / "calls")
 
 
 def _subnets() -> tuple[str, str]:
