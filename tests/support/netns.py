@@ -416,7 +416,10 @@ def host_local_reservations(data_dir: str | os.PathLike) -> list[Reservation]:
                 ipaddress.ip_address(f.name)
             except ValueError:
                 continue
-            lines = f.read_text().splitlines()
+            try:
+                lines = f.read_text().splitlines()
+            except FileNotFoundError:  # released while we looked (a DEL running now)
+                continue
             out.append(Reservation(netdir.name, f.name, lines[0].strip() if lines else "",
                                    lines[1].strip() if len(lines) > 1 else ""))
     return out
