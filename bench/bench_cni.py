@@ -272,6 +272,7 @@ async def _run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods:
                 await delete(who, st)
             except Exception as exc:  # keep going; report
                 print(f"bench_cni: cleanup DEL failed: {exc}", file=sys.stderr)
+        rt.cache.flush()  # before the cache dir is removed
     return times
 
 

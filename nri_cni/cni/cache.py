@@ -175,6 +175,11 @@ class ResultCache:
             self._syncer = _Syncer(self)
         self._syncer.submit((network, container_id, ifname))
 
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Blocks until every sync_later() so far is done (before the process exits: the
+        thread does not hold it up). False if that took longer than `timeout`."""
+        return self._syncer is None or self._syncer.flush(timeout)
+
     def sync(self, network: str, container_id: str, ifname: str, *, directory: bool = True) -> None:
         """Makes an entry written with durable=False durable; one deleted meanwhile is fine.
         directory=False leaves the directory's fsync (the rename) to a later call."""
@@ -329,6 +334,12 @@ class _Syncer:
     def submit(self, key: tuple[str, str, str]) -> None:
         self.queue.put(key)
 
+    def flush(self, timeout: float) -> bool:
+        """Waits until everything submitted before is durable; False on timeout."""
+        done = threading.Event()
+        self.queue.put(done)
+        return done.wait(timeout)
+
     def _run(self) -> None:
         while True:
             batch = [self.queue.get()]
@@ -337,13 +348,21 @@ class _Syncer:
                     batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            for key in batch:
-                try:
-                    self.cache.sync(*key, directory=False)
-                except CNIError as exc:
-                    log.warning("CNI cache entry not made durable: %s (%s)", exc.msg, exc.details)
+            waiters = [item for item in batch if isinstance(item, threading.Event)]
+            self._sync([item for item in batch if not isinstance(item, threading.Event)])
+            for done in waiters:
+                done.set()
+
+    def _sync(self, batch: list[tuple[str, str, str]]) -> None:
+        if not batch:
+            return
+        for key in batch:
             try:
-                fsync_dir(self.cache.results_dir)  # the renames
-            except OSError as exc:
-                log.warning("CNI cache directory %s not made durable: %s", self.cache.results_dir,
-                            exc.strerror or exc)
+                self.cache.sync(*key, directory=False)
+            except CNIError as exc:
+                log.warning("CNI cache entry not made durable: %s (%s)", exc.msg, exc.details)
+        try:
+            fsync_dir(self.cache.results_dir)  # the renames
+        except OSError as exc:
+            log.warning("CNI cache directory %s not made durable: %s", self.cache.results_dir,
+                        exc.strerror or exc)

@@ -263,6 +263,7 @@ def _run(verb: str, args) -> int:
 
     if verb == "add":
         result = asyncio.run(rt.add(net, conf))
+        rt.cache.flush()  # the entry on disk before this process ends
         print(json.dumps(result.to_dict(net.cni_version), indent=4))
     elif verb == "check":
         asyncio.run(rt.check(net, conf))

@@ -120,6 +120,7 @@ class Daemon:
         await self.lifecycle.close()
         await self.local.close()
         await self.metrics.close()
+        await asyncio.to_thread(self.cni.cache.flush)  # the last ADDs' cache entries on disk
 
     def stop(self) -> None:
         self._stopping.set()

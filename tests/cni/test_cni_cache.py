@@ -210,3 +210,21 @@ def test_sync_later(tmp_path, monkeypatch):
     cache.sync_later("net", "c1", "eth0")
     assert done.wait(5)
     assert synced == [cache.path("net", "c1", "eth0"), cache.results_dir]
+
+
+def test_flush_waits_for_pending_syncs(tmp_path, monkeypatch):
+    cache = ResultCache(str(tmp_path / "cache"))
+    assert cache.flush(1)  # nothing pending, no thread
+    gate = threading.Event()
+    real_sync = cache.sync
+
+    def slow_sync(*key, directory=True):
+        gate.wait(5)
+        real_sync(*key, directory=directory)
+
+    cache.sync = slow_sync
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="net", config=b"{}"), durable=False)
+    cache.sync_later("net", "c1", "eth0")
+    assert not cache.flush(0.2)  # still syncing
+    gate.set()
+    assert cache.flush(5)
