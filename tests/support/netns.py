@@ -675,6 +675,7 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
     for fam, table in tables:
         prefix = f"{fam} {table} "
         lines = [ln[len(prefix):] for ln in now if ln.startswith(prefix)]
+        declared = {ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":")}
         new_chains = {ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":")
                       and prefix + ln not in baseline} & set(CNI_SCAFFOLD_CHAINS)
         if not new_chains:
@@ -684,10 +685,11 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
             if not ln.startswith("-A "):
                 continue
             chain = ln.split(" ", 2)[1]
-            targets = set(_IPT_TARGET.findall(" " + ln))
+            # jumps to other chains of the table; a built-in target (MASQUERADE, MARK) is not one
+            targets = set(_IPT_TARGET.findall(" " + ln)) & declared
             if chain in new_chains:
                 if not targets <= new_chains:
-                    in_use = True  # a per-pod rule, or a jump elsewhere: not ours to remove
+                    in_use = True  # a jump to a per-pod chain: someone's pod still uses it
                 rules.append(ln)
             elif targets & new_chains:
                 rules.append(ln)
@@ -701,6 +703,38 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
         if p.returncode == 0:
             removed += [f"{fam} {table} {c}" for c in sorted(new_chains)]
     return removed
+
+
+_CNI_CHAIN = re.compile(r"^(v4|v6) (\w+) :(CNI-[A-Za-z0-9_-]+) ")
+
+
+def pod_chains() -> set[tuple[str, str, str]]:
+    """(family, table, chain) of every CNI chain that is not shared scaffolding: the per-pod
+    ones (portmap's CNI-DN-/CNI-SN-<hash>, bridge ipMasq's CNI-<hash>)."""
+    return {m.groups() for ln in iptables_lines() if (m := _CNI_CHAIN.match(ln))
+            and m.group(3) not in CNI_SCAFFOLD_CHAINS}
+
+
+def remove_chains(chains: Iterable[tuple[str, str, str]]) -> list[str]:
+    """Deletes these chains and every rule that jumps to them (one iptables-restore per table);
+    returns the rules deleted and the chains, as text for a report."""
+    chains = set(chains)
+    now = iptables_lines()
+    report: list[str] = []
+    for fam, table in sorted({(f, t) for f, t, _ in chains}):
+        names = {c for f, t, c in chains if (f, t) == (fam, table)}
+        prefix = f"{fam} {table} "
+        rules = [ln[len(prefix):] for ln in now if ln.startswith(prefix + "-A ")]
+        jumps = [r for r in rules if set(_IPT_TARGET.findall(" " + r)) & names
+                 and r.split(" ", 2)[1] not in names]
+        own = [r for r in rules if r.split(" ", 2)[1] in names]
+        script = [f"*{table}"] + ["-D " + r[3:] for r in jumps] + [f"-F {c}" for c in sorted(names)] + \
+                 [f"-X {c}" for c in sorted(names)] + ["COMMIT", ""]
+        tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
+        subprocess.run([tool, "--noflush"], input="\n".join(script), capture_output=True, text=True,
+                       timeout=30)
+        report += [f"{fam} {table} {r}" for r in jumps + own]
+    return report
 
 
 def purge_firewall_rules(markers: Iterable[str]) -> list[str]:
