@@ -169,7 +169,9 @@ class _Run:
         fds = self.fds
         try:
             fd = os.memfd_create("cni-stdin", os.MFD_CLOEXEC)
-            fds.append(fd if fd > 2 else _above_stdio(fd))
+            if fd < 3:
+                fd = _above_stdio(fd)
+            fds.append(fd)
             view = memoryview(self.stdin)
             while view:
                 view = view[os.write(fd, view):]

@@ -341,3 +341,30 @@ def test_no_fd_left_after_calls(fake_bin):
 
     run(go())
     assert open_fds() == before
+
+
+def test_daemon_with_stdio_closed(tmp_path):
+    """A daemon started with fds 0-2 closed: the fds made for a plugin land on 0-2 and must be
+    moved off them, or the plugin would lose its stdin, stdout or stderr."""
+    plugin = tmp_path / "echo"
+    plugin.write_text("#!/bin/sh\ncat\necho note >&2\n")
+    plugin.chmod(0o755)
+    out = tmp_path / "out.json"
+    code = f"""
+import asyncio, json, os
+from nri_cni.cni.exec import PluginExecutor
+
+async def main():
+    for fd in (0, 1, 2):  # the loop's own fds are above them: they were open when it started
+        os.close(fd)
+    return await PluginExecutor().exec({str(plugin)!r}, {{"PATH": "/usr/bin:/bin"}}, b'{{"a": 1}}', 10)
+
+res = asyncio.run(main())
+with open({str(out)!r}, "w") as f:
+    json.dump({{"stdout": res.decode(), "stderr": res.stderr.decode()}}, f)
+"""
+    import subprocess
+    import sys as _sys
+    subprocess.run([_sys.executable, "-c", code], check=True, timeout=30,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert json.loads(out.read_text()) == {"stdout": '{"a": 1}', "stderr": "note\n"}
