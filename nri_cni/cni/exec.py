@@ -248,22 +248,23 @@ class _Run:
 
     def _on_exit(self) -> None:
         """The pidfd is readable: the plugin has exited."""
-        self.loop.remove_reader(self.pidfd)
+        if self.reaped:  # reported again before _close_all ran
+            return
         if self.abandoned:
-            os.close(self.pidfd)
-            self.pidfd = -1
+            self._close_all()
             self._reap(0)
             return
         if not self.done.done():
             self._collect()
             self._reap(0)
             self.done.set_result(None)
-        # Closing the fds can wait: scheduled after the caller's wakeup, it runs once the
-        # caller has gone on (parsed the result, started the next plugin).
+        # Unwatching and closing can wait: scheduled after the caller's wakeup, this runs once
+        # the caller has gone on (parsed the result, started the next plugin).
         self.loop.call_soon(self._close_all)
 
     def _close_all(self) -> None:
         if self.pidfd >= 0:
+            self.loop.remove_reader(self.pidfd)
             os.close(self.pidfd)
             self.pidfd = -1
         self._close_files()
