@@ -70,14 +70,10 @@ class CacheEntry:
 
     def to_json(self) -> bytes:
         """libcni's cachedInfo as Go marshals it."""
-        return self.json_head(self.result)
-
-    def json_head(self, result: dict | None) -> bytes:
-        """to_json() with `result` in place of self.result (None: none); the result is the last
-        field, so a caller that serialised the rest already appends it (PreparedWrite)."""
-        return (self._head() + _result_tail(result)).encode()
+        return (self._head() + _result_tail(self.result)).encode()
 
     def _head(self) -> str:
+        """Every field but the last, the result (PreparedWrite appends that once known)."""
         parts = [
             f'"kind":{_go_json(KIND)}',
             f'"containerId":{_go_json(self.container_id)}',
@@ -290,9 +286,7 @@ class PreparedWrite:
         if self._done or self._file is not None:
             return
         try:
-            path = self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
-            self._head = self.entry._head()
-            self._file = self.cache._create(path)
+            self._begin(self._path())
         except (OSError, ConfigError):
             self._file = None
 
@@ -301,11 +295,10 @@ class PreparedWrite:
         impossible name) and then leaves no temporary file."""
         if self._done:
             raise RuntimeError("cache write already committed or discarded")
-        path = self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
+        path = self._path()
         try:
             if self._file is None:
-                self._head = self.entry._head()
-                self._file = self.cache._create(path)
+                self._begin(path)
             data = (self._head + _result_tail(result)).encode()
             file, self._file, self._done = self._file, None, True
             file.commit(data, durable=durable)
@@ -313,6 +306,13 @@ class PreparedWrite:
             self.discard()
             raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
                            details=exc.strerror or str(exc)) from exc
+
+    def _path(self) -> str:
+        return self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
+
+    def _begin(self, path: str) -> None:
+        self._head = self.entry._head()
+        self._file = self.cache._create(path)
 
     def discard(self) -> None:
         self._done = True

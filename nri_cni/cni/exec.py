@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 MAX_STDOUT = 16 << 20  # a result is a few KiB; more is a broken or hostile plugin
 STDERR_TAIL = 8 << 10  # kept of a plugin's stderr, for messages
 DRAIN_AFTER = 0.05  # a plugin still running then gets its pipes read as it writes
+_OUT_CHUNK = 1 << 18  # per read; more than a pipe holds by default
+_ERR_CHUNK = 1 << 16
 KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the exit before giving up on it
 ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we back off faster)
 
@@ -205,18 +207,20 @@ class _Run:
                 if self.fds[i] >= 0:
                     self.loop.add_reader(self.fds[i], reader)
 
+    # A read shorter than asked has taken all the pipe held: the next one would only find it
+    # empty (EAGAIN), so stop there and save the call.
     def _read_stdout(self) -> None:
         fd = self.fds[1]
         while fd >= 0:
             try:
-                data = os.read(fd, 1 << 18)
+                data = os.read(fd, _OUT_CHUNK)
             except BlockingIOError:
                 return
             if not data:  # EOF: nothing more can come; stop watching
                 if self.draining:
                     self.loop.remove_reader(fd)
                 os.close(fd)
-                self.fds[1] = fd = -1
+                self.fds[1] = -1
                 return
             self.stdout.append(data)
             self.stdout_len += len(data)
@@ -227,24 +231,29 @@ class _Run:
                 if self.draining:
                     self.loop.remove_reader(fd)
                 os.close(fd)
-                self.fds[1] = fd = -1
+                self.fds[1] = -1
+                return
+            if len(data) < _OUT_CHUNK:
+                return
 
     def _read_stderr(self) -> None:
         fd = self.fds[2]
         while fd >= 0:
             try:
-                data = os.read(fd, 1 << 16)
+                data = os.read(fd, _ERR_CHUNK)
             except BlockingIOError:
                 return
             if not data:
                 if self.draining:
                     self.loop.remove_reader(fd)
                 os.close(fd)
-                self.fds[2] = fd = -1
+                self.fds[2] = -1
                 return
             self.stderr += data
             if len(self.stderr) > 2 * STDERR_TAIL:
                 del self.stderr[:-STDERR_TAIL]
+            if len(data) < _ERR_CHUNK:
+                return
 
     def _on_exit(self) -> None:
         """The pidfd is readable: the plugin has exited."""
@@ -290,41 +299,10 @@ class _Run:
 
     def _collect(self) -> None:
         """The plugin has exited: what it wrote is in the pipes (or was read while draining).
-        A read shorter than asked has taken all a pipe held; EOF need not be seen: the exit
-        ends the call, even if a helper the plugin left behind still holds a pipe."""
-        if self.draining:
-            self._read_stdout()
-            self._read_stderr()
-            return
-        fd = self.fds[1]
-        while True:
-            try:
-                data = os.read(fd, 1 << 18)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            self.stdout.append(data)
-            self.stdout_len += len(data)
-            if self.stdout_len > MAX_STDOUT:
-                self.overflow = True
-                self.stdout = []
-                break
-            if len(data) < 1 << 18:
-                break
-        fd = self.fds[2]
-        while True:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            self.stderr += data
-            if len(self.stderr) > 2 * STDERR_TAIL:
-                del self.stderr[:-STDERR_TAIL]
-            if len(data) < 1 << 16:
-                break
+        EOF need not be seen: the exit ends the call, even if a helper the plugin left behind
+        still holds a pipe."""
+        self._read_stdout()
+        self._read_stderr()
 
     def _reap(self, flags: int) -> bool:
         """waitpid; records the status. False if WNOHANG found it still running."""
