@@ -29,6 +29,7 @@ Everything the bench makes (netns, bridge, veths, iptables rules, host-local res
 cache, temp dir) is removed at the end, also on failure or Ctrl-C. Needs root.
 Run:  sudo /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_cni.py [--pods 50]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,8 +130,12 @@ class Floor:
             os.write(in_w, stdin)  # fits: configs here are far below the 64 KiB pipe buffer
             os.close(in_w)
             in_w = -1
-            pid = os.posix_spawn(path, [path], env, file_actions=[
-                (os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1)])
+            pid = os.posix_spawn(
+                path,
+                [path],
+                env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1)],
+            )
             os.close(out_w)
             out_w = -1
             chunks = []
@@ -151,8 +156,14 @@ class Floor:
 
     def _env(self, command: str, cid: str, netns: str, ifname: str, cni_args: str) -> dict:
         env = dict(self.base_env)
-        env.update(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=netns, CNI_IFNAME=ifname,
-                   CNI_ARGS=cni_args, CNI_PATH=self.bin_dir)
+        env.update(
+            CNI_COMMAND=command,
+            CNI_CONTAINERID=cid,
+            CNI_NETNS=netns,
+            CNI_IFNAME=ifname,
+            CNI_ARGS=cni_args,
+            CNI_PATH=self.bin_dir,
+        )
         return env
 
     @staticmethod
@@ -171,17 +182,20 @@ class Floor:
         env = self._env("ADD", cid, netns, ifname, cni_args)
         prev = None
         for plugin in conflist["plugins"]:
-            out = self._exec(os.path.join(self.bin_dir, plugin["type"]), env,
-                             self._stdin(conflist, plugin, caps, prev))
+            out = self._exec(
+                os.path.join(self.bin_dir, plugin["type"]), env, self._stdin(conflist, plugin, caps, prev)
+            )
             prev = json.loads(out)
         return prev
 
-    def delete(self, conflist: dict, cid: str, netns: str, ifname: str, cni_args: str, caps: dict,
-               prev: dict | None) -> None:
+    def delete(
+        self, conflist: dict, cid: str, netns: str, ifname: str, cni_args: str, caps: dict, prev: dict | None
+    ) -> None:
         env = self._env("DEL", cid, netns, ifname, cni_args)
         for plugin in reversed(conflist["plugins"]):
-            self._exec(os.path.join(self.bin_dir, plugin["type"]), env,
-                       self._stdin(conflist, plugin, caps, prev))
+            self._exec(
+                os.path.join(self.bin_dir, plugin["type"]), env, self._stdin(conflist, plugin, caps, prev)
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,17 +218,36 @@ def build_noop(workdir: Path) -> str:
     return str(bin_dir)
 
 
-def run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods: int, warmup: int,
-              cache_dir: str, caps_for, cni_args: str) -> dict:
+def run_chain(
+    label: str,
+    conflist: dict,
+    bin_dir: str,
+    namespaces,
+    pods: int,
+    warmup: int,
+    cache_dir: str,
+    caps_for,
+    cni_args: str,
+) -> dict:
     """Both drivers over `pods` (+ warmup) pod pairs, inside one running event loop: nri-cni
     is measured as the daemon runs it (its loop already up when a request comes, its GC
     settings), the floor's blocking calls simply hold that loop meanwhile."""
-    return asyncio.run(_run_chain(label, conflist, bin_dir, namespaces, pods, warmup, cache_dir,
-                                  caps_for, cni_args))
+    return asyncio.run(
+        _run_chain(label, conflist, bin_dir, namespaces, pods, warmup, cache_dir, caps_for, cni_args)
+    )
 
 
-async def _run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods: int, warmup: int,
-                     cache_dir: str, caps_for, cni_args: str) -> dict:
+async def _run_chain(
+    label: str,
+    conflist: dict,
+    bin_dir: str,
+    namespaces,
+    pods: int,
+    warmup: int,
+    cache_dir: str,
+    caps_for,
+    cni_args: str,
+) -> dict:
     from nri_cni.cni.config import parse_conflist
     from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 
@@ -237,8 +270,7 @@ async def _run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods:
         if who == "nri":
             await rt.delete(net, st["conf"])
         else:
-            floor.delete(conflist, st["cid"], st["netns"], "eth0", floor_args, st["caps"],
-                         st.get("prev"))
+            floor.delete(conflist, st["cid"], st["netns"], "eth0", floor_args, st["caps"], st.get("prev"))
 
     try:
         slots = len(namespaces) // 2  # pairs of netns; rounds > 1 use them again
@@ -246,10 +278,20 @@ async def _run_chain(label: str, conflist: dict, bin_dir: str, namespaces, pods:
             k = i % slots
             cid_nri = f"nct-b-{uuid.uuid4().hex[:16]}"
             state = {
-                "nri": {"conf": RuntimeConf(container_id=cid_nri, netns=namespaces[2 * k], ifname="eth0",
-                                            args=pairs, capability_args=caps_for(2 * i))},
-                "floor": {"cid": f"nct-b-{uuid.uuid4().hex[:16]}", "netns": namespaces[2 * k + 1],
-                          "caps": caps_for(2 * i + 1)},
+                "nri": {
+                    "conf": RuntimeConf(
+                        container_id=cid_nri,
+                        netns=namespaces[2 * k],
+                        ifname="eth0",
+                        args=pairs,
+                        capability_args=caps_for(2 * i),
+                    )
+                },
+                "floor": {
+                    "cid": f"nct-b-{uuid.uuid4().hex[:16]}",
+                    "netns": namespaces[2 * k + 1],
+                    "caps": caps_for(2 * i + 1),
+                },
             }
             order = ["nri", "floor"] if i % 2 == 0 else ["floor", "nri"]
             sample = {}
@@ -311,25 +353,35 @@ def _bootstrap_median_ci(values: list[float], rounds: int = 2000) -> tuple[float
 
 def print_table(label: str, summary: dict, pods: int) -> None:
     print(f"\n{label} ({pods} pods, drivers alternated pod by pod)")
-    print(f"  {'verb':4} {'nri-cni ms':>11} {'floor ms':>9} {'ratio':>7} {'paired':>7} {'diff ms':>8}"
-          f" {'own/call ms':>12}")
+    print(
+        f"  {'verb':4} {'nri-cni ms':>11} {'floor ms':>9} {'ratio':>7} {'paired':>7} {'diff ms':>8}"
+        f" {'own/call ms':>12}"
+    )
     for verb, r in summary.items():
         own = f"{r['own_ms_per_call']:12.3f}" if "own_ms_per_call" in r else f"{'':12}"
-        print(f"  {verb:4} {r['nri_median_ms']:11.2f} {r['floor_median_ms']:9.2f}"
-              f" {r['ratio_of_medians']:7.3f} {r['median_paired_ratio']:7.3f}"
-              f" {r['median_paired_diff_ms']:8.2f} {own}")
+        print(
+            f"  {verb:4} {r['nri_median_ms']:11.2f} {r['floor_median_ms']:9.2f}"
+            f" {r['ratio_of_medians']:7.3f} {r['median_paired_ratio']:7.3f}"
+            f" {r['median_paired_diff_ms']:8.2f} {own}"
+        )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=50, help="measured pods per chain (default 50)")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="go over the pods' namespaces this many times (default 1): more samples, "
-                         "a narrower interval")
-    ap.add_argument("--chains", default=",".join(CHAINS),
-                    help="comma-separated subset of " + ", ".join(CHAINS) + " (default all); "
-                         "-tmpfs: the cache dir on /dev/shm instead of the temp dir's disk")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="go over the pods' namespaces this many times (default 1): more samples, a narrower interval",
+    )
+    ap.add_argument(
+        "--chains",
+        default=",".join(CHAINS),
+        help="comma-separated subset of " + ", ".join(CHAINS) + " (default all); "
+        "-tmpfs: the cache dir on /dev/shm instead of the temp dir's disk",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -348,8 +400,10 @@ def main(argv=None) -> int:
     try:
         n = args.warmup + args.pods
         namespaces = [jan.netns().path for _ in range(2 * n)]
-        print(f"bench_cni: {2 * n} netns ready; python {sys.version.split()[0]}; "
-              f"temp dir {workdir} ({_fstype(workdir)})")
+        print(
+            f"bench_cni: {2 * n} netns ready; python {sys.version.split()[0]}; "
+            f"temp dir {workdir} ({_fstype(workdir)})"
+        )
         tmpfs: Path | None = None
         noop_bin = ""
         for chain in CHAINS:
@@ -369,34 +423,72 @@ def main(argv=None) -> int:
                 jan.track_link(bridge)
                 gw = str(subnet.network_address + 1)
                 ipam_dir = workdir / f"ipam-{chain}"
-                conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-real", "plugins": [
-                    {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
-                     "ipam": {"type": "host-local", "ranges": [[{"subnet": str(subnet)}]],
-                              "dataDir": str(ipam_dir)}},
-                    {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False,
-                     "backend": "iptables"},
-                ]}
+                conflist = {
+                    "cniVersion": CNI_VERSION,
+                    "name": "nct-bench-real",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": bridge,
+                            "isGateway": False,
+                            "ipMasq": False,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": str(subnet)}]],
+                                "dataDir": str(ipam_dir),
+                            },
+                        },
+                        {
+                            "type": "portmap",
+                            "capabilities": {"portMappings": True},
+                            "snat": False,
+                            "backend": "iptables",
+                        },
+                    ],
+                }
 
                 def caps_for(k: int, gw=gw) -> dict:
-                    return {"portMappings": [{"hostPort": 20000 + k, "containerPort": 80,
-                                              "protocol": "tcp", "hostIP": gw}]}
+                    return {
+                        "portMappings": [
+                            {"hostPort": 20000 + k, "containerPort": 80, "protocol": "tcp", "hostIP": gw}
+                        ]
+                    }
 
-                times = run_chain(chain, conflist, str(CNI_BIN), namespaces, args.pods * args.rounds,
-                                  args.warmup, str(cache), caps_for,
-                                  "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod")
+                times = run_chain(
+                    chain,
+                    conflist,
+                    str(CNI_BIN),
+                    namespaces,
+                    args.pods * args.rounds,
+                    args.warmup,
+                    str(cache),
+                    caps_for,
+                    "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod",
+                )
                 s = summarize(chain, times, None)
                 print_table(f"{chain}: bridge + host-local + portmap, {where}", s, args.pods * args.rounds)
                 left = host_local_reservations(ipam_dir)
                 if left:
-                    print(f"bench_cni: WARNING {len(left)} host-local reservations left",
-                          file=sys.stderr)
+                    print(f"bench_cni: WARNING {len(left)} host-local reservations left", file=sys.stderr)
             else:
                 if not noop_bin:
                     noop_bin = build_noop(workdir)
-                conflist = {"cniVersion": CNI_VERSION, "name": "nct-bench-noop",
-                            "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}]}
-                times = run_chain(chain, conflist, noop_bin, namespaces, args.pods * args.rounds, args.warmup,
-                                  str(cache), lambda k: {}, "K8S_POD_NAMESPACE=bench")
+                conflist = {
+                    "cniVersion": CNI_VERSION,
+                    "name": "nct-bench-noop",
+                    "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}],
+                }
+                times = run_chain(
+                    chain,
+                    conflist,
+                    noop_bin,
+                    namespaces,
+                    args.pods * args.rounds,
+                    args.warmup,
+                    str(cache),
+                    lambda k: {},
+                    "K8S_POD_NAMESPACE=bench",
+                )
                 s = summarize(chain, times, 3)
                 print_table(f"{chain}: 3 no-op static C plugins, {where}", s, args.pods * args.rounds)
             report["chains"][chain] = {"summary": s, "times_ms": _raw(times)}
@@ -409,16 +501,20 @@ def main(argv=None) -> int:
             for verb in ("ADD", "DEL"):
                 r = real[verb]["median_paired_ratio"]
                 lo, hi = real[verb]["median_paired_ratio_ci95"]
-                print(f"{chain} {verb}: median ratio nri-cni/floor {r:.3f} (95% CI {lo:.3f}-{hi:.3f}; "
-                      f"{'ok' if r <= 1.03 else 'ABOVE'} target 1.03)")
+                print(
+                    f"{chain} {verb}: median ratio nri-cni/floor {r:.3f} (95% CI {lo:.3f}-{hi:.3f}; "
+                    f"{'ok' if r <= 1.03 else 'ABOVE'} target 1.03)"
+                )
         for chain in ("noop", "noop-tmpfs"):
             noop = report["chains"].get(chain, {}).get("summary")
             if not noop:
                 continue
             for verb in ("ADD", "DEL"):
                 c = noop[verb]["own_ms_per_call"]
-                print(f"{chain} {verb}: nri-cni own cost {c:.3f} ms per plugin call "
-                      f"({'ok' if c < 0.3 else 'ABOVE'} target 0.3)")
+                print(
+                    f"{chain} {verb}: nri-cni own cost {c:.3f} ms per plugin call "
+                    f"({'ok' if c < 0.3 else 'ABOVE'} target 0.3)"
+                )
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
     finally:
@@ -435,8 +531,9 @@ def _raw(times: dict) -> dict:
 
 def _fstype(path: Path) -> str:
     try:
-        return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
 

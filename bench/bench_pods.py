@@ -33,6 +33,7 @@ the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.1
 Needs root and the parts from .ci/install-deps.
 Run:  /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_pods.py [--pods 40] [--part 1|2|all]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -64,10 +65,15 @@ from tests.support.netns import Janitor, host_local_reservations, unique_name  #
 from tests.support.pause.image import build_pause_image  # noqa: E402
 
 NAMESPACE = "nct-bench"
-SUBNETS = {"native": "10.246.160.0/24", "shim": "10.246.161.0/24",
-           "native2": "10.246.162.0/24", "native2-extra": "10.246.163.0/24",
-           "secondary": "10.246.164.0/24", "secondary-extra": "10.246.165.0/24",
-           "base": "10.246.166.0/24"}
+SUBNETS = {
+    "native": "10.246.160.0/24",
+    "shim": "10.246.161.0/24",
+    "native2": "10.246.162.0/24",
+    "native2-extra": "10.246.163.0/24",
+    "secondary": "10.246.164.0/24",
+    "secondary-extra": "10.246.165.0/24",
+    "base": "10.246.166.0/24",
+}
 HOST_PORT_BASE = {"native": 21000, "shim": 22000, "native2": 23000, "secondary": 24000, "base": 25000}
 
 
@@ -97,14 +103,20 @@ class Mode:
     def check(self, pod: str) -> None:
         st = self.ctd.cri.pod_status(pod)
         if not st.ready or ipaddress.ip_address(st.ip) not in self.net.network:
-            raise RuntimeError(f"{self.name}: pod {pod[:12]} is {st.state} with IP {st.ip!r}, "
-                               f"not in {self.net.subnet}")
+            raise RuntimeError(
+                f"{self.name}: pod {pod[:12]} is {st.state} with IP {st.ip!r}, not in {self.net.subnet}"
+            )
         if self.extra_if:
-            out = subprocess.run(["nsenter", f"--net={st.netns_path}", "ip", "-o", "-4", "addr",
-                                  "show", "dev", self.extra_if], capture_output=True, text=True)
+            out = subprocess.run(
+                ["nsenter", f"--net={st.netns_path}", "ip", "-o", "-4", "addr", "show", "dev", self.extra_if],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode != 0 or " inet " not in out.stdout:
-                raise RuntimeError(f"{self.name}: pod {pod[:12]} has no {self.extra_if} with an "
-                                   f"address: {out.stderr.strip() or out.stdout.strip()}")
+                raise RuntimeError(
+                    f"{self.name}: pod {pod[:12]} has no {self.extra_if} with an "
+                    f"address: {out.stderr.strip() or out.stdout.strip()}"
+                )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -114,14 +126,27 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _summary(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 2), "p90": round(_pct(values, 90), 2),
-            "min": round(min(values), 2), "max": round(max(values), 2)}
+    return {
+        "median": round(statistics.median(values), 2),
+        "p90": round(_pct(values, 90), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
 
 
 def macvlan_list(name: str, master: str, subnet: str, ipam_dir: Path) -> dict:
-    return {"cniVersion": "1.0.0", "name": name, "plugins": [
-        {"type": "macvlan", "master": master, "mode": "bridge",
-         "ipam": {"type": "host-local", "dataDir": str(ipam_dir), "ranges": [[{"subnet": subnet}]]}}]}
+    return {
+        "cniVersion": "1.0.0",
+        "name": name,
+        "plugins": [
+            {
+                "type": "macvlan",
+                "master": master,
+                "mode": "bridge",
+                "ipam": {"type": "host-local", "dataDir": str(ipam_dir), "ranges": [[{"subnet": subnet}]]},
+            }
+        ],
+    }
 
 
 class Bench:
@@ -138,8 +163,9 @@ class Bench:
     def bridge_net(self, mode: str) -> BridgeNetwork:
         d = self.tmp / f"net-{mode}"
         d.mkdir()
-        net = BridgeNetwork(d, bridge=unique_name("bp"), subnet=SUBNETS[mode],
-                            name=f"nct-bench-{mode}-{secrets.token_hex(3)}")
+        net = BridgeNetwork(
+            d, bridge=unique_name("bp"), subnet=SUBNETS[mode], name=f"nct-bench-{mode}-{secrets.token_hex(3)}"
+        )
         self.stack.callback(lambda: self.problems.extend(net.cleanup()))
         return net
 
@@ -155,8 +181,9 @@ class Bench:
         return started
 
     def containerd(self, name: str, conf_dir: Path, bin_dirs: list, **kw) -> Containerd:
-        ctd = Containerd(self.tmp / f"ctd-{name}", cni_conf_dir=conf_dir, cni_bin_dirs=bin_dirs,
-                         pause=self.pause, **kw)
+        ctd = Containerd(
+            self.tmp / f"ctd-{name}", cni_conf_dir=conf_dir, cni_bin_dirs=bin_dirs, pause=self.pause, **kw
+        )
         self.stack.callback(lambda: self.problems.extend(ctd.cleanup()))
         ctd.start()
         return ctd
@@ -180,12 +207,16 @@ class Bench:
             for m in order:
                 ports = []
                 if self.args.host_ports:
-                    ports = [{"container_port": 80, "host_port": HOST_PORT_BASE[m.name] + i,
-                              "host_ip": m.net.gateway}]
+                    ports = [
+                        {
+                            "container_port": 80,
+                            "host_port": HOST_PORT_BASE[m.name] + i,
+                            "host_ip": m.net.gateway,
+                        }
+                    ]
                 name = f"{m.name}-{i}-{uuid.uuid4().hex[:6]}"
                 t0 = time.perf_counter()
-                pods[m.name] = m.ctd.cri.run_pod(name, NAMESPACE, str(uuid.uuid4()),
-                                                 port_mappings=ports)
+                pods[m.name] = m.ctd.cri.run_pod(name, NAMESPACE, str(uuid.uuid4()), port_mappings=ports)
                 if measured:
                     m.run_ms.append((time.perf_counter() - t0) * 1000)
                     m.measured_pods.add(pods[m.name])
@@ -218,17 +249,21 @@ class Bench:
         native_net = self.bridge_net("native")
         shim_net = self.bridge_net("shim")  # its list runs inside nri-cni; its conf dir is unused
         setup = self.shim_setup("shim")
-        native = Mode("native", self.containerd("native", native_net.conf_dir, [cni_plugin_dir()]),
-                      native_net, ipam_dirs=[native_net.ipam_dir])
+        native = Mode(
+            "native",
+            self.containerd("native", native_net.conf_dir, [cni_plugin_dir()]),
+            native_net,
+            ipam_dirs=[native_net.ipam_dir],
+        )
         ctd = self.containerd("shim", setup.conf_dir, [setup.bin_dir])
-        cfg = setup.config(ctd.nri_socket, [{"name": shim_net.name, "default": True,
-                                              "conflist": shim_net.conflist}])
+        cfg = setup.config(
+            ctd.nri_socket, [{"name": shim_net.name, "default": True, "conflist": shim_net.conflist}]
+        )
         daemon = NriCni(setup.tmp, cfg)
         daemons.append(daemon)
         daemon.start()
         shim = Mode("shim", ctd, shim_net, ipam_dirs=[shim_net.ipam_dir], daemon=daemon)
-        print(f"part 1: shim vs native, {self.args.pods} pods each (+{self.args.warmup} warm-up), "
-              "alternated")
+        print(f"part 1: shim vs native, {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated")
         self.run([native, shim])
         if daemon.pods():
             raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
@@ -244,12 +279,19 @@ class Bench:
         n2_net = self.bridge_net("native2")
         n2_master, _ = jan.veth()
         n2_ipam = self.tmp / "ipam-native2-extra"
-        extra = macvlan_list(f"nct-bench-extra-{secrets.token_hex(3)}", n2_master,
-                             SUBNETS["native2-extra"], n2_ipam)
+        extra = macvlan_list(
+            f"nct-bench-extra-{secrets.token_hex(3)}", n2_master, SUBNETS["native2-extra"], n2_ipam
+        )
         (n2_net.conf_dir / "20-nct-extra.conflist").write_text(json.dumps(extra))
-        modes.append(Mode("native2", self.containerd("native2", n2_net.conf_dir, [cni_plugin_dir()],
-                                                     max_conf_num=2),
-                          n2_net, extra_if="eth1", ipam_dirs=[n2_net.ipam_dir, n2_ipam]))
+        modes.append(
+            Mode(
+                "native2",
+                self.containerd("native2", n2_net.conf_dir, [cni_plugin_dir()], max_conf_num=2),
+                n2_net,
+                extra_if="eth1",
+                ipam_dirs=[n2_net.ipam_dir, n2_ipam],
+            )
+        )
         # secondary: containerd runs the bridge list, nri-cni adds the macvlan list (net1)
         sec_net = self.bridge_net("secondary")
         sec_master, _ = jan.veth()
@@ -257,20 +299,40 @@ class Bench:
         sec_ipam = self.tmp / "ipam-secondary-extra"
         ctd = self.containerd("secondary", sec_net.conf_dir, [cni_plugin_dir()])
         fastnet = macvlan_list("fastnet", sec_master, SUBNETS["secondary-extra"], sec_ipam)
-        cfg = setup.config(ctd.nri_socket, [{"name": "fastnet", "default": True, "conflist": fastnet}],
-                           mode="secondary", primary_network=sec_net.name)
+        cfg = setup.config(
+            ctd.nri_socket,
+            [{"name": "fastnet", "default": True, "conflist": fastnet}],
+            mode="secondary",
+            primary_network=sec_net.name,
+        )
         cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's libcni cache
         daemon = NriCni(setup.tmp, cfg)
         daemons.append(daemon)
         daemon.start()
-        modes.append(Mode("secondary", ctd, sec_net, extra_if="net1",
-                          ipam_dirs=[sec_net.ipam_dir, sec_ipam], daemon=daemon))
+        modes.append(
+            Mode(
+                "secondary",
+                ctd,
+                sec_net,
+                extra_if="net1",
+                ipam_dirs=[sec_net.ipam_dir, sec_ipam],
+                daemon=daemon,
+            )
+        )
         if not self.args.no_base:
             base_net = self.bridge_net("base")
-            modes.append(Mode("base", self.containerd("base", base_net.conf_dir, [cni_plugin_dir()]),
-                              base_net, ipam_dirs=[base_net.ipam_dir]))
-        print(f"part 2: secondary vs native2 (max_conf_num 2){'' if self.args.no_base else ' vs base'}"
-              f", {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated")
+            modes.append(
+                Mode(
+                    "base",
+                    self.containerd("base", base_net.conf_dir, [cni_plugin_dir()]),
+                    base_net,
+                    ipam_dirs=[base_net.ipam_dir],
+                )
+            )
+        print(
+            f"part 2: secondary vs native2 (max_conf_num 2){'' if self.args.no_base else ' vs base'}"
+            f", {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated"
+        )
         self.run(modes)
         if daemon.pods():
             raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
@@ -284,35 +346,51 @@ class Bench:
         median of the whole operation and of the time spent in plugins."""
         out = {}
         for op in ("add", "del"):
-            lines = [ln for ln in m.daemon.op_lines() if ln["op"] == op
-                     and ln["podId"] in m.measured_pods and ln["networks"]]
+            lines = [
+                ln
+                for ln in m.daemon.op_lines()
+                if ln["op"] == op and ln["podId"] in m.measured_pods and ln["networks"]
+            ]
             if not lines:
                 continue
             total = [ln["ms"] for ln in lines]
             plugins = [sum(p["ms"] for p in ln["plugins"]) for ln in lines]
             own = [t - p for t, p in zip(total, plugins)]
-            out[op] = {"ops": len(lines), "median_ms": round(statistics.median(total), 2),
-                       "plugins_median_ms": round(statistics.median(plugins), 2),
-                       "own_median_ms": round(statistics.median(own), 2)}
-            print(f"  nri-cni in {m.name}, {op.upper()}: median {out[op]['median_ms']:.1f} ms, of "
-                  f"which plugins {out[op]['plugins_median_ms']:.1f} ms, nri-cni itself "
-                  f"{out[op]['own_median_ms']:.1f} ms ({len(lines)} ops)")
+            out[op] = {
+                "ops": len(lines),
+                "median_ms": round(statistics.median(total), 2),
+                "plugins_median_ms": round(statistics.median(plugins), 2),
+                "own_median_ms": round(statistics.median(own), 2),
+            }
+            print(
+                f"  nri-cni in {m.name}, {op.upper()}: median {out[op]['median_ms']:.1f} ms, of "
+                f"which plugins {out[op]['plugins_median_ms']:.1f} ms, nri-cni itself "
+                f"{out[op]['own_median_ms']:.1f} ms ({len(lines)} ops)"
+            )
         return out
 
     def report(self, modes: list[Mode], a: str, b: str) -> dict:
         by = {m.name: m for m in modes}
         out: dict = {"modes": {}}
-        print(f"{'mode':<10} {'run median':>11} {'run p90':>8} {'stop+rm median':>15} {'p90':>7}"
-              f"   (stop / remove medians)")
+        print(
+            f"{'mode':<10} {'run median':>11} {'run p90':>8} {'stop+rm median':>15} {'p90':>7}"
+            f"   (stop / remove medians)"
+        )
         for m in modes:
             sr = [s + r for s, r in zip(m.stop_ms, m.remove_ms)]
-            out["modes"][m.name] = {"run": _summary(m.run_ms), "stop_remove": _summary(sr),
-                                    "stop": _summary(m.stop_ms), "remove": _summary(m.remove_ms),
-                                    "raw": {"run": m.run_ms, "stop": m.stop_ms, "remove": m.remove_ms}}
+            out["modes"][m.name] = {
+                "run": _summary(m.run_ms),
+                "stop_remove": _summary(sr),
+                "stop": _summary(m.stop_ms),
+                "remove": _summary(m.remove_ms),
+                "raw": {"run": m.run_ms, "stop": m.stop_ms, "remove": m.remove_ms},
+            }
             s = out["modes"][m.name]
-            print(f"{m.name:<10} {s['run']['median']:>9.1f}ms {s['run']['p90']:>6.1f}ms "
-                  f"{s['stop_remove']['median']:>13.1f}ms {s['stop_remove']['p90']:>5.1f}ms"
-                  f"   ({s['stop']['median']:.1f} / {s['remove']['median']:.1f})")
+            print(
+                f"{m.name:<10} {s['run']['median']:>9.1f}ms {s['run']['p90']:>6.1f}ms "
+                f"{s['stop_remove']['median']:>13.1f}ms {s['stop_remove']['p90']:>5.1f}ms"
+                f"   ({s['stop']['median']:.1f} / {s['remove']['median']:.1f})"
+            )
         for m in modes:
             if m.daemon is not None:
                 out["modes"][m.name]["nri_cni_ops"] = self.daemon_ops(m)
@@ -321,20 +399,26 @@ class Bench:
         sr_b = [s + r for s, r in zip(mb.stop_ms, mb.remove_ms)]
         cmp = {
             "run_median_ratio": round(statistics.median(ma.run_ms) / statistics.median(mb.run_ms), 3),
-            "run_per_pod_ratio_median": round(statistics.median(
-                x / y for x, y in zip(ma.run_ms, mb.run_ms)), 3),
+            "run_per_pod_ratio_median": round(
+                statistics.median(x / y for x, y in zip(ma.run_ms, mb.run_ms)), 3
+            ),
             "run_median_diff_ms": round(statistics.median(ma.run_ms) - statistics.median(mb.run_ms), 2),
-            "run_per_pod_diff_median_ms": round(statistics.median(
-                x - y for x, y in zip(ma.run_ms, mb.run_ms)), 2),
+            "run_per_pod_diff_median_ms": round(
+                statistics.median(x - y for x, y in zip(ma.run_ms, mb.run_ms)), 2
+            ),
             "stop_remove_median_ratio": round(statistics.median(sr_a) / statistics.median(sr_b), 3),
             "stop_remove_median_diff_ms": round(statistics.median(sr_a) - statistics.median(sr_b), 2),
         }
-        print(f"{a}/{b} RunPodSandbox: median ratio {cmp['run_median_ratio']:.3f} "
-              f"(per-pod ratios, median {cmp['run_per_pod_ratio_median']:.3f}), difference "
-              f"{cmp['run_median_diff_ms']:+.1f} ms (per-pod differences, median "
-              f"{cmp['run_per_pod_diff_median_ms']:+.1f} ms)")
-        print(f"{a}/{b} Stop+Remove:   median ratio {cmp['stop_remove_median_ratio']:.3f}, "
-              f"difference {cmp['stop_remove_median_diff_ms']:+.1f} ms")
+        print(
+            f"{a}/{b} RunPodSandbox: median ratio {cmp['run_median_ratio']:.3f} "
+            f"(per-pod ratios, median {cmp['run_per_pod_ratio_median']:.3f}), difference "
+            f"{cmp['run_median_diff_ms']:+.1f} ms (per-pod differences, median "
+            f"{cmp['run_per_pod_diff_median_ms']:+.1f} ms)"
+        )
+        print(
+            f"{a}/{b} Stop+Remove:   median ratio {cmp['stop_remove_median_ratio']:.3f}, "
+            f"difference {cmp['stop_remove_median_diff_ms']:+.1f} ms"
+        )
         if "base" in by:
             base_run = statistics.median(by["base"].run_ms)
             base_sr = statistics.median([s + r for s, r in zip(by["base"].stop_ms, by["base"].remove_ms)])
@@ -342,10 +426,14 @@ class Bench:
                 m = by[name]
                 extra_run = statistics.median(m.run_ms) - base_run
                 extra_sr = statistics.median([s + r for s, r in zip(m.stop_ms, m.remove_ms)]) - base_sr
-                cmp[f"{name}_extra_over_base_ms"] = {"run": round(extra_run, 2),
-                                                     "stop_remove": round(extra_sr, 2)}
-                print(f"  the extra network in {name}: {extra_run:+.1f} ms run, "
-                      f"{extra_sr:+.1f} ms stop+remove (over base medians)")
+                cmp[f"{name}_extra_over_base_ms"] = {
+                    "run": round(extra_run, 2),
+                    "stop_remove": round(extra_sr, 2),
+                }
+                print(
+                    f"  the extra network in {name}: {extra_run:+.1f} ms run, "
+                    f"{extra_sr:+.1f} ms stop+remove (over base medians)"
+                )
         out["compare"] = cmp
         return out
 
@@ -354,11 +442,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=40, help="measured pods per mode (default 40)")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
-    ap.add_argument("--part", choices=("1", "2", "all"), default="all",
-                    help="1: shim vs native; 2: secondary vs native2 (default both)")
+    ap.add_argument(
+        "--part",
+        choices=("1", "2", "all"),
+        default="all",
+        help="1: shim vs native; 2: secondary vs native2 (default both)",
+    )
     ap.add_argument("--no-base", action="store_true", help="part 2 without the bridge-only instance")
-    ap.add_argument("--host-ports", action="store_true",
-                    help="one port mapping per pod (portmap then adds DNAT rules)")
+    ap.add_argument(
+        "--host-ports", action="store_true", help="one port mapping per pod (portmap then adds DNAT rules)"
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -367,8 +460,12 @@ def main(argv=None) -> int:
     if args.pods < 2:
         ap.error("--pods must be at least 2")
     signal.signal(signal.SIGTERM, _on_sigterm)
-    report: dict = {"pods": args.pods, "warmup": args.warmup, "host_ports": args.host_ports,
-                    "python": sys.version.split()[0]}
+    report: dict = {
+        "pods": args.pods,
+        "warmup": args.warmup,
+        "host_ports": args.host_ports,
+        "python": sys.version.split()[0],
+    }
     rc = 0
     parts: list[tuple[str, Callable[[Bench], dict]]] = []
     if args.part in ("1", "all"):

@@ -7,6 +7,7 @@ server on a unix socket. The difference of the medians is the transport's own co
 
     python bench/bench_ttrpc.py [-n 2000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,15 +20,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support
 
-from nri_cni.api import nri_pb2, ttrpc_pb2  # noqa: E402
-from nri_cni.nri import mux  # noqa: E402
-from nri_cni.nri.plugin_service import PLUGIN_SERVICE  # noqa: E402
-from nri_cni.nri.stub import Stub  # noqa: E402
-from nri_cni.ttrpc.framing import MessageType, encode_frame  # noqa: E402
-from tests.support.nri_runtime import NriRuntime  # noqa: E402
+from nri_cni.api import nri_pb2, ttrpc_pb2
+from nri_cni.nri import mux
+from nri_cni.nri.plugin_service import PLUGIN_SERVICE
+from nri_cni.nri.stub import Stub
+from nri_cni.ttrpc.framing import MessageType, encode_frame
+from tests.support.nri_runtime import NriRuntime
 
-ANSWER = nri_pb2.RunPodSandboxResponse(adjust=nri_pb2.PodSandboxAdjustment(
-    network=nri_pb2.PodSandboxNetwork(ips=["10.244.1.17", "fd00:10:244:1::17"])))
+ANSWER = nri_pb2.RunPodSandboxResponse(
+    adjust=nri_pb2.PodSandboxAdjustment(
+        network=nri_pb2.PodSandboxNetwork(ips=["10.244.1.17", "fd00:10:244:1::17"])
+    )
+)
 
 
 class Plugin:
@@ -39,16 +43,22 @@ def sample_pod() -> nri_pb2.PodSandbox:
     """A pod as containerd sends it: labels, annotations, netns, IPs."""
     return nri_pb2.PodSandbox(
         id="5f0c3a6b9d1e4f2a8c7b6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a",
-        name="web-7d9f8b6c5d-x2x4k", uid="1b2c3d4e-5f60-4718-8293-a4b5c6d7e8f9",
-        namespace="default", runtime_handler="runc", pid=4242, ips=["10.88.0.17"],
-        labels={"app": "web", "pod-template-hash": "7d9f8b6c5d",
-                "io.kubernetes.pod.namespace": "default"},
-        annotations={"kubernetes.io/config.source": "api",
-                     "kubernetes.io/config.seen": "2026-11-21T23:05:00.000000000Z"},
+        name="web-7d9f8b6c5d-x2x4k",
+        uid="1b2c3d4e-5f60-4718-8293-a4b5c6d7e8f9",
+        namespace="default",
+        runtime_handler="runc",
+        pid=4242,
+        ips=["10.88.0.17"],
+        labels={"app": "web", "pod-template-hash": "7d9f8b6c5d", "io.kubernetes.pod.namespace": "default"},
+        annotations={
+            "kubernetes.io/config.source": "api",
+            "kubernetes.io/config.seen": "2026-11-21T23:05:00.000000000Z",
+        },
         linux=nri_pb2.LinuxPodSandbox(
             cgroup_parent="/kubepods/besteffort/pod1b2c3d4e",
-            namespaces=[nri_pb2.LinuxNamespace(type="network",
-                                               path="/var/run/netns/cni-1b2c3d4e-5f60")]))
+            namespaces=[nri_pb2.LinuxNamespace(type="network", path="/var/run/netns/cni-1b2c3d4e-5f60")],
+        ),
+    )
 
 
 class EchoClient(asyncio.Protocol):
@@ -102,10 +112,20 @@ async def bench(n: int) -> None:
             await runtime.wait_plugin()
             pod = sample_pod()
             req = nri_pb2.RunPodSandboxRequest(pod=pod).SerializeToString()
-            blob = mux.encode(mux.PLUGIN_SERVICE_CONN, encode_frame(
-                1, MessageType.REQUEST, 0, ttrpc_pb2.Request(
-                    service=PLUGIN_SERVICE, method="RunPodSandbox", payload=req,
-                    timeout_nano=2_000_000_000).SerializeToString()))
+            blob = mux.encode(
+                mux.PLUGIN_SERVICE_CONN,
+                encode_frame(
+                    1,
+                    MessageType.REQUEST,
+                    0,
+                    ttrpc_pb2.Request(
+                        service=PLUGIN_SERVICE,
+                        method="RunPodSandbox",
+                        payload=req,
+                        timeout_nano=2_000_000_000,
+                    ).SerializeToString(),
+                ),
+            )
             for _ in range(200):  # warm-up
                 await runtime.run_pod_sandbox(pod)
                 await echo.round_trip(blob)
@@ -130,8 +150,10 @@ async def bench(n: int) -> None:
     print(summary("RunPodSandbox via the stub", rpc))
     print(summary("bare unix-socket echo", raw))
     med_rpc, med_raw = statistics.median(rpc), statistics.median(raw)
-    print(f"ratio {med_rpc / med_raw:.2f}; added by the transport at the median: "
-          f"{(med_rpc - med_raw) * 1e6:.1f} us per request (target < 500 us)")
+    print(
+        f"ratio {med_rpc / med_raw:.2f}; added by the transport at the median: "
+        f"{(med_rpc - med_raw) * 1e6:.1f} us per request (target < 500 us)"
+    )
 
 
 def main() -> None:

@@ -2,4 +2,5 @@
 
 Kept empty on purpose: the shim and the CLI import only what they use.
 """
+
 __version__ = "0.1.0"

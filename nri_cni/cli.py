@@ -9,6 +9,7 @@ Exit codes (distinct, as node tooling expects):
   0 ok, 1 operation failed, 2 usage or config error, 3 daemon or runtime unreachable,
   4 a CNI plugin reported an error, 130 interrupted.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ check-config` and a refused hot reload can say exactly what to fix. The CNI netw
 config points at are loaded here too (inline, from a file, or by name from a conf dir), so a config
 that validates is one the daemon can run.
 """
+
 from __future__ import annotations
 
 import os
@@ -151,8 +152,17 @@ class _Reader:
             if key not in known:
                 self.fail(_join(where, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
 
-    def string(self, data: dict, key: str, default: str, where: str, *, choices=None,
-               pattern: re.Pattern | None = None, path: bool = False) -> str:
+    def string(
+        self,
+        data: dict,
+        key: str,
+        default: str,
+        where: str,
+        *,
+        choices=None,
+        pattern: re.Pattern | None = None,
+        path: bool = False,
+    ) -> str:
         if key not in data or data[key] is None:
             return default
         value = data[key]
@@ -196,8 +206,9 @@ class _Reader:
             return default
         return seconds
 
-    def string_list(self, data: dict, key: str, default: tuple[str, ...], where: str,
-                    *, path: bool = False) -> tuple[str, ...]:
+    def string_list(
+        self, data: dict, key: str, default: tuple[str, ...], where: str, *, path: bool = False
+    ) -> tuple[str, ...]:
         if key not in data or data[key] is None:
             return default
         value = data[key]
@@ -219,11 +230,27 @@ def _join(where: str, key: str) -> str:
 
 def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
-_TOP_KEYS = {"mode", "nri", "daemon", "state_dir", "log", "cni", "networks", "primary_network",
-             "failure_policy", "gc", "status", "repair_on_sync", "metrics", "lifecycle", "reload"}
+_TOP_KEYS = {
+    "mode",
+    "nri",
+    "daemon",
+    "state_dir",
+    "log",
+    "cni",
+    "networks",
+    "primary_network",
+    "failure_policy",
+    "gc",
+    "status",
+    "repair_on_sync",
+    "metrics",
+    "lifecycle",
+    "reload",
+}
 _NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir"}
 
 
@@ -250,8 +277,9 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     log = r.section(data, "log")
     r.unknown_keys(log, {"level", "format"}, "log")
     cni = r.section(data, "cni")
-    r.unknown_keys(cni, {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir",
-                         "runtime_cache_dir"}, "cni")
+    r.unknown_keys(
+        cni, {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir", "runtime_cache_dir"}, "cni"
+    )
     cni_settings = CniSettings(
         bin_dirs=r.string_list(cni, "bin_dirs", DEFAULT_BIN_DIRS, "cni", path=True),
         cache_dir=r.string(cni, "cache_dir", DEFAULT_CACHE_DIR, "cni", path=True),
@@ -275,7 +303,8 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     r.unknown_keys(lifecycle, {"retry_initial", "retry_max"}, "lifecycle")
     lifecycle_settings = LifecycleSettings(
         retry_initial=r.duration(lifecycle, "retry_initial", 1.0, "lifecycle"),
-        retry_max=r.duration(lifecycle, "retry_max", 300.0, "lifecycle"))
+        retry_max=r.duration(lifecycle, "retry_max", 300.0, "lifecycle"),
+    )
     if lifecycle_settings.retry_initial <= 0:
         r.fail("lifecycle.retry_initial", "must be more than 0")
     if lifecycle_settings.retry_max < lifecycle_settings.retry_initial:
@@ -285,7 +314,8 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     reload_settings = ReloadSettings(
         watch=r.boolean(reload, "watch", True, "reload"),
         rescan_interval=r.duration(reload, "rescan_interval", 30.0, "reload"),
-        debounce=r.duration(reload, "debounce", 0.2, "reload"))
+        debounce=r.duration(reload, "debounce", 0.2, "reload"),
+    )
 
     networks = _parse_networks(r, data.get("networks"), base_dir)
     mode = r.string(data, "mode", "shim", "", choices=MODES)
@@ -380,14 +410,21 @@ def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
         conflist = _load_network_list(r, item, sources[0], name, where, base_dir, cniconf)
         if conflist is None:
             continue
-        out.append(NetworkSpec(name=name, conflist=conflist, interface=interface,
-                               default=r.boolean(item, "default", False, where),
-                               namespaces=namespaces))
+        out.append(
+            NetworkSpec(
+                name=name,
+                conflist=conflist,
+                interface=interface,
+                default=r.boolean(item, "default", False, where),
+                namespaces=namespaces,
+            )
+        )
     return out
 
 
-def _load_network_list(r: _Reader, item: dict, source: str, name: str, where: str,
-                       base_dir: str, cniconf) -> Any:
+def _load_network_list(
+    r: _Reader, item: dict, source: str, name: str, where: str, base_dir: str, cniconf
+) -> Any:
     try:
         if source == "conflist":
             body = item["conflist"]
@@ -418,6 +455,7 @@ def _load_network_list(r: _Reader, item: dict, source: str, name: str, where: st
     try:
         # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
         from nri_cni.lifecycle.spec import validate_list
+
         validate_list(lst, lst.source)
     except ConfigError as exc:
         r.fail(_join(where, source), str(exc))
@@ -436,8 +474,11 @@ class ConfigErrors(ConfigError):
 
     def __init__(self, errors: list[ConfigError]) -> None:
         first = errors[0]
-        super().__init__(first.msg, location=first.location,
-                         details=f"and {len(errors) - 1} more" if len(errors) > 1 else "")
+        super().__init__(
+            first.msg,
+            location=first.location,
+            details=f"and {len(errors) - 1} more" if len(errors) > 1 else "",
+        )
         self.errors = errors
 
     def __str__(self) -> str:

@@ -1,4 +1,5 @@
 """CLI commands that run or ask the daemon: run, check-config, status, pods, gc, install-shim."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,30 +27,51 @@ def register(sub) -> None:
         ("gc", "garbage-collect attachments of pods the runtime no longer has", cmd_gc),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--socket", default=os.environ.get("NRI_CNI_SOCKET", DEFAULT_DAEMON_SOCKET),
-                       help="the daemon's local socket (default: %(default)s)")
+        p.add_argument(
+            "--socket",
+            default=os.environ.get("NRI_CNI_SOCKET", DEFAULT_DAEMON_SOCKET),
+            help="the daemon's local socket (default: %(default)s)",
+        )
         p.add_argument("-o", "--output", choices=("table", "json"), default="table")
         p.set_defaults(func=func)
 
     p = sub.add_parser("install-shim", help="write the nri-cni-shim CNI plugin into a CNI bin dir")
     p.add_argument("dest", nargs="?", default="/opt/cni/bin")
-    p.add_argument("--socket", default=DEFAULT_DAEMON_SOCKET,
-                   help="the daemon socket the shim calls by default (default: %(default)s)")
-    p.add_argument("--python", default=None,
-                   help="the interpreter the shim runs with, as the node sees it (default: this "
-                        "one; a DaemonSet's init container names the host's)")
+    p.add_argument(
+        "--socket",
+        default=DEFAULT_DAEMON_SOCKET,
+        help="the daemon socket the shim calls by default (default: %(default)s)",
+    )
+    p.add_argument(
+        "--python",
+        default=None,
+        help="the interpreter the shim runs with, as the node sees it (default: this "
+        "one; a DaemonSet's init container names the host's)",
+    )
     build = p.add_mutually_exclusive_group()
-    build.add_argument("--compiled", dest="compiled", action="store_true", default=None,
-                       help="build the C shim (~1 ms per call; needs cc); the default when cc exists")
-    build.add_argument("--script", dest="compiled", action="store_false",
-                       help="write the Python shim (~9 ms per call; no compiler needed)")
+    build.add_argument(
+        "--compiled",
+        dest="compiled",
+        action="store_true",
+        default=None,
+        help="build the C shim (~1 ms per call; needs cc); the default when cc exists",
+    )
+    build.add_argument(
+        "--script",
+        dest="compiled",
+        action="store_false",
+        help="write the Python shim (~9 ms per call; no compiler needed)",
+    )
     p.set_defaults(func=cmd_install_shim)
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=None,
-                   help=f"YAML config (default: {DEFAULT_CONFIG_PATH} if it exists, "
-                        f"else the {EMBEDDED_DEFAULT})")
+    p.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        help=f"YAML config (default: {DEFAULT_CONFIG_PATH} if it exists, else the {EMBEDDED_DEFAULT})",
+    )
 
 
 def load(args):
@@ -88,8 +110,11 @@ def cmd_check_config(args) -> int:
         kinds = " ".join(p.type for p in net.conflist.plugins)
         fin = " ".join(p.type for p in net.conflist.finalize_plugins)
         who = "every pod" if net.default else f"on request in {', '.join(net.namespaces) or 'no namespace'}"
-        print(f"  network {net.name}: cniVersion {net.conflist.cni_version}, plugins [{kinds}]"
-              + (f", finalize [{fin}]" if fin else "") + f", {who}")
+        print(
+            f"  network {net.name}: cniVersion {net.conflist.cni_version}, plugins [{kinds}]"
+            + (f", finalize [{fin}]" if fin else "")
+            + f", {who}"
+        )
     return 0
 
 
@@ -127,17 +152,21 @@ def _status_table(data) -> None:
     nri = data["nri"]
     print(f"mode:       {data['mode']}")
     print(f"ready:      {'yes' if data['ready'] else 'NO'}")
-    print(f"runtime:    {nri['runtime'] or '-'} (registered: {nri['registered']}, "
-          f"synchronized: {nri['synchronized']})")
+    print(
+        f"runtime:    {nri['runtime'] or '-'} (registered: {nri['registered']}, "
+        f"synchronized: {nri['synchronized']})"
+    )
     print(f"pods:       {data['pods']}  attachments: {data['attachments']}")
     for name, st in data["networks"].items():
         state = "ready" if st["ready"] else f"NOT READY: {st['error']}"
         print(f"network {name}: {state}")
     for name, lc in (data.get("lifecycle") or {}).items():
         for old in lc.get("retired", []):
-            print(f"network {name}: generation {old['generation']} retired, "
-                  f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
-                  + (f": {old['error']}" if old["error"] else ""))
+            print(
+                f"network {name}: generation {old['generation']} retired, "
+                f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
+                + (f": {old['error']}" if old["error"] else "")
+            )
     reload = data.get("reload") or {}
     if reload.get("refused"):
         print(f"config reload REFUSED (running config kept): {reload['refused']}")
@@ -152,8 +181,15 @@ def _pods_table(data) -> None:
     for pod in data:
         label = f"{pod['namespace']}/{pod['name']}" if pod["name"] else pod["id"][:12]
         for i, net in enumerate(pod["networks"]):
-            rows.append((label if i == 0 else "", net["network"], net["interface"],
-                         ",".join(net["ips"]) or "-", net["mac"] or "-"))
+            rows.append(
+                (
+                    label if i == 0 else "",
+                    net["network"],
+                    net["interface"],
+                    ",".join(net["ips"]) or "-",
+                    net["mac"] or "-",
+                )
+            )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

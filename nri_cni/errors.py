@@ -5,6 +5,7 @@ is reported with (to the shim's caller, in the CNI error JSON) and the gRPC stat
 reported with (to the runtime, in a ttrpc Response). Code that catches errors to report them
 never needs to know which module raised them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +56,9 @@ class NriCniError(Exception):
     cni_code: int = CniCode.INTERNAL
     grpc_code: int = GrpcCode.UNKNOWN
 
-    def __init__(self, msg: str, *, details: str = "", cni_code: int | None = None,
-                 grpc_code: int | None = None) -> None:
+    def __init__(
+        self, msg: str, *, details: str = "", cni_code: int | None = None, grpc_code: int | None = None
+    ) -> None:
         super().__init__(msg)
         self.msg = msg
         self.details = details
@@ -155,8 +157,9 @@ class CNIError(NriCniError):
 class PluginExecError(CNIError):
     """A plugin could not be run or misbehaved: missing binary, timeout, garbage output, crash."""
 
-    def __init__(self, msg: str, *, details: str = "", ref: PluginRef | None = None,
-                 code: int = CniCode.INTERNAL) -> None:
+    def __init__(
+        self, msg: str, *, details: str = "", ref: PluginRef | None = None, code: int = CniCode.INTERNAL
+    ) -> None:
         super().__init__(code, msg, details=details, ref=ref)
 
 
@@ -168,9 +171,12 @@ class PodError(NriCniError):
     """A pod-level operation failed; wraps the first cause and names the network."""
 
     def __init__(self, msg: str, *, cause: NriCniError | None = None, network: str = "") -> None:
-        super().__init__(msg, details=str(cause) if cause else "",
-                         cni_code=cause.cni_code if cause else None,
-                         grpc_code=cause.grpc_code if cause else None)
+        super().__init__(
+            msg,
+            details=str(cause) if cause else "",
+            cni_code=cause.cni_code if cause else None,
+            grpc_code=cause.grpc_code if cause else None,
+        )
         self.cause = cause
         self.network = network
 

@@ -4,6 +4,7 @@ A reader (or the next start after a crash) sees the old file or the new one, nev
 one: the data goes to a temporary file in the same directory, which is renamed over the target.
 `durable` adds the fsyncs (file, then directory) that make the result survive a power loss.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,9 @@ class AtomicFile:
     def __init__(self, path: str, mode: int = 0o600) -> None:
         self.path = path
         self.directory = os.path.dirname(path)
-        self.tmp = os.path.join(self.directory,
-                                f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp")
+        self.tmp = os.path.join(
+            self.directory, f".{os.path.basename(path)}.{os.getpid()}.{next(_tmp_seq)}.tmp"
+        )
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
 
     def commit(self, data: bytes, *, durable: bool = True) -> None:
@@ -30,7 +32,7 @@ class AtomicFile:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self.fd, view):]
+                view = view[os.write(self.fd, view) :]
             if durable:
                 os.fsync(self.fd)
             fd, self.fd = self.fd, -1

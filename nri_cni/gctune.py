@@ -8,6 +8,7 @@ at 0.1 ms and 1-2 ms, landing inside plugin chains. Freezing the start-up heap k
 collections from walking it; a higher first threshold makes collections rarer. Cycles are
 still collected, only later.
 """
+
 from __future__ import annotations
 
 import gc

@@ -13,6 +13,7 @@ For a CNI call the payload is exactly what the shim prints on stdout (a result, 
 object), and the status its exit code. For the CLI the payload is JSON.
 One request per connection.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,9 @@ def encode_response(status: int, payload: bytes) -> bytes:
     return struct.pack(">BI", status, len(payload)) + payload
 
 
-def call(socket_path: str, header: dict[str, str], body: bytes = b"",
-         timeout: float = 300.0) -> tuple[int, bytes]:
+def call(
+    socket_path: str, header: dict[str, str], body: bytes = b"", timeout: float = 300.0
+) -> tuple[int, bytes]:
     """Blocking client for the CLI: one request, one response."""
     import socket
 
@@ -76,8 +78,10 @@ def call(socket_path: str, header: dict[str, str], body: bytes = b"",
         try:
             sock.connect(socket_path)
         except OSError as exc:
-            raise Unavailable(f"the nri-cni daemon is not reachable at {socket_path}: "
-                              f"{exc.strerror or exc} (is `nri-cni run` running?)") from exc
+            raise Unavailable(
+                f"the nri-cni daemon is not reachable at {socket_path}: "
+                f"{exc.strerror or exc} (is `nri-cni run` running?)"
+            ) from exc
         sock.sendall(encode_request(header, body))
         head = _recv_exactly(sock, 5)
         status, length = struct.unpack(">BI", head)

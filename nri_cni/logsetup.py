@@ -1,4 +1,5 @@
 """Logging for the daemon: text for people, JSON lines for collectors."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,11 @@ import sys
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
-                "logger": record.name}
+        line = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
         msg = record.getMessage()
         if record.name == "nri_cni.podop":
             line.update(json.loads(msg))  # pod operations are structured already

@@ -8,6 +8,7 @@ What is measured comes from the pod plan's OpRecord (nri_cni/pod/plan.py), hande
 the `PodNetworker.on_operation` callback, and from GC reports; the number of attachments is
 read when scraped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,9 @@ def error_code(record) -> str:
 
 
 class _Histogram:
-    def __init__(self, name: str, help_text: str, labels: Sequence[str],
-                 buckets: Sequence[float] = LATENCY_BUCKETS) -> None:
+    def __init__(
+        self, name: str, help_text: str, labels: Sequence[str], buckets: Sequence[float] = LATENCY_BUCKETS
+    ) -> None:
         self.name = name
         self.help = help_text
         self.labels = tuple(labels)
@@ -134,23 +136,31 @@ class Metrics:
         self.pod_duration = _Histogram(
             "nri_cni_pod_operation_duration_seconds",
             "Duration of pod operations (add: attach every network of a pod; del: detach them).",
-            ("op",))
+            ("op",),
+        )
         self.network_duration = _Histogram(
             "nri_cni_network_operation_duration_seconds",
             "Duration of one network's part of a pod operation (add, finalize, del).",
-            ("op", "network"))
+            ("op", "network"),
+        )
         self.operations = _Counter(
-            "nri_cni_pod_operations", "Pod operations by result (ok, error).", ("op", "result"))
+            "nri_cni_pod_operations", "Pod operations by result (ok, error).", ("op", "result")
+        )
         self.failures = _Counter(
             "nri_cni_pod_operation_failures",
             "Failed pod operations by CNI error code (unknown: no code, e.g. a refused annotation).",
-            ("op", "code"))
+            ("op", "code"),
+        )
         self.rollbacks = _Counter(
-            "nri_cni_network_rollbacks", "Networks deleted again after a later step of their pod's ADD failed.",
-            ("network",))
+            "nri_cni_network_rollbacks",
+            "Networks deleted again after a later step of their pod's ADD failed.",
+            ("network",),
+        )
         self.gc_runs = _Counter("nri_cni_gc_runs", "Garbage collection runs.")
-        self.gc_deleted = _Counter("nri_cni_gc_deleted_attachments",
-                                   "Attachments deleted by garbage collection (pods the runtime no longer has).")
+        self.gc_deleted = _Counter(
+            "nri_cni_gc_deleted_attachments",
+            "Attachments deleted by garbage collection (pods the runtime no longer has).",
+        )
         self.gc_errors = _Counter("nri_cni_gc_errors", "Errors reported by garbage collection runs.")
         self._servers: list[asyncio.base_events.Server] = []
         self._socket_paths: list[str] = []
@@ -193,14 +203,24 @@ class Metrics:
         if self._attachments is not None:
             try:
                 held = int(self._attachments())
-            except Exception as exc:  # noqa: BLE001 - a scrape must not fail on one gauge
+            except Exception as exc:
                 log.warning("metrics: cannot count attachments: %s", exc)
             else:
-                lines += ["# HELP nri_cni_attachments Network attachments nri-cni holds (cache entries).",
-                          "# TYPE nri_cni_attachments gauge",
-                          f"nri_cni_attachments {held}"]
-        for metric in (self.pod_duration, self.network_duration, self.operations, self.failures,
-                       self.rollbacks, self.gc_runs, self.gc_deleted, self.gc_errors):
+                lines += [
+                    "# HELP nri_cni_attachments Network attachments nri-cni holds (cache entries).",
+                    "# TYPE nri_cni_attachments gauge",
+                    f"nri_cni_attachments {held}",
+                ]
+        for metric in (
+            self.pod_duration,
+            self.network_duration,
+            self.operations,
+            self.failures,
+            self.rollbacks,
+            self.gc_runs,
+            self.gc_deleted,
+            self.gc_errors,
+        ):
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"
 
@@ -250,12 +270,12 @@ class Metrics:
             if path != "/metrics":
                 await _respond(writer, 404, "Not Found", b"not found: try /metrics\n")
             elif method not in ("GET", "HEAD"):
-                await _respond(writer, 405, "Method Not Allowed", b"GET or HEAD only\n",
-                               extra=[("Allow", "GET, HEAD")])
+                await _respond(
+                    writer, 405, "Method Not Allowed", b"GET or HEAD only\n", extra=[("Allow", "GET, HEAD")]
+                )
             else:
                 body = self.render().encode()
-                await _respond(writer, 200, "OK", body, content_type=CONTENT_TYPE,
-                               head_only=method == "HEAD")
+                await _respond(writer, 200, "OK", body, content_type=CONTENT_TYPE, head_only=method == "HEAD")
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -281,11 +301,22 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     raise ValueError("too many header lines")
 
 
-async def _respond(writer: asyncio.StreamWriter, status: int, reason: str, body: bytes, *,
-                   content_type: str = "text/plain; charset=utf-8", head_only: bool = False,
-                   extra: Sequence[tuple[str, str]] = ()) -> None:
-    headers = [("Content-Type", content_type), ("Content-Length", str(len(body))),
-               ("Connection", "close"), *extra]
+async def _respond(
+    writer: asyncio.StreamWriter,
+    status: int,
+    reason: str,
+    body: bytes,
+    *,
+    content_type: str = "text/plain; charset=utf-8",
+    head_only: bool = False,
+    extra: Sequence[tuple[str, str]] = (),
+) -> None:
+    headers = [
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+        ("Connection", "close"),
+        *extra,
+    ]
     head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
     writer.write(head.encode("latin-1") + (b"" if head_only else body))
     await writer.drain()

@@ -5,6 +5,7 @@ The plugins leave host-wide state that no DEL removes: portmap's and firewall's 
 on net.ipv4.ip_forward. At the end of the session, remove the chains this session brought (only
 while nothing else uses them) and put ip_forward back as it was.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,5 +43,8 @@ def no_pod_chain_left(request):
     left = pod_chains() - before
     if left:
         rules = remove_chains(left)
-        pytest.fail("per-pod iptables chains left behind (removed now):\n  "
-                    + "\n  ".join(sorted(" ".join(c) for c in left) + rules), pytrace=False)
+        pytest.fail(
+            "per-pod iptables chains left behind (removed now):\n  "
+            + "\n  ".join(sorted(" ".join(c) for c in left) + rules),
+            pytrace=False,
+        )

@@ -12,6 +12,7 @@ node admin merges) with containerd's own dirs under /var/lib/nri-cni-local and i
 /opt/cni/bin, exactly where the embedded default config expects them. No registry is reachable
 here, so the pause image is built locally (tests/support/pause) and imported.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,9 @@ def pid_of(name: str) -> int | None:
 
 def start_background(name: str, argv: list[str], env: dict | None = None) -> int:
     log = open(STATE / f"{name}.log", "ab")
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env
+    )
     (RUN / f"{name}.pid").write_text(str(proc.pid))
     return proc.pid
 
@@ -76,7 +78,8 @@ def install_cni() -> None:
 
 def containerd_config(pause_ref: str) -> Path:
     overrides = {
-        "root": str(STATE / "root"), "state": str(RUN / "state"),
+        "root": str(STATE / "root"),
+        "state": str(RUN / "state"),
         "grpc": {"address": str(ADDRESS)},
         "plugins": {
             CRI_IMG: {"pinned_images": {"sandbox": pause_ref}},
@@ -102,14 +105,24 @@ def up() -> int:
     pause = build_pause_image()
     if not pid_of("containerd"):
         env = dict(os.environ, PATH=f"{bin_dir()}:{os.environ.get('PATH', '/usr/bin:/bin')}")
-        start_background("containerd", [str(bin_dir() / "containerd"), "--config",
-                                        str(containerd_config(pause.ref))], env)
+        start_background(
+            "containerd", [str(bin_dir() / "containerd"), "--config", str(containerd_config(pause.ref))], env
+        )
         for _ in range(200):
             if ADDRESS.exists():
                 break
             time.sleep(0.05)
-        sh(str(bin_dir() / "ctr"), "--address", str(ADDRESS), "-n", "k8s.io", "images", "import",
-           str(pause.archive), stdout=subprocess.DEVNULL)
+        sh(
+            str(bin_dir() / "ctr"),
+            "--address",
+            str(ADDRESS),
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+            str(pause.archive),
+            stdout=subprocess.DEVNULL,
+        )
     print(f"containerd: running (pid {pid_of('containerd')}, log {STATE / 'containerd.log'})")
     if not pid_of("nri-cni"):
         start_background("nri-cni", [sys.executable, "-m", "nri_cni.cli", "run"])

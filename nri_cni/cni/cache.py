@@ -7,6 +7,7 @@ file, rename): a reader never sees half an entry. It is durable too (fsync of th
 the directory), either before write() returns or, for the ADD path, right after via sync().
 Keys are read case-insensitively, as Go does (ocicni writes "containerID").
 """
+
 from __future__ import annotations
 
 import base64
@@ -29,8 +30,9 @@ KIND = "cniCacheV1"
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 
 # Go's json.Marshal escapes these even inside strings (HTML safety); match it byte for byte.
-_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                             "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_GO_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
 
 
 # one encoder: json.dumps() with options builds a new one per call
@@ -115,17 +117,24 @@ class CacheEntry:
             raise CorruptEntry("config is not base64") from None
         args = folded.get("cniargs") or []
         if not isinstance(args, list) or not all(
-                isinstance(kv, list) and len(kv) == 2 and all(isinstance(s, str) for s in kv)
-                for kv in args):
+            isinstance(kv, list) and len(kv) == 2 and all(isinstance(s, str) for s in kv) for kv in args
+        ):
             raise CorruptEntry("cniArgs is not a list of [key, value] pairs")
         caps = folded.get("capabilityargs") or {}
         result = folded.get("result")
         if not isinstance(caps, dict) or (result is not None and not isinstance(result, dict)):
             raise CorruptEntry("capabilityArgs or result is not an object")
-        return cls(container_id=strs["containerid"], ifname=strs["ifname"],
-                   network_name=strs["networkname"], config=config, netns=strs["netns"],
-                   cni_args=[(k, v) for k, v in args], capability_args=caps,
-                   result=result or None, path=path)
+        return cls(
+            container_id=strs["containerid"],
+            ifname=strs["ifname"],
+            network_name=strs["networkname"],
+            config=config,
+            netns=strs["netns"],
+            cni_args=[(k, v) for k, v in args],
+            capability_args=caps,
+            result=result or None,
+            path=path,
+        )
 
 
 class ResultCache:
@@ -185,20 +194,23 @@ class ResultCache:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise CNIError(CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}",
-                           details=exc.strerror or str(exc)) from exc
+            raise CNIError(
+                CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}", details=exc.strerror or str(exc)
+            ) from exc
         try:
             os.fsync(fd)
             if directory:
                 fsync_dir(self.results_dir)
         except OSError as exc:
-            raise CNIError(CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}",
-                           details=exc.strerror or str(exc)) from exc
+            raise CNIError(
+                CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}", details=exc.strerror or str(exc)
+            ) from exc
         finally:
             os.close(fd)
 
-    def read(self, network: str, container_id: str, ifname: str, *,
-             drop_corrupt: bool = False) -> CacheEntry | None:
+    def read(
+        self, network: str, container_id: str, ifname: str, *, drop_corrupt: bool = False
+    ) -> CacheEntry | None:
         """The entry, or None when it is missing or corrupt (a warning is logged for a corrupt
         one, which `drop_corrupt` also removes, as libcni's list DEL does)."""
         try:
@@ -213,8 +225,9 @@ class ResultCache:
         try:
             return CacheEntry.from_json(data, path)
         except CorruptEntry as exc:
-            log.warning("ignoring corrupt CNI cache file %s: %s%s", path, exc,
-                        " (removed)" if drop_corrupt else "")
+            log.warning(
+                "ignoring corrupt CNI cache file %s: %s%s", path, exc, " (removed)" if drop_corrupt else ""
+            )
             if drop_corrupt:
                 self._unlink(path)
             return None
@@ -304,8 +317,9 @@ class PreparedWrite:
             file.commit(data, durable=durable)
         except OSError as exc:
             self.discard()
-            raise CNIError(CniCode.IO_FAILURE, f"cannot write CNI cache file {path}",
-                           details=exc.strerror or str(exc)) from exc
+            raise CNIError(
+                CniCode.IO_FAILURE, f"cannot write CNI cache file {path}", details=exc.strerror or str(exc)
+            ) from exc
 
     def _path(self) -> str:
         return self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
@@ -364,5 +378,6 @@ class _Syncer:
         try:
             fsync_dir(self.cache.results_dir)  # the renames
         except OSError as exc:
-            log.warning("CNI cache directory %s not made durable: %s", self.cache.results_dir,
-                        exc.strerror or exc)
+            log.warning(
+                "CNI cache directory %s not made durable: %s", self.cache.results_dir, exc.strerror or exc
+            )

@@ -19,6 +19,7 @@ of stderr, and the exit code says what kind of failure it was (see nri_cni.cli).
 runtime (e.g. "no cached result, running without prevResult") come before it, one line each,
 prefixed "nri-cni: warning:"; --quiet drops them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,65 +44,116 @@ class _UsageError(Exception):
 
 def register(subparsers) -> None:
     cni = subparsers.add_parser(
-        "cni", help="run a CNI verb by hand (like cnitool)",
-        description="Run one CNI verb on a network, the way the daemon does (like cnitool).")
+        "cni",
+        help="run a CNI verb by hand (like cnitool)",
+        description="Run one CNI verb on a network, the way the daemon does (like cnitool).",
+    )
     verbs = cni.add_subparsers(dest="cni_verb", metavar="VERB")
     cni.set_defaults(func=lambda args: _no_verb(cni))
 
     def common(p: argparse.ArgumentParser, *, runtime: bool) -> None:
-        p.add_argument("--bin-dir", action="append", default=None, metavar="DIR",
-                       help="where plugin binaries are (repeatable; default $CNI_PATH or "
-                            f"{DEFAULT_BIN_DIR})")
-        p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="per plugin call (default 60)")
+        p.add_argument(
+            "--bin-dir",
+            action="append",
+            default=None,
+            metavar="DIR",
+            help=f"where plugin binaries are (repeatable; default $CNI_PATH or {DEFAULT_BIN_DIR})",
+        )
+        p.add_argument(
+            "--timeout", type=float, default=60.0, metavar="SECONDS", help="per plugin call (default 60)"
+        )
         p.add_argument("-q", "--quiet", action="store_true", help="do not print warnings")
         if not runtime:
             return
         src = p.add_mutually_exclusive_group()
-        src.add_argument("--conf-dir", default=None, metavar="DIR",
-                         help=f"where to look NETWORK up (default $NETCONFPATH or {DEFAULT_CONF_DIR})")
-        src.add_argument("--conflist", default=None, metavar="FILE",
-                         help="use this .conflist (or single .conf) file instead of a conf dir")
-        p.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, metavar="DIR",
-                       help=f"libcni-compatible attachment cache (default {DEFAULT_CACHE_DIR})")
+        src.add_argument(
+            "--conf-dir",
+            default=None,
+            metavar="DIR",
+            help=f"where to look NETWORK up (default $NETCONFPATH or {DEFAULT_CONF_DIR})",
+        )
+        src.add_argument(
+            "--conflist",
+            default=None,
+            metavar="FILE",
+            help="use this .conflist (or single .conf) file instead of a conf dir",
+        )
+        p.add_argument(
+            "--cache-dir",
+            default=DEFAULT_CACHE_DIR,
+            metavar="DIR",
+            help=f"libcni-compatible attachment cache (default {DEFAULT_CACHE_DIR})",
+        )
 
     def attach(p: argparse.ArgumentParser) -> None:
         p.add_argument("network", metavar="NETWORK", help="network name")
         p.add_argument("netns", metavar="NETNS", help="network namespace path")
-        p.add_argument("--container-id", default=None, metavar="ID",
-                       help="default: derived from the netns path, as cnitool does")
-        p.add_argument("--ifname", default=None, metavar="NAME",
-                       help="interface name in the netns (default $CNI_IFNAME or eth0)")
-        p.add_argument("--args", dest="cni_args", default=None, metavar="K=V;...",
-                       help="CNI_ARGS pairs (default $CNI_ARGS)")
-        p.add_argument("--cap-args", default=None, metavar="JSON",
-                       help="capability arguments, a JSON object (default $CAP_ARGS)")
+        p.add_argument(
+            "--container-id",
+            default=None,
+            metavar="ID",
+            help="default: derived from the netns path, as cnitool does",
+        )
+        p.add_argument(
+            "--ifname",
+            default=None,
+            metavar="NAME",
+            help="interface name in the netns (default $CNI_IFNAME or eth0)",
+        )
+        p.add_argument(
+            "--args",
+            dest="cni_args",
+            default=None,
+            metavar="K=V;...",
+            help="CNI_ARGS pairs (default $CNI_ARGS)",
+        )
+        p.add_argument(
+            "--cap-args",
+            default=None,
+            metavar="JSON",
+            help="capability arguments, a JSON object (default $CAP_ARGS)",
+        )
         common(p, runtime=True)
 
-    for verb, helptext in (("add", "attach NETNS to NETWORK and print the result"),
-                           ("check", "check an attachment"),
-                           ("del", "detach NETNS from NETWORK")):
+    for verb, helptext in (
+        ("add", "attach NETNS to NETWORK and print the result"),
+        ("check", "check an attachment"),
+        ("del", "detach NETNS from NETWORK"),
+    ):
         p = verbs.add_parser(verb, help=helptext, description=helptext)
         attach(p)
         p.set_defaults(func=_handler(verb))
 
-    p = verbs.add_parser("status", help="ask every plugin of NETWORK whether it is ready",
-                         description="Run STATUS on each plugin of NETWORK (first error wins).")
+    p = verbs.add_parser(
+        "status",
+        help="ask every plugin of NETWORK whether it is ready",
+        description="Run STATUS on each plugin of NETWORK (first error wins).",
+    )
     p.add_argument("network", metavar="NETWORK")
     common(p, runtime=True)
     p.set_defaults(func=_handler("status"))
 
-    p = verbs.add_parser("gc", help="garbage-collect NETWORK's attachments",
-                         description="DEL every cached attachment of NETWORK that is not --valid, "
-                                     "then run GC on its plugins.")
+    p = verbs.add_parser(
+        "gc",
+        help="garbage-collect NETWORK's attachments",
+        description="DEL every cached attachment of NETWORK that is not --valid, then run GC on its plugins.",
+    )
     p.add_argument("network", metavar="NETWORK")
-    p.add_argument("--valid", action="append", default=[], metavar="CID/IFNAME",
-                   help="an attachment to keep (repeatable); with none, everything is collected")
+    p.add_argument(
+        "--valid",
+        action="append",
+        default=[],
+        metavar="CID/IFNAME",
+        help="an attachment to keep (repeatable); with none, everything is collected",
+    )
     common(p, runtime=True)
     p.set_defaults(func=_handler("gc"))
 
-    p = verbs.add_parser("version", help="print the VERSION answer of plugin binaries",
-                         description="Run VERSION on each plugin type and print the answers.")
+    p = verbs.add_parser(
+        "version",
+        help="print the VERSION answer of plugin binaries",
+        description="Run VERSION on each plugin type and print the answers.",
+    )
     p.add_argument("plugins", nargs="+", metavar="PLUGIN", help="plugin type (binary name)")
     common(p, runtime=False)
     p.set_defaults(func=_handler("version"))
@@ -124,7 +176,7 @@ def default_container_id(netns: str) -> str:
 
 
 def parse_cni_args(text: str) -> list[tuple[str, str]]:
-    """"K=V;K=V" into pairs; every pair needs exactly one "=" and both sides non-empty."""
+    """ "K=V;K=V" into pairs; every pair needs exactly one "=" and both sides non-empty."""
     out: list[tuple[str, str]] = []
     for pair in text.split(";"):
         kv = pair.split("=")
@@ -174,8 +226,9 @@ def load_network(args):
     if args.conflist:
         net = load_conflist_file(args.conflist)
         if net.name != args.network:
-            raise ConfigError(f"{args.conflist} defines network {net.name!r}, not {args.network!r}",
-                              location=args.conflist)
+            raise ConfigError(
+                f"{args.conflist} defines network {net.name!r}, not {args.network!r}", location=args.conflist
+            )
         return net
     confdir = args.conf_dir or os.environ.get("NETCONFPATH") or DEFAULT_CONF_DIR
     if not os.path.isdir(confdir):
@@ -185,8 +238,9 @@ def load_network(args):
         if net.name == args.network:
             return net
     details = "; ".join(str(e) for e in errors)
-    raise ConfigError(f"no net configuration with name {args.network!r} in {confdir}",
-                      location=confdir, details=details)
+    raise ConfigError(
+        f"no net configuration with name {args.network!r} in {confdir}", location=confdir, details=details
+    )
 
 
 def runtime_conf(args):
@@ -200,7 +254,9 @@ def runtime_conf(args):
     cni_args_text = args.cni_args if args.cni_args is not None else os.environ.get("CNI_ARGS", "")
     cap_text = args.cap_args if args.cap_args is not None else os.environ.get("CAP_ARGS", "")
     return RuntimeConf(
-        container_id=cid, netns=netns, ifname=ifname,
+        container_id=cid,
+        netns=netns,
+        ifname=ifname,
         args=parse_cni_args(cni_args_text) if cni_args_text else [],
         capability_args=parse_cap_args(cap_text) if cap_text else {},
     )
@@ -229,7 +285,7 @@ def _handler(verb: str):
             return _run(verb, args)
         except KeyboardInterrupt:
             raise
-        except BaseException as exc:  # noqa: BLE001 - every failure becomes a CNI error object
+        except BaseException as exc:
             if isinstance(exc, SystemExit):
                 raise
             return _report(exc)

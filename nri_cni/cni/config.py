@@ -4,6 +4,7 @@ libcni's rules (libcni/conf.go, SPEC.md "Network configuration lists") with nri-
 stricter edges: a plugin `type` must be a bare file name, the network name is checked at load
 time (libcni waits for ADD), and a version nri-cni cannot speak is refused at load time.
 """
+
 from __future__ import annotations
 
 import builtins  # the `bytes` field below shadows the builtin in its class body
@@ -83,8 +84,9 @@ def parse_plugin(obj: Any, where: str = "") -> PluginConf:
     if "/" in ptype or "\\" in ptype or "\0" in ptype or ".." in ptype or ptype == ".":
         raise ConfigError(f"plugin type {ptype!r} must be a bare executable name", location=where)
     caps = obj.get("capabilities")
-    if caps is not None and (not isinstance(caps, dict)
-                             or not all(isinstance(v, bool) for v in caps.values())):
+    if caps is not None and (
+        not isinstance(caps, dict) or not all(isinstance(v, bool) for v in caps.values())
+    ):
         raise ConfigError("plugin 'capabilities' must map names to booleans", location=where)
     return PluginConf(type=ptype, conf=obj)
 
@@ -134,8 +136,9 @@ def load_conf_dir(path: str | os.PathLike) -> tuple[list[NetworkConfigList], lis
             errors.append(exc)
             continue
         if net.name in seen:
-            errors.append(ConfigError(f"network {net.name!r} is already defined in {seen[net.name]}",
-                                      location=file))
+            errors.append(
+                ConfigError(f"network {net.name!r} is already defined in {seen[net.name]}", location=file)
+            )
             continue
         seen[net.name] = file
         nets.append(net)
@@ -160,6 +163,7 @@ def load_finalize_dropins(confdir: str | os.PathLike) -> tuple[tuple[PluginConf,
 
 
 # ---- internals -----------------------------------------------------------------------------
+
 
 def _conf_files(path: str, extensions: tuple[str, ...]) -> list[str]:
     """Regular files (or links to them) with one of `extensions`, sorted; [] if no dir."""
@@ -246,8 +250,9 @@ def _plugin_list(raw: dict, key: str, where: str, required: bool) -> tuple[Plugi
         raise ConfigError(f"'{key}' must be a list", location=where)
     if required and not items:
         raise ConfigError(f"no plugins in '{key}'", location=where)
-    return tuple(parse_plugin(p, f"{where}: {key}[{i}]" if where else f"{key}[{i}]")
-                 for i, p in enumerate(items))
+    return tuple(
+        parse_plugin(p, f"{where}: {key}[{i}]" if where else f"{key}[{i}]") for i, p in enumerate(items)
+    )
 
 
 def _wrap_single(data: bytes, path: str) -> NetworkConfigList:
@@ -274,7 +279,14 @@ def _with_dropins(net: NetworkConfigList, dropdir: str) -> NetworkConfigList:
     raw["plugins"] = [p.conf for p in net.plugins + extra]
     raw["loadOnlyInlinedPlugins"] = True  # reloading the cached bytes must not append again
     return NetworkConfigList(
-        name=net.name, cni_version=net.cni_version, plugins=net.plugins + extra,
-        finalize_plugins=net.finalize_plugins, disable_check=net.disable_check,
-        disable_gc=net.disable_gc, raw=raw, bytes=json.dumps(raw, separators=(",", ":")).encode(),
-        source=net.source, load_only_inlined_plugins=net.load_only_inlined_plugins)
+        name=net.name,
+        cni_version=net.cni_version,
+        plugins=net.plugins + extra,
+        finalize_plugins=net.finalize_plugins,
+        disable_check=net.disable_check,
+        disable_gc=net.disable_gc,
+        raw=raw,
+        bytes=json.dumps(raw, separators=(",", ":")).encode(),
+        source=net.source,
+        load_only_inlined_plugins=net.load_only_inlined_plugins,
+    )

@@ -14,6 +14,7 @@ The exit, not EOF, ends a call: a helper the plugin left running with our stdout
 the call open (with libcni it does). stdout is bounded (MAX_STDOUT: the plugin is killed past
 it); of stderr the tail is kept.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,9 @@ class PluginExecutor:
                     return path
             except OSError:
                 continue
-        raise PluginExecError(f"failed to find plugin {plugin_type!r} in path {dirs}",
-                              ref=PluginRef(plugin=plugin_type))
+        raise PluginExecError(
+            f"failed to find plugin {plugin_type!r} in path {dirs}", ref=PluginRef(plugin=plugin_type)
+        )
 
     async def exec(self, plugin_path: str, env: dict[str, str], stdin: bytes, timeout: float) -> bytes:
         """Runs the plugin; returns its stdout on exit 0 (possibly empty).
@@ -84,15 +86,19 @@ class PluginExecutor:
                 except OSError as exc:
                     # a plugin binary being replaced right now; libcni retries the same way
                     if exc.errno != errno.ETXTBSY or attempt == ETXTBSY_RETRIES:
-                        raise PluginExecError(f"cannot run plugin {plugin_path}: {exc.strerror}",
-                                              ref=_ref(plugin_path, env)) from None
-                    await asyncio.sleep(min(0.05 * 2 ** attempt, max(0.0, deadline - loop.time())))
+                        raise PluginExecError(
+                            f"cannot run plugin {plugin_path}: {exc.strerror}", ref=_ref(plugin_path, env)
+                        ) from None
+                    await asyncio.sleep(min(0.05 * 2**attempt, max(0.0, deadline - loop.time())))
                     if loop.time() >= deadline:
-                        raise PluginTimeout(f"plugin {plugin_path} stayed busy (ETXTBSY) for {timeout}s",
-                                            ref=_ref(plugin_path, env)) from None
+                        raise PluginTimeout(
+                            f"plugin {plugin_path} stayed busy (ETXTBSY) for {timeout}s",
+                            ref=_ref(plugin_path, env),
+                        ) from None
                 except ValueError as exc:  # NUL in an env value or argument
-                    raise PluginExecError(f"cannot run plugin {plugin_path}: {exc}",
-                                          ref=_ref(plugin_path, env)) from None
+                    raise PluginExecError(
+                        f"cannot run plugin {plugin_path}: {exc}", ref=_ref(plugin_path, env)
+                    ) from None
             run.start_timer(deadline)
             try:
                 await run.done
@@ -105,8 +111,12 @@ class PluginExecutor:
             out = PluginOutput(run.stdout[0] if len(run.stdout) == 1 else b"".join(run.stdout))
             if run.stderr:
                 out.stderr = stderr = bytes(run.stderr[-STDERR_TAIL:])
-                log.debug("plugin %s %s stderr: %s", plugin_path, env.get("CNI_COMMAND"),
-                          stderr.decode(errors="replace"))
+                log.debug(
+                    "plugin %s %s stderr: %s",
+                    plugin_path,
+                    env.get("CNI_COMMAND"),
+                    stderr.decode(errors="replace"),
+                )
             return out
         return _failure(run, plugin_path, _ref(plugin_path, env), timeout)
 
@@ -125,9 +135,25 @@ class _Run:
     never hit an unrelated group.
     """
 
-    __slots__ = ("loop", "stdin", "pid", "pidfd", "fds", "stdout", "stdout_len", "stderr",
-                 "status", "reaped", "abandoned", "timed_out", "overflow", "draining", "done",
-                 "deadline", "timer")
+    __slots__ = (
+        "loop",
+        "stdin",
+        "pid",
+        "pidfd",
+        "fds",
+        "stdout",
+        "stdout_len",
+        "stderr",
+        "status",
+        "reaped",
+        "abandoned",
+        "timed_out",
+        "overflow",
+        "draining",
+        "done",
+        "deadline",
+        "timer",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stdin: bytes) -> None:
         self.loop = loop
@@ -152,10 +178,18 @@ class _Run:
     def spawn(self, path: str, env: dict[str, str]) -> None:
         fds = self.fds or self._files()
         self.pid = os.posix_spawn(
-            path, [path], env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, fds[0], 0), (os.POSIX_SPAWN_DUP2, fds[3], 1),
-                          (os.POSIX_SPAWN_DUP2, fds[4], 2)],
-            setpgroup=0, setsigdef=_RESTORE_SIGNALS, setsigmask=())
+            path,
+            [path],
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, fds[0], 0),
+                (os.POSIX_SPAWN_DUP2, fds[3], 1),
+                (os.POSIX_SPAWN_DUP2, fds[4], 2),
+            ],
+            setpgroup=0,
+            setsigdef=_RESTORE_SIGNALS,
+            setsigmask=(),
+        )
         os.close(fds.pop())
         os.close(fds.pop())
         os.close(fds[0])
@@ -176,7 +210,7 @@ class _Run:
             fds.append(fd)
             view = memoryview(self.stdin)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.lseek(fd, 0, os.SEEK_SET)
             out_r, out_w = _pipe()
             err_r, err_w = _pipe()
@@ -381,25 +415,35 @@ def _failure(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> NoR
     stderr = bytes(run.stderr[-STDERR_TAIL:])
     name = os.path.basename(plugin_path)
     if run.timed_out:
-        raise PluginTimeout(f"plugin {name} killed after {timeout:g}s timeout",
-                            details=excerpt(stdout, stderr), ref=ref)
+        raise PluginTimeout(
+            f"plugin {name} killed after {timeout:g}s timeout", details=excerpt(stdout, stderr), ref=ref
+        )
     if run.overflow:
         raise PluginExecError(f"plugin {name} printed more than {MAX_STDOUT} bytes", ref=ref)
-    how = (f"killed by signal {-run.status}" if run.status is not None and run.status < 0
-           else f"exit status {run.status}")
+    how = (
+        f"killed by signal {-run.status}"
+        if run.status is not None and run.status < 0
+        else f"exit status {run.status}"
+    )
     if not stdout.strip():
-        raise PluginExecError(f"plugin {name} failed ({how}) with no output", details=excerpt(b"", stderr),
-                              ref=ref)
+        raise PluginExecError(
+            f"plugin {name} failed ({how}) with no output", details=excerpt(b"", stderr), ref=ref
+        )
     try:
         obj = json.loads(stdout)
     except (ValueError, UnicodeDecodeError):
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("code"), int) and not isinstance(obj["code"], bool):
         details = obj.get("details")
-        raise CNIError(obj["code"], str(obj.get("msg", "")),
-                       details=details if isinstance(details, str) else "", ref=ref)
-    raise PluginExecError(f"plugin {name} failed ({how}) and its output is not a CNI error",
-                          details=excerpt(stdout, stderr), ref=ref, code=CniCode.DECODING_FAILURE)
+        raise CNIError(
+            obj["code"], str(obj.get("msg", "")), details=details if isinstance(details, str) else "", ref=ref
+        )
+    raise PluginExecError(
+        f"plugin {name} failed ({how}) and its output is not a CNI error",
+        details=excerpt(stdout, stderr),
+        ref=ref,
+        code=CniCode.DECODING_FAILURE,
+    )
 
 
 def excerpt(stdout: bytes, stderr: bytes) -> str:

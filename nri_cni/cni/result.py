@@ -6,6 +6,7 @@ result is always the 1.1.0 model; `to_dict(version)` converts back down with lib
 IPv6 address only, with their routes). Addresses are validated and written in canonical
 form, as libcni's Go types do when they re-marshal a result.
 """
+
 from __future__ import annotations
 
 import functools
@@ -117,8 +118,12 @@ def parse_result(obj: dict | bytes | str, version: str | None = None) -> Result:
                 continue
             if not isinstance(cfg, dict):
                 raise _bad(f"{key} is not an object")
-            res.ips.append(IPConfig(address=_cidr(cfg.get("ip"), f"{key}.ip"),
-                                    gateway=_opt_ip(cfg.get("gateway"), f"{key}.gateway")))
+            res.ips.append(
+                IPConfig(
+                    address=_cidr(cfg.get("ip"), f"{key}.ip"),
+                    gateway=_opt_ip(cfg.get("gateway"), f"{key}.gateway"),
+                )
+            )
             res.routes += [_route(r, f"{key}.routes[{n}]") for n, r in enumerate(_list(cfg, "routes"))]
     else:
         raise CNIError(CniCode.INCOMPATIBLE_VERSION, f"unsupported result cniVersion {ver!r}")
@@ -128,6 +133,7 @@ def parse_result(obj: dict | bytes | str, version: str | None = None) -> Result:
 
 
 # ---- parsing helpers -----------------------------------------------------------------------
+
 
 def _bad(msg: str) -> CNIError:
     return CNIError(CniCode.DECODING_FAILURE, f"invalid CNI result: {msg}")
@@ -228,8 +234,13 @@ def _interface(obj: Any, n: int) -> Interface:
     if type(obj) is not dict:
         raise _bad(f"interfaces[{n}] is not an object")
     get = obj.get
-    name, mac, sandbox, pci_id, socket_path = (get("name"), get("mac"), get("sandbox"), get("pciID"),
-                                               get("socketPath"))
+    name, mac, sandbox, pci_id, socket_path = (
+        get("name"),
+        get("mac"),
+        get("sandbox"),
+        get("pciID"),
+        get("socketPath"),
+    )
     for val in (name, mac, sandbox, pci_id, socket_path):
         if val is not None and type(val) is not str:
             key = next(k for k in _INTERFACE_STRS if get(k) is val)
@@ -244,9 +255,16 @@ def _interface(obj: Any, n: int) -> Interface:
         meta = dict(meta)
     else:
         meta = {}
-    return Interface(name or "", mac or "", mtu or 0, sandbox or "", pci_id or "", socket_path or "", meta,
-                     {} if obj.keys() <= _INTERFACE_KEYS
-                     else {k: v for k, v in obj.items() if k not in _INTERFACE_KEYS})
+    return Interface(
+        name or "",
+        mac or "",
+        mtu or 0,
+        sandbox or "",
+        pci_id or "",
+        socket_path or "",
+        meta,
+        {} if obj.keys() <= _INTERFACE_KEYS else {k: v for k, v in obj.items() if k not in _INTERFACE_KEYS},
+    )
 
 
 def _ip(obj: Any, n: int) -> IPConfig:
@@ -268,12 +286,15 @@ def _ip(obj: Any, n: int) -> IPConfig:
 def _route(obj: Any, where: str) -> Route:
     if not isinstance(obj, dict):
         raise _bad(f"{where} is not an object")
-    return Route(dst=_cidr(obj.get("dst"), f"{where}.dst"), gw=_opt_ip(obj.get("gw"), f"{where}.gw"),
-                 mtu=_int(obj.get("mtu"), f"{where}.mtu"),
-                 advmss=_int(obj.get("advmss"), f"{where}.advmss"),
-                 priority=_int(obj.get("priority"), f"{where}.priority"),
-                 table=_opt_int(obj.get("table"), f"{where}.table"),
-                 scope=_opt_int(obj.get("scope"), f"{where}.scope"))
+    return Route(
+        dst=_cidr(obj.get("dst"), f"{where}.dst"),
+        gw=_opt_ip(obj.get("gw"), f"{where}.gw"),
+        mtu=_int(obj.get("mtu"), f"{where}.mtu"),
+        advmss=_int(obj.get("advmss"), f"{where}.advmss"),
+        priority=_int(obj.get("priority"), f"{where}.priority"),
+        table=_opt_int(obj.get("table"), f"{where}.table"),
+        scope=_opt_int(obj.get("scope"), f"{where}.scope"),
+    )
 
 
 def _dns(obj: Any) -> DNS:
@@ -288,11 +309,16 @@ def _dns(obj: Any) -> DNS:
             raise _bad(f"dns.{key} is not a list of strings")
         return list(val)
 
-    return DNS(nameservers=strs("nameservers"), domain=_str(obj.get("domain"), "dns.domain"),
-               search=strs("search"), options=strs("options"))
+    return DNS(
+        nameservers=strs("nameservers"),
+        domain=_str(obj.get("domain"), "dns.domain"),
+        search=strs("search"),
+        options=strs("options"),
+    )
 
 
 # ---- output --------------------------------------------------------------------------------
+
 
 def _route_dict(r: Route) -> dict:
     out: dict[str, Any] = {"dst": r.dst}
@@ -341,8 +367,13 @@ def _to_v1(res: Result, version: str) -> dict:
         for i in res.interfaces:
             d: dict[str, Any] = dict(i.extra)
             d["name"] = i.name
-            for key, val in (("mac", i.mac), ("mtu", i.mtu), ("sandbox", i.sandbox),
-                             ("socketPath", i.socket_path), ("pciID", i.pci_id)):
+            for key, val in (
+                ("mac", i.mac),
+                ("mtu", i.mtu),
+                ("sandbox", i.sandbox),
+                ("socketPath", i.socket_path),
+                ("pciID", i.pci_id),
+            ):
                 if val:
                     d[key] = val
             if i.metadata:
@@ -387,13 +418,16 @@ def _to_v02(res: Result, version: str) -> dict:
         cfg: dict[str, Any] = {"ip": ip.address}
         if ip.gateway:
             cfg["gateway"] = ip.gateway
-        routes = [{"dst": r.dst, **({"gw": r.gw} if r.gw else {})} for r in res.routes
-                  if _family(r.dst) == family]
+        routes = [
+            {"dst": r.dst, **({"gw": r.gw} if r.gw else {})} for r in res.routes if _family(r.dst) == family
+        ]
         if routes:
             cfg["routes"] = routes
         out[key] = cfg
     if "ip4" not in out and "ip6" not in out:
-        raise CNIError(CniCode.INCOMPATIBLE_VERSION,
-                       f"cannot convert the result to CNI version {version}: no IP addresses")
+        raise CNIError(
+            CniCode.INCOMPATIBLE_VERSION,
+            f"cannot convert the result to CNI version {version}: no IP addresses",
+        )
     out["dns"] = _dns_dict(res.dns)
     return out

@@ -5,6 +5,7 @@ GCNetworkList, GetStatusNetworkList, GetVersionInfo). nri-cni's additions: CNI_A
 from validated pairs with IgnoreUnknown=1, a FINALIZE verb (CNI proposal), hooks around
 each plugin call, and an atomic cache write.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,14 @@ from dataclasses import dataclass, field
 
 from nri_cni.cni import versions
 from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, PreparedWrite, ResultCache
-from nri_cni.cni.config import (NetworkConfigList, PluginConf, parse_conflist, validate_container_id,
-                                validate_ifname, validate_network_name)
+from nri_cni.cni.config import (
+    NetworkConfigList,
+    PluginConf,
+    parse_conflist,
+    validate_container_id,
+    validate_ifname,
+    validate_network_name,
+)
 from nri_cni.cni.exec import PluginExecutor, excerpt
 from nri_cni.cni.result import Result, parse_result
 from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginExecError, PluginRef
@@ -54,12 +61,19 @@ class RuntimeHooks:
     operation as a plugin failure would.
     """
 
-    async def before_plugin(self, command: str, net: NetworkConfigList, plugin_index: int,
-                            rt: RuntimeConf | None) -> None:
+    async def before_plugin(
+        self, command: str, net: NetworkConfigList, plugin_index: int, rt: RuntimeConf | None
+    ) -> None:
         """Before each plugin of ADD, CHECK, DEL or FINALIZE is exec'd."""
 
-    async def after_plugin(self, command: str, net: NetworkConfigList, plugin_index: int,
-                           rt: RuntimeConf | None, result: Result | None) -> None:
+    async def after_plugin(
+        self,
+        command: str,
+        net: NetworkConfigList,
+        plugin_index: int,
+        rt: RuntimeConf | None,
+        result: Result | None,
+    ) -> None:
         """After each plugin returned successfully; `result` is the chain's result so far."""
 
     async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
@@ -72,9 +86,12 @@ class GCError(CNIError):
 
     def __init__(self, network: str, errors: list[NriCniError]) -> None:
         first = errors[0]
-        super().__init__(getattr(first, "code", first.cni_code),
-                         f"GC of network {network!r} failed in {len(errors)} step(s)",
-                         details="; ".join(str(e) for e in errors), ref=PluginRef(network=network))
+        super().__init__(
+            getattr(first, "code", first.cni_code),
+            f"GC of network {network!r} failed in {len(errors)} step(s)",
+            details="; ".join(str(e) for e in errors),
+            ref=PluginRef(network=network),
+        )
         self.errors = errors
 
 
@@ -87,16 +104,24 @@ def cni_args(pairs: Sequence[tuple[str, str]]) -> str:
         if not isinstance(key, str) or not _ARG_KEY_RE.fullmatch(key):
             raise ConfigError(f"invalid CNI_ARGS key {key!r}", location="CNI_ARGS")
         if not isinstance(value, str) or any(c in value for c in ";=\0"):
-            raise ConfigError(f"CNI_ARGS value for {key} must not contain ';', '=' or NUL: {value!r}",
-                              location="CNI_ARGS")
+            raise ConfigError(
+                f"CNI_ARGS value for {key} must not contain ';', '=' or NUL: {value!r}", location="CNI_ARGS"
+            )
         parts.append(f"{key}={value}")
     return ";".join(parts)
 
 
 class CNIRuntime:
-    def __init__(self, bin_dirs: list[str], cache_dir: str = DEFAULT_CACHE_DIR, *,
-                 exec_timeout: float = 60.0, executor: PluginExecutor | None = None,
-                 hooks: object | None = None, durable_cache: bool = False) -> None:
+    def __init__(
+        self,
+        bin_dirs: list[str],
+        cache_dir: str = DEFAULT_CACHE_DIR,
+        *,
+        exec_timeout: float = 60.0,
+        executor: PluginExecutor | None = None,
+        hooks: object | None = None,
+        durable_cache: bool = False,
+    ) -> None:
         """durable_cache: ADD returns only once its cache entry is on disk. Off, the entry is
         written atomically before ADD returns and fsync'd right after, off the ADD's path: a
         journal commit waits for every dirty file on that file system (host-local's leases,
@@ -149,9 +174,11 @@ class CNIRuntime:
     async def check(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
         """CHECK on each plugin in order with the cached result (0.4.0 and later)."""
         if not versions.at_least(net.cni_version, "0.4.0"):
-            raise CNIError(CniCode.INCOMPATIBLE_VERSION,
-                           f"configuration version {net.cni_version!r} does not support the CHECK command",
-                           ref=PluginRef(network=net.name, command="CHECK"))
+            raise CNIError(
+                CniCode.INCOMPATIBLE_VERSION,
+                f"configuration version {net.cni_version!r} does not support the CHECK command",
+                ref=PluginRef(network=net.name, command="CHECK"),
+            )
         if net.disable_check:
             return
         env = self._env("CHECK", rt)
@@ -182,12 +209,15 @@ class CNIRuntime:
         """DEL an attachment from its cache entry alone (its network left the config)."""
         net = parse_conflist(entry.config, source=f"cache:{entry.path}")
         if net.name != entry.network_name:
-            raise ConfigError(f"cached config names network {net.name!r}, entry says {entry.network_name!r}",
-                              location=entry.path)
+            raise ConfigError(
+                f"cached config names network {net.name!r}, entry says {entry.network_name!r}",
+                location=entry.path,
+            )
         await self.delete(net, _rt_of(entry))
 
-    async def finalize(self, net: NetworkConfigList, rt: RuntimeConf, prev_result: Result,
-                       extra: Sequence[PluginConf] = ()) -> Result:
+    async def finalize(
+        self, net: NetworkConfigList, rt: RuntimeConf, prev_result: Result, extra: Sequence[PluginConf] = ()
+    ) -> Result:
         """Runs the list's finalize_plugins, then `extra`, with CNI_COMMAND=FINALIZE.
 
         Each gets the current result as prevResult; one that prints a result replaces it, one
@@ -205,8 +235,14 @@ class CNIRuntime:
         for i, plugin in enumerate(plugins):
             if self._before_plugin:
                 await self._before_plugin("FINALIZE", net, i, rt)
-            out = await self._call(net, plugin, "FINALIZE", env,
-                                   self._stdin(net, plugin, rt, result.to_dict(net.cni_version)), paths[i])
+            out = await self._call(
+                net,
+                plugin,
+                "FINALIZE",
+                env,
+                self._stdin(net, plugin, rt, result.to_dict(net.cni_version)),
+                paths[i],
+            )
             if out.strip():
                 result, changed = self._result(net, plugin, "FINALIZE", out), True
             if self._after_plugin:
@@ -255,12 +291,20 @@ class CNIRuntime:
     async def version(self, plugin_type: str) -> dict:
         """The plugin's VERSION answer: {"cniVersion", "supportedVersions"}."""
         ref = PluginRef(plugin=plugin_type, command="VERSION")
-        env = dict(self._base_env, CNI_COMMAND="VERSION", CNI_CONTAINERID="", CNI_NETNS="dummy",
-                   CNI_IFNAME="dummy", CNI_ARGS="", CNI_PATH="dummy")
+        env = dict(
+            self._base_env,
+            CNI_COMMAND="VERSION",
+            CNI_CONTAINERID="",
+            CNI_NETNS="dummy",
+            CNI_IFNAME="dummy",
+            CNI_ARGS="",
+            CNI_PATH="dummy",
+        )
         try:
             path = self.executor.find(plugin_type, self.bin_dirs)
-            out = await self.executor.exec(path, env, json.dumps({"cniVersion": versions.CURRENT}).encode(),
-                                           self.exec_timeout)
+            out = await self.executor.exec(
+                path, env, json.dumps({"cniVersion": versions.CURRENT}).encode(), self.exec_timeout
+            )
         except CNIError as exc:
             if exc.msg == "unknown CNI_COMMAND: VERSION" and not exc.details:  # pre-0.2.0 plugin
                 return {"cniVersion": versions.CURRENT, "supportedVersions": ["0.1.0"]}
@@ -270,22 +314,35 @@ class CNIRuntime:
             info = json.loads(out)
         except (ValueError, UnicodeDecodeError):
             info = None
-        if not isinstance(info, dict) or not isinstance(info.get("cniVersion"), str) or not info["cniVersion"]:
-            raise PluginExecError(f"plugin {plugin_type} printed no valid VERSION answer",
-                                  details=excerpt(out, getattr(out, "stderr", b"")), ref=ref,
-                                  code=CniCode.DECODING_FAILURE)
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("cniVersion"), str)
+            or not info["cniVersion"]
+        ):
+            raise PluginExecError(
+                f"plugin {plugin_type} printed no valid VERSION answer",
+                details=excerpt(out, getattr(out, "stderr", b"")),
+                ref=ref,
+                code=CniCode.DECODING_FAILURE,
+            )
         supported = info.get("supportedVersions")
         if not supported and info["cniVersion"] == "0.2.0":
             info["supportedVersions"] = ["0.1.0", "0.2.0"]
-        elif not isinstance(supported, list) or not supported or not all(isinstance(v, str) for v in supported):
-            raise PluginExecError(f"plugin {plugin_type} VERSION answer has no supportedVersions",
-                                  ref=ref, code=CniCode.DECODING_FAILURE)
+        elif (
+            not isinstance(supported, list) or not supported or not all(isinstance(v, str) for v in supported)
+        ):
+            raise PluginExecError(
+                f"plugin {plugin_type} VERSION answer has no supportedVersions",
+                ref=ref,
+                code=CniCode.DECODING_FAILURE,
+            )
         return info
 
     # ---- steps -----------------------------------------------------------------------------
 
-    async def cache_result(self, net: NetworkConfigList, rt: RuntimeConf, result: Result,
-                           prepared: PreparedWrite | None = None) -> None:
+    async def cache_result(
+        self, net: NetworkConfigList, rt: RuntimeConf, result: Result, prepared: PreparedWrite | None = None
+    ) -> None:
         """Writes the attachment's cache entry; a separate step so it can be overridden.
         `prepared`: the same write begun ahead by add() (PreparedWrite)."""
         if self._before_cache_write:
@@ -303,23 +360,40 @@ class CNIRuntime:
     @staticmethod
     def _entry(net: NetworkConfigList, rt: RuntimeConf) -> CacheEntry:
         """The attachment's cache entry, without its result."""
-        return CacheEntry(container_id=rt.container_id, ifname=rt.ifname, network_name=net.name,
-                          config=net.bytes, netns=rt.netns, cni_args=list(rt.args),
-                          capability_args=dict(rt.capability_args))
+        return CacheEntry(
+            container_id=rt.container_id,
+            ifname=rt.ifname,
+            network_name=net.name,
+            config=net.bytes,
+            netns=rt.netns,
+            cni_args=list(rt.args),
+            capability_args=dict(rt.capability_args),
+        )
 
     def _cached_prev(self, net: NetworkConfigList, rt: RuntimeConf, command: str) -> dict | None:
         """The cached result in the list's version, or None (with a warning) when there is none
         usable; a corrupt entry is removed on DEL, as libcni does."""
         entry = self.cache.read(net.name, rt.container_id, rt.ifname, drop_corrupt=command == "DEL")
         if entry is None or entry.result is None:
-            log.warning("%s of network %r for %s/%s: no cached result, running without prevResult",
-                        command, net.name, rt.container_id, rt.ifname)
+            log.warning(
+                "%s of network %r for %s/%s: no cached result, running without prevResult",
+                command,
+                net.name,
+                rt.container_id,
+                rt.ifname,
+            )
             return None
         try:
             return parse_result(entry.result, net.cni_version).to_dict(net.cni_version)
         except CNIError as exc:
-            log.warning("%s of network %r for %s/%s: unusable cached result (%s), running without "
-                        "prevResult", command, net.name, rt.container_id, rt.ifname, exc)
+            log.warning(
+                "%s of network %r for %s/%s: unusable cached result (%s), running without prevResult",
+                command,
+                net.name,
+                rt.container_id,
+                rt.ifname,
+                exc,
+            )
             if command == "DEL":
                 self.cache.delete(net.name, rt.container_id, rt.ifname)
             return None
@@ -337,8 +411,13 @@ class CNIRuntime:
         return env
 
     @staticmethod
-    def _stdin(net: NetworkConfigList, plugin: PluginConf, rt: RuntimeConf | None,
-               prev: dict | None, extra: dict | None = None) -> bytes:
+    def _stdin(
+        net: NetworkConfigList,
+        plugin: PluginConf,
+        rt: RuntimeConf | None,
+        prev: dict | None,
+        extra: dict | None = None,
+    ) -> bytes:
         """The plugin's config with name, cniVersion, prevResult and runtimeConfig injected
         (runtimeConfig: only the capabilities the plugin declares true, and only if any)."""
         conf = dict(plugin.conf)
@@ -347,8 +426,11 @@ class CNIRuntime:
         if prev is not None:
             conf["prevResult"] = prev
         if rt is not None and rt.capability_args:
-            rc = {cap: rt.capability_args[cap] for cap, on in plugin.capabilities.items()
-                  if on and cap in rt.capability_args}
+            rc = {
+                cap: rt.capability_args[cap]
+                for cap, on in plugin.capabilities.items()
+                if on and cap in rt.capability_args
+            }
             if rc:
                 conf["runtimeConfig"] = rc
         if extra:
@@ -368,8 +450,15 @@ class CNIRuntime:
                 raise
         return paths
 
-    async def _call(self, net: NetworkConfigList, plugin: PluginConf, command: str,
-                    env: dict[str, str], stdin: bytes, path: str | None = None) -> bytes:
+    async def _call(
+        self,
+        net: NetworkConfigList,
+        plugin: PluginConf,
+        command: str,
+        env: dict[str, str],
+        stdin: bytes,
+        path: str | None = None,
+    ) -> bytes:
         try:
             if path is None:
                 path = self.executor.find(plugin.type, self.bin_dirs)
@@ -389,8 +478,12 @@ class CNIRuntime:
             if type(code) is int and "msg" in obj and not _RESULT_KEYS & obj.keys():
                 # an error object with exit status 0: libcni would take it for an empty result
                 details = obj.get("details")
-                raise CNIError(code, str(obj["msg"]), details=details if isinstance(details, str) else "",
-                               ref=PluginRef(network=net.name, plugin=plugin.type, command=command))
+                raise CNIError(
+                    code,
+                    str(obj["msg"]),
+                    details=details if isinstance(details, str) else "",
+                    ref=PluginRef(network=net.name, plugin=plugin.type, command=command),
+                )
             try:
                 return parse_result(obj, net.cni_version)
             except CNIError as exc:
@@ -400,18 +493,31 @@ class CNIRuntime:
         ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
         stderr = getattr(out, "stderr", b"")
         if not out.strip():
-            raise PluginExecError(f"plugin {plugin.type} exited 0 but printed no result",
-                                  details=excerpt(b"", stderr), ref=ref, code=CniCode.DECODING_FAILURE)
+            raise PluginExecError(
+                f"plugin {plugin.type} exited 0 but printed no result",
+                details=excerpt(b"", stderr),
+                ref=ref,
+                code=CniCode.DECODING_FAILURE,
+            )
         if error is None:
             try:
                 parse_result(out if obj is None else obj, net.cni_version)
             except CNIError as exc:
                 error = exc
         assert error is not None  # only a dict parses
-        raise PluginExecError(f"plugin {plugin.type} printed an unusable result: {error.msg}",
-                              details=excerpt(out, stderr), ref=ref, code=error.code) from None
+        raise PluginExecError(
+            f"plugin {plugin.type} printed an unusable result: {error.msg}",
+            details=excerpt(out, stderr),
+            ref=ref,
+            code=error.code,
+        ) from None
 
 
 def _rt_of(entry: CacheEntry) -> RuntimeConf:
-    return RuntimeConf(container_id=entry.container_id, netns=entry.netns, ifname=entry.ifname,
-                       args=list(entry.cni_args), capability_args=dict(entry.capability_args))
+    return RuntimeConf(
+        container_id=entry.container_id,
+        netns=entry.netns,
+        ifname=entry.ifname,
+        args=list(entry.cni_args),
+        capability_args=dict(entry.capability_args),
+    )

@@ -1,4 +1,5 @@
 """CNI spec versions: which ones nri-cni speaks and how they compare."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

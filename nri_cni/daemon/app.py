@@ -15,6 +15,7 @@ missing from the last Synchronize only (containerd leaves a pod whose state it c
 out of its NRI list). Missing from two Synchronizes in a row, or its netns gone, or removed by a
 pod event: garbage.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,9 +32,9 @@ from nri_cni.config import Config
 from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
 from nri_cni.daemon.reload import ConfigReloader
-from nri_cni.metrics import Metrics
-from nri_cni.errors import CNIError, CniCode, NriCniError
+from nri_cni.errors import CniCode, CNIError, NriCniError
 from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_counter
+from nri_cni.metrics import Metrics
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
@@ -46,8 +47,9 @@ class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         hooks = PluginHooks()
-        self.cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir,
-                              exec_timeout=cfg.cni.plugin_timeout, hooks=hooks)
+        self.cni = CNIRuntime(
+            list(cfg.cni.bin_dirs), cfg.cni.cache_dir, exec_timeout=cfg.cni.plugin_timeout, hooks=hooks
+        )
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
         self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)
         # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
@@ -58,13 +60,18 @@ class Daemon:
         self.networker.readiness = self.network_ready
         # INIT / DEINIT per network generation, and hot reload (docs/lifecycle.md)
         self.lifecycle = NetworkLifecycle(
-            VerbRunner(self.cni), RecordStore(cfg.state_dir), cache_counter(self.cni.cache),
-            retry_initial=cfg.lifecycle.retry_initial, retry_max=cfg.lifecycle.retry_max)
+            VerbRunner(self.cni),
+            RecordStore(cfg.state_dir),
+            cache_counter(self.cni.cache),
+            retry_initial=cfg.lifecycle.retry_initial,
+            retry_max=cfg.lifecycle.retry_max,
+        )
         self.networker.lifecycle = self.lifecycle
         self.reloader = ConfigReloader(cfg, self.apply_config)
         self.handlers = NriHandlers(self)
-        self.stub = Stub(self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index,
-                         socket_path=cfg.nri.socket)
+        self.stub = Stub(
+            self.handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index, socket_path=cfg.nri.socket
+        )
         self.local = LocalServer(self, cfg.daemon_socket)
         self.pods: dict[str, PodInfo] = {}  # the runtime's pods, as far as we know
         self.synced = False
@@ -101,12 +108,19 @@ class Daemon:
             await self.metrics.serve(self.cfg.metrics_listen)
         await self.refresh_status()
         stub_task = asyncio.create_task(self.stub.run(), name="nri-stub")
-        timers = [asyncio.create_task(self._every(self.cfg.status_interval, self.refresh_status)),
-                  asyncio.create_task(self._every(self.cfg.status_interval, self.reap)),
-                  asyncio.create_task(self._every(self.cfg.gc_interval, self._timed_gc)),
-                  asyncio.create_task(self._notify_ready())]
-        log.info("nri-cni running in %s mode: %d network(s), NRI socket %s, local socket %s",
-                 self.cfg.mode, len(self.cfg.networks), self.cfg.nri.socket, self.cfg.daemon_socket)
+        timers = [
+            asyncio.create_task(self._every(self.cfg.status_interval, self.refresh_status)),
+            asyncio.create_task(self._every(self.cfg.status_interval, self.reap)),
+            asyncio.create_task(self._every(self.cfg.gc_interval, self._timed_gc)),
+            asyncio.create_task(self._notify_ready()),
+        ]
+        log.info(
+            "nri-cni running in %s mode: %d network(s), NRI socket %s, local socket %s",
+            self.cfg.mode,
+            len(self.cfg.networks),
+            self.cfg.nri.socket,
+            self.cfg.daemon_socket,
+        )
         stop_wait = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait({stub_task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if stub_task in done and stub_task.exception():
@@ -144,7 +158,7 @@ class Daemon:
             await asyncio.sleep(interval)
             try:
                 await job()
-            except Exception:  # noqa: BLE001 - a timer must survive one bad round
+            except Exception:
                 log.exception("periodic %s failed", getattr(job, "__name__", job))
 
     async def _notify_ready(self) -> None:
@@ -187,8 +201,11 @@ class Daemon:
         """Pods not listed by the runtime that are still given the benefit of the doubt: not
         yet listed since their attach, or missing from the last Synchronize only, while their
         netns exists. (An entry goes when the pod is listed, detached, gone or collected.)"""
-        return {pod_id for pod_id, (since, netns) in self._unconfirmed.items()
-                if self._syncs - since <= 1 and not netns_gone(netns)}
+        return {
+            pod_id
+            for pod_id, (since, netns) in self._unconfirmed.items()
+            if self._syncs - since <= 1 and not netns_gone(netns)
+        }
 
     def valid_pod_ids(self) -> set[str]:
         return set(self.pods) | self.pods_in_flight() | self.unconfirmed_valid()
@@ -243,8 +260,9 @@ class Daemon:
 
     async def gc_now(self, reason: str) -> dict:
         if not self.synced:
-            raise NriCniError("no pod list from the runtime yet (not synchronized): GC would "
-                              "delete every attachment")
+            raise NriCniError(
+                "no pod list from the runtime yet (not synchronized): GC would delete every attachment"
+            )
 
         def valid() -> set[str]:  # evaluated once GC holds its lock
             ids = self.valid_pod_ids()
@@ -290,7 +308,7 @@ class Daemon:
         return error
 
     async def network_ready(self, name: str) -> str:
-        """"" when the network is ready, else its STATUS error (status.refuse_when_not_ready).
+        """ "" when the network is ready, else its STATUS error (status.refuse_when_not_ready).
         A network last seen failing is asked again first: a recovered one must not go on
         refusing pods until the next status.interval."""
         if not self.network_status.get(name):
@@ -303,8 +321,7 @@ class Daemon:
         failing.update(self.lifecycle.not_ready())  # INIT failed: no ADD can succeed
         if failing:
             name, error = next(iter(failing.items()))
-            raise CNIError(CniCode.PLUGIN_NOT_AVAILABLE, f"network {name!r} is not ready",
-                           details=error)
+            raise CNIError(CniCode.PLUGIN_NOT_AVAILABLE, f"network {name!r} is not ready", details=error)
 
     # -- reports (CLI) -----------------------------------------------------------------------
 
@@ -314,24 +331,31 @@ class Daemon:
         return {
             "mode": self.cfg.mode,
             "ready": self.stub.synchronized.is_set() and not errors,
-            "nri": {"socket": self.cfg.nri.socket, "registered": self.stub.registered.is_set(),
-                    "synchronized": self.stub.synchronized.is_set(),
-                    "runtime": f"{self.stub.runtime_name} {self.stub.runtime_version}".strip(),
-                    "requestTimeoutMs": self.stub.request_timeout_ms},
-            "networks": {n.name: {"ready": n.name not in errors,
-                                  "error": errors.get(n.name, ""),
-                                  "default": n.default}
-                         for n in self.cfg.networks},
+            "nri": {
+                "socket": self.cfg.nri.socket,
+                "registered": self.stub.registered.is_set(),
+                "synchronized": self.stub.synchronized.is_set(),
+                "runtime": f"{self.stub.runtime_name} {self.stub.runtime_version}".strip(),
+                "requestTimeoutMs": self.stub.request_timeout_ms,
+            },
+            "networks": {
+                n.name: {"ready": n.name not in errors, "error": errors.get(n.name, ""), "default": n.default}
+                for n in self.cfg.networks
+            },
             "pods": len(self.pods),
             "attachments": len(self.networker.cached()),
             "pendingRepair": sorted(self._repair),
             "pendingRollback": self.networker.pending_rollbacks(),
             "unconfirmed": len(self._unconfirmed),
             # what the daemon keeps per pod besides the cache: all zero on an idle, empty node
-            "tracked": {"pods": len(self.pods), "operations": len(self.networker.locks),
-                        "unconfirmed": len(self._unconfirmed), "repair": len(self._repair),
-                        "hooks": len(self.networker.hooks) if self.networker.hooks else 0,
-                        "background": len(self._background)},
+            "tracked": {
+                "pods": len(self.pods),
+                "operations": len(self.networker.locks),
+                "unconfirmed": len(self._unconfirmed),
+                "repair": len(self._repair),
+                "hooks": len(self.networker.hooks) if self.networker.hooks else 0,
+                "background": len(self._background),
+            },
             "uptimeSeconds": round(time.time() - self.started, 1),
             "lifecycle": self.lifecycle.report(),
             "reload": self.reloader.report(),
@@ -341,16 +365,26 @@ class Daemon:
         pods: dict[str, dict] = {}
         for entry in self.networker.cached():
             args = dict(entry.cni_args)
-            pod = pods.setdefault(entry.container_id, {
-                "id": entry.container_id, "namespace": args.get(K8S_POD_NAMESPACE, ""),
-                "name": args.get(K8S_POD_NAME, ""), "networks": []})
+            pod = pods.setdefault(
+                entry.container_id,
+                {
+                    "id": entry.container_id,
+                    "namespace": args.get(K8S_POD_NAMESPACE, ""),
+                    "name": args.get(K8S_POD_NAME, ""),
+                    "networks": [],
+                },
+            )
             result = parse_result(entry.result) if entry.result else None
-            pod["networks"].append({
-                "network": entry.network_name, "interface": entry.ifname,
-                "ips": [ip.address for ip in result.ips] if result else [],
-                "mac": next((i.mac for i in result.interfaces if i.name == entry.ifname), "")
-                if result else "",
-            })
+            pod["networks"].append(
+                {
+                    "network": entry.network_name,
+                    "interface": entry.ifname,
+                    "ips": [ip.address for ip in result.ips] if result else [],
+                    "mac": next((i.mac for i in result.interfaces if i.name == entry.ifname), "")
+                    if result
+                    else "",
+                }
+            )
         for pod in pods.values():
             pod["networks"].sort(key=lambda n: (n["interface"] != "eth0", n["interface"]))
         return sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["id"]))

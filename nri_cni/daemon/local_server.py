@@ -6,6 +6,7 @@ result (converted to the shim's cniVersion), so the runtime and kubelet see nri-
 today's CNI path; DEL detaches all of them; CHECK checks all; STATUS reports the daemon's health;
 GC converges on the attachments the runtime says are valid.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,7 @@ POD_ANNOTATIONS_CAP = "io.kubernetes.cri.pod-annotations"
 
 
 class LocalServer:
-    def __init__(self, daemon: "Daemon", path: str) -> None:
+    def __init__(self, daemon: Daemon, path: str) -> None:
         self.daemon = daemon
         self.path = path
         self._server: asyncio.base_events.Server | None = None
@@ -77,11 +78,15 @@ class LocalServer:
             try:
                 conf = json.loads(stdin or b"{}")
             except ValueError as exc:
-                raise NriCniError("the network config on stdin is not JSON", details=str(exc),
-                                  cni_code=CniCode.DECODING_FAILURE) from None
+                raise NriCniError(
+                    "the network config on stdin is not JSON",
+                    details=str(exc),
+                    cni_code=CniCode.DECODING_FAILURE,
+                ) from None
             if not isinstance(conf, dict):
-                raise NriCniError("the network config must be a JSON object",
-                                  cni_code=CniCode.DECODING_FAILURE)
+                raise NriCniError(
+                    "the network config must be a JSON object", cni_code=CniCode.DECODING_FAILURE
+                )
             version = str(conf.get("cniVersion") or version)
             command = env.get("CNI_COMMAND", "")
             if command == "STATUS":
@@ -95,7 +100,8 @@ class LocalServer:
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
                 answer = await self.daemon.networker.attach(
-                    pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0"))
+                    pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0")
+                )
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":
@@ -107,8 +113,9 @@ class LocalServer:
                 return 0, b""
             raise NriCniError(f"unsupported CNI_COMMAND {command!r}", cni_code=CniCode.INVALID_ENV)
         except NriCniError as exc:
-            log.error("shim %s for %s: %s", env.get("CNI_COMMAND", "?"),
-                      env.get("CNI_CONTAINERID", "?")[:12], exc)
+            log.error(
+                "shim %s for %s: %s", env.get("CNI_COMMAND", "?"), env.get("CNI_CONTAINERID", "?")[:12], exc
+            )
             return 1, json.dumps(_cni_error(exc, version)).encode()
 
     @staticmethod
@@ -124,20 +131,27 @@ class LocalServer:
         annotations = (conf.get("runtimeConfig") or {}).get(POD_ANNOTATIONS_CAP) or {}
         if not isinstance(annotations, dict):
             raise ConfigError(f"runtimeConfig.{POD_ANNOTATIONS_CAP} must be an object")
-        return PodInfo(id=cid, name=args.get("K8S_POD_NAME", ""),
-                       namespace=args.get("K8S_POD_NAMESPACE", ""),
-                       uid=args.get("K8S_POD_UID", ""), netns=env.get("CNI_NETNS", ""),
-                       annotations={str(k): str(v) for k, v in annotations.items()})
+        return PodInfo(
+            id=cid,
+            name=args.get("K8S_POD_NAME", ""),
+            namespace=args.get("K8S_POD_NAMESPACE", ""),
+            uid=args.get("K8S_POD_UID", ""),
+            netns=env.get("CNI_NETNS", ""),
+            annotations={str(k): str(v) for k, v in annotations.items()},
+        )
 
     async def _gc(self, conf: dict) -> None:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
         pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
         report = await self.daemon.networker.gc(
-            lambda: pod_ids | self.daemon.pods_in_flight() | self.daemon.unconfirmed_valid())
+            lambda: pod_ids | self.daemon.pods_in_flight() | self.daemon.unconfirmed_valid()
+        )
         if report["errors"]:
-            raise NriCniError(f"GC left {len(report['errors'])} error(s), retried by the next GC",
-                              details="; ".join(report["errors"]))
+            raise NriCniError(
+                f"GC left {len(report['errors'])} error(s), retried by the next GC",
+                details="; ".join(report["errors"]),
+            )
 
     # -- CLI ---------------------------------------------------------------------------------
 

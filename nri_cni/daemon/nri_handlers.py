@@ -12,6 +12,7 @@ A failed attach in RunPodSandbox fails the pod, except where the runtime would t
 sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error logged, and
 the attachment retried by the repair loop. `failure_policy` in the config overrides this.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,7 +46,7 @@ def runtime_fails_cleanly(runtime_name: str, runtime_version: str) -> bool:
 class NriHandlers:
     """The plugin object the NRI stub dispatches to."""
 
-    def __init__(self, daemon: "Daemon") -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.runtime_name = ""
         self.runtime_version = ""
@@ -58,8 +59,10 @@ class NriHandlers:
         self.runtime_name = req.runtime_name
         self.runtime_version = req.runtime_version
         if req.config:
-            log.info("runtime-supplied plugin config ignored (%d bytes): nri-cni reads its own file",
-                     len(req.config))
+            log.info(
+                "runtime-supplied plugin config ignored (%d bytes): nri-cni reads its own file",
+                len(req.config),
+            )
 
     async def synchronize(self, pods, containers) -> None:
         infos = [PodInfo.from_nri(p) for p in pods]
@@ -82,8 +85,12 @@ class NriHandlers:
         except NriCniError as exc:
             if self._fail_pods():
                 raise
-            log.error("%s; the pod is kept and the attachment retried (failing it would leak "
-                      "the sandbox on %s %s)", exc, self.runtime_name, self.runtime_version)
+            log.error(
+                "%s; the pod is kept and the attachment retried (failing it would leak the sandbox on %s %s)",
+                exc,
+                self.runtime_name,
+                self.runtime_version,
+            )
             daemon.needs_repair(info)
             return None
         return run_pod_response(answer) if mode == "native" else None

@@ -13,6 +13,7 @@ result differs from the running configuration. What is applied is all or nothing
   attachment keeps the config it was made with (DEL reads the cache), and the network lifecycle
   INITs new generations and DEINITs the ones that left (docs/lifecycle.md).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,8 +83,13 @@ def watched_dirs(cfg: Config) -> set[str]:
 
 
 class ConfigReloader:
-    def __init__(self, cfg: Config, apply: Callable[[Config], Awaitable[None]], *,
-                 loader: Callable[[str], Config] = load_config) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        apply: Callable[[Config], Awaitable[None]],
+        *,
+        loader: Callable[[str], Config] = load_config,
+    ) -> None:
         self.cfg = cfg
         self._apply = apply
         self._loader = loader
@@ -112,8 +118,9 @@ class ConfigReloader:
                 log.warning("no inotify (%s): config changes are seen by the rescan only", exc)
         self._tasks.append(asyncio.create_task(self._on_trigger(), name="reload-trigger"))
         if settings.rescan_interval > 0:
-            self._tasks.append(asyncio.create_task(self._rescan(settings.rescan_interval),
-                                                   name="reload-rescan"))
+            self._tasks.append(
+                asyncio.create_task(self._rescan(settings.rescan_interval), name="reload-rescan")
+            )
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -168,20 +175,22 @@ class ConfigReloader:
         dropins, errors = finalize_dropins(new)
         if errors:
             from nri_cni.config import ConfigErrors
+
             raise ConfigErrors(errors)
         return new, dropins
 
     def _check_restart_only(self, new: Config) -> None:
         changed = [key for key, get in RESTART_ONLY if get(new) != get(self.cfg)]
         if changed:
-            raise ConfigError(f"changing {', '.join(changed)} needs a restart of nri-cni",
-                              location=f"{self.cfg.path}: {changed[0]}")
+            raise ConfigError(
+                f"changing {', '.join(changed)} needs a restart of nri-cni",
+                location=f"{self.cfg.path}: {changed[0]}",
+            )
 
     def _refused(self, exc: ConfigError, reason: str) -> None:
         text = str(exc)
         if text != self.state.refused:  # the rescan finds the same error again and again
-            log.error("configuration change refused (%s); the running configuration stays:\n%s",
-                      reason, text)
+            log.error("configuration change refused (%s); the running configuration stays:\n%s", reason, text)
         self.state.refused = text
         self.state.refused_at = time.time()
 
@@ -192,9 +201,14 @@ class ConfigReloader:
         return self._watcher.watch(watched_dirs(self.cfg))
 
     def report(self) -> dict:
-        return {"enabled": self.enabled, "inotify": self._watcher is not None,
-                "applied": self.state.applied, "lastApplied": self.state.last_applied,
-                "refused": self.state.refused, "refusedAt": self.state.refused_at}
+        return {
+            "enabled": self.enabled,
+            "inotify": self._watcher is not None,
+            "applied": self.state.applied,
+            "lastApplied": self.state.last_applied,
+            "refused": self.state.refused,
+            "refusedAt": self.state.refused_at,
+        }
 
 
 def describe_change(old: Config, new: Config) -> str:
@@ -203,6 +217,13 @@ def describe_change(old: Config, new: Config) -> str:
     parts = [f"+{n}" for n in after if n not in before]
     parts += [f"-{n}" for n in before if n not in after]
     parts += [f"~{n}" for n in after if n in before and before[n] != after[n]]
-    return "networks " + (" ".join(parts) if parts else "unchanged") + \
-        ("" if (old.primary_network, old.failure_policy, old.log_level) ==
-         (new.primary_network, new.failure_policy, new.log_level) else ", settings changed")
+    return (
+        "networks "
+        + (" ".join(parts) if parts else "unchanged")
+        + (
+            ""
+            if (old.primary_network, old.failure_policy, old.log_level)
+            == (new.primary_network, new.failure_policy, new.log_level)
+            else ", settings changed"
+        )
+    )

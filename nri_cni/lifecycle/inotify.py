@@ -5,6 +5,7 @@ everything anyway, so event details (which file, which kind) would be noise. Dir
 files, are watched: editors and ConfigMap updates replace files by rename, and a watch on the
 old inode would go quiet.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,18 @@ IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x01000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
-DIR_EVENTS = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
-              | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
+DIR_EVENTS = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_CLOSE_WRITE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_CREATE
+    | IN_DELETE
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_ONLYDIR
+)
 _EVENT = struct.Struct("=iIII")  # struct inotify_event: int wd; u32 mask, cookie, len; name[len]
 _EVENT_HEADER = _EVENT.size
 
@@ -84,8 +95,9 @@ class DirWatcher:
             if wd < 0:
                 err = ctypes.get_errno()
                 if err not in (errno.ENOENT, errno.ENOTDIR):  # missing: the rescan covers it
-                    log.warning("cannot watch %s: %s (the periodic rescan still sees changes)",
-                                path, os.strerror(err))
+                    log.warning(
+                        "cannot watch %s: %s (the periodic rescan still sees changes)", path, os.strerror(err)
+                    )
                 continue
             self._wds[path] = wd
             added.add(path)

@@ -7,6 +7,7 @@ kicked (a reload, an attachment gone, a lease returned) or a retry is due. Pod o
 lease on the generation they use: the lease waits for INIT, fails with INIT's error, and keeps
 DEINIT away while the ADD runs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,17 +76,26 @@ class Gen:
 
 def cache_counter(cache: ResultCache) -> AttachmentCounter:
     """Counts the cached attachments of each (network, generation)."""
+
     def count() -> Counter:
         return Counter((e.network_name, generation_id(e.config)) for e in cache.entries())
 
     async def counter() -> Counter:
         return await asyncio.to_thread(count)
+
     return counter
 
 
 class NetworkLifecycle:
-    def __init__(self, runner: VerbRunner, store: RecordStore, attachments: AttachmentCounter, *,
-                 retry_initial: float = 1.0, retry_max: float = 300.0) -> None:
+    def __init__(
+        self,
+        runner: VerbRunner,
+        store: RecordStore,
+        attachments: AttachmentCounter,
+        *,
+        retry_initial: float = 1.0,
+        retry_max: float = 300.0,
+    ) -> None:
         self.runner = runner
         self.store = store
         self.attachments = attachments
@@ -105,8 +115,12 @@ class NetworkLifecycle:
             try:
                 net = parse_conflist(rec.config, source=f"lifecycle record {rec.network}/{rec.generation}")
             except NriCniError as exc:
-                log.error("lifecycle record of %s/%s holds an unusable config (%s); ignored",
-                          rec.network, rec.generation, exc)
+                log.error(
+                    "lifecycle record of %s/%s holds an unusable config (%s); ignored",
+                    rec.network,
+                    rec.generation,
+                    exc,
+                )
                 continue
             gen = Gen(rec.network, rec.generation, net, record=rec)
             gen.settled.set()
@@ -138,8 +152,7 @@ class NetworkLifecycle:
                     gen.settled.clear()
                 else:
                     gen.settled.set()
-                    log.info("network %s: generation %s is current again, INIT already done",
-                             name, gid)
+                    log.info("network %s: generation %s is current again, INIT already done", name, gid)
         for name in touched:
             self._kick(name)
 
@@ -151,8 +164,9 @@ class NetworkLifecycle:
             gen.settled.set()
             del self._gens[gen.network][gen.id]
             return
-        log.info("network %s: generation %s retired; DEINIT once its attachments are gone",
-                 gen.network, gen.id)
+        log.info(
+            "network %s: generation %s retired; DEINIT once its attachments are gone", gen.network, gen.id
+        )
 
     def poke(self, network: str | None = None) -> None:
         """An attachment may be gone (DEL, GC, failed ADD): re-check retired generations."""
@@ -170,17 +184,21 @@ class NetworkLifecycle:
             return
         gen = self._gens.get(net.name, {}).get(generation_id(net.bytes))
         if gen is None:
-            raise CNIError(CniCode.TRY_AGAIN_LATER,
-                           f"network {net.name!r}: this configuration is no longer in use, retry",
-                           ref=PluginRef(network=net.name))
+            raise CNIError(
+                CniCode.TRY_AGAIN_LATER,
+                f"network {net.name!r}: this configuration is no longer in use, retry",
+                ref=PluginRef(network=net.name),
+            )
         gen.in_flight += 1
         gen.epoch += 1
         try:
             while not gen.ready:
                 if not gen.current:  # replaced while we came here: never ADD with it now
-                    raise CNIError(CniCode.TRY_AGAIN_LATER,
-                                   f"network {net.name!r}: this configuration was replaced, retry",
-                                   ref=PluginRef(network=net.name))
+                    raise CNIError(
+                        CniCode.TRY_AGAIN_LATER,
+                        f"network {net.name!r}: this configuration was replaced, retry",
+                        ref=PluginRef(network=net.name),
+                    )
                 if gen.init_error is not None and gen.busy != INIT:
                     raise _not_ready(gen)  # in back-off: fail now rather than hang the pod
                 await gen.settled.wait()  # cleared while an INIT is owed or running
@@ -216,14 +234,22 @@ class NetworkLifecycle:
             entry: dict = {"generation": "", "state": "", "error": "", "retired": []}
             for gen in gens.values():
                 if gen.current:
-                    entry.update(generation=gen.id, state=gen.state(),
-                                 error=str(gen.init_error) if gen.init_error and not gen.ready else "",
-                                 failures=gen.failures)
+                    entry.update(
+                        generation=gen.id,
+                        state=gen.state(),
+                        error=str(gen.init_error) if gen.init_error and not gen.ready else "",
+                        failures=gen.failures,
+                    )
                 else:
-                    entry["retired"].append({
-                        "generation": gen.id, "state": gen.state(),
-                        "error": str(gen.deinit_error) if gen.deinit_error else "",
-                        "attachments": gen.attachments + gen.in_flight, "failures": gen.failures})
+                    entry["retired"].append(
+                        {
+                            "generation": gen.id,
+                            "state": gen.state(),
+                            "error": str(gen.deinit_error) if gen.deinit_error else "",
+                            "attachments": gen.attachments + gen.in_flight,
+                            "failures": gen.failures,
+                        }
+                    )
             out[name] = entry
         return out
 
@@ -236,8 +262,7 @@ class NetworkLifecycle:
         self._active.add(network)
         task = self._drivers.get(network)
         if task is None or task.done():
-            self._drivers[network] = asyncio.create_task(self._drive(network),
-                                                         name=f"lifecycle-{network}")
+            self._drivers[network] = asyncio.create_task(self._drive(network), name=f"lifecycle-{network}")
 
     async def close(self) -> None:
         self._closed = True
@@ -250,7 +275,7 @@ class NetworkLifecycle:
 
     async def idle(self) -> None:
         """Waits until every driver is asleep: no verb due now (tests use it)."""
-        while self._active:
+        while self._active:  # noqa: ASYNC110 - tests poll until every driver sleeps
             await asyncio.sleep(0.01)
 
     async def _drive(self, network: str) -> None:
@@ -305,8 +330,11 @@ class NetworkLifecycle:
         return None, delay
 
     def _siblings(self, gen: Gen) -> list[Sibling]:
-        return [Sibling(g.id, g.net.bytes) for g in self._gens.get(gen.network, {}).values()
-                if g is not gen and g.record is not None]
+        return [
+            Sibling(g.id, g.net.bytes)
+            for g in self._gens.get(gen.network, {}).values()
+            if g is not gen and g.record is not None
+        ]
 
     async def _init(self, gen: Gen) -> None:
         gen.busy = INIT
@@ -370,15 +398,25 @@ class NetworkLifecycle:
         gen.failures += 1
         wait = min(self.retry_max, self.retry_initial * 2 ** (gen.failures - 1))
         gen.next_try = asyncio.get_running_loop().time() + wait
-        log.error("network %s: %s of generation %s failed (attempt %d, retry in %.1fs): %s",
-                  gen.network, verb, gen.id, gen.failures, wait, exc)
+        log.error(
+            "network %s: %s of generation %s failed (attempt %d, retry in %.1fs): %s",
+            gen.network,
+            verb,
+            gen.id,
+            gen.failures,
+            wait,
+            exc,
+        )
 
 
 def _not_ready(gen: Gen) -> CNIError:
     cause = gen.init_error
     # no ref: the message names the network already, and the cause names the plugin
-    return CNIError(CniCode.PLUGIN_NOT_AVAILABLE, f"network {gen.network!r} is not ready: INIT failed",
-                    details=str(cause) if cause else "")
+    return CNIError(
+        CniCode.PLUGIN_NOT_AVAILABLE,
+        f"network {gen.network!r} is not ready: INIT failed",
+        details=str(cause) if cause else "",
+    )
 
 
 def _min(a: float | None, b: float) -> float:

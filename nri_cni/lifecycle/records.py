@@ -12,6 +12,7 @@ The record is written before the verb runs and removed after DEINIT succeeded, s
 any point leaves enough to finish the job: a restart re-runs the verb of the phase it finds.
 Writes are atomic and durable, as the intent records are.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,9 +50,14 @@ class RecordStore:
 
     def write(self, rec: GenerationRecord) -> None:
         rec.updated = time.time()
-        doc = {"network": rec.network, "generation": rec.generation, "phase": rec.phase,
-               "config": base64.b64encode(rec.config).decode(), "updated": round(rec.updated, 3),
-               "error": rec.error}
+        doc = {
+            "network": rec.network,
+            "generation": rec.generation,
+            "phase": rec.phase,
+            "config": base64.b64encode(rec.config).decode(),
+            "updated": round(rec.updated, 3),
+            "error": rec.error,
+        }
         path = self._path(rec.network, rec.generation)
         parent = os.path.dirname(path)
         tmp = os.path.join(parent, f".{rec.generation}.{os.getpid()}.{next(_tmp_seq)}.tmp")
@@ -70,8 +76,9 @@ class RecordStore:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise NriCniError(f"cannot write the lifecycle record {path}: {exc.strerror}",
-                              cni_code=CniCode.IO_FAILURE) from exc
+            raise NriCniError(
+                f"cannot write the lifecycle record {path}: {exc.strerror}", cni_code=CniCode.IO_FAILURE
+            ) from exc
 
     def remove(self, network: str, generation: str) -> None:
         path = self._path(network, generation)
@@ -106,11 +113,14 @@ class RecordStore:
                     with open(path, "rb") as f:
                         doc = json.loads(f.read())
                     rec = GenerationRecord(
-                        network=doc["network"], generation=doc["generation"],
-                        config=base64.b64decode(doc["config"], validate=True), phase=doc["phase"],
-                        updated=float(doc.get("updated", 0)), error=str(doc.get("error", "")))
-                    if rec.phase not in PHASES or rec.network != network \
-                            or name != f"{rec.generation}.json":
+                        network=doc["network"],
+                        generation=doc["generation"],
+                        config=base64.b64decode(doc["config"], validate=True),
+                        phase=doc["phase"],
+                        updated=float(doc.get("updated", 0)),
+                        error=str(doc.get("error", "")),
+                    )
+                    if rec.phase not in PHASES or rec.network != network or name != f"{rec.generation}.json":
                         raise ValueError("fields do not match the file")
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     # Kept for a person to look at: deleting it would forget a DEINIT owed.

@@ -6,6 +6,7 @@ verbs: a plugin that never heard of them answers INIT with "unknown CNI_COMMAND"
 nri-cni never guesses. A generation is one exact configuration of a network: the hash of the
 config bytes that ADD caches, so that a cache entry names the generation it was made with.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,12 +32,13 @@ def declared_verbs(conf: Any, where: str = "") -> frozenset[str]:
         return frozenset()
     value = conf[LIFECYCLE_KEY]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{LIFECYCLE_KEY!r} must be a list of verbs (\"init\", \"deinit\")",
-                          location=where)
+        raise ConfigError(f'{LIFECYCLE_KEY!r} must be a list of verbs ("init", "deinit")', location=where)
     unknown = [v for v in value if v.lower() not in _VERBS]
     if unknown:
-        raise ConfigError(f"{LIFECYCLE_KEY!r}: unknown verb(s) {', '.join(map(repr, unknown))} "
-                          "(known: init, deinit)", location=where)
+        raise ConfigError(
+            f"{LIFECYCLE_KEY!r}: unknown verb(s) {', '.join(map(repr, unknown))} (known: init, deinit)",
+            location=where,
+        )
     return frozenset(_VERBS[v.lower()] for v in value)
 
 
@@ -46,8 +48,10 @@ def validate_list(net: NetworkConfigList, where: str = "") -> None:
         declared_verbs(plugin.conf, f"{where}: plugins[{i}]" if where else f"plugins[{i}]")
     for i, plugin in enumerate(net.finalize_plugins):
         if LIFECYCLE_KEY in plugin.conf:
-            raise ConfigError(f"{LIFECYCLE_KEY!r} is for plugins of the chain, not finalize_plugins",
-                              location=f"{where}: finalize_plugins[{i}]")
+            raise ConfigError(
+                f"{LIFECYCLE_KEY!r} is for plugins of the chain, not finalize_plugins",
+                location=f"{where}: finalize_plugins[{i}]",
+            )
 
 
 def plugins_for(net: NetworkConfigList, verb: str) -> tuple[tuple[int, PluginConf], ...]:

@@ -7,6 +7,7 @@ with the network's name and cniVersion injected, plus two keys nri-cni adds (doc
 the generation id, and the other generations of the same network that are live right now, so a
 plugin can keep what a sibling generation still uses.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,23 +41,28 @@ class VerbRunner:
     def env(self, verb: str) -> dict[str, str]:
         env = dict(os.environ)  # plugins exec ip, iptables...: they need the daemon's PATH
         env.setdefault("PATH", _DEFAULT_PATH)
-        env.update(CNI_COMMAND=verb, CNI_CONTAINERID="", CNI_NETNS="", CNI_IFNAME="",
-                   CNI_ARGS="", CNI_PATH=":".join(self.cni.bin_dirs))
+        env.update(
+            CNI_COMMAND=verb,
+            CNI_CONTAINERID="",
+            CNI_NETNS="",
+            CNI_IFNAME="",
+            CNI_ARGS="",
+            CNI_PATH=":".join(self.cni.bin_dirs),
+        )
         return env
 
     @staticmethod
-    def stdin(net: NetworkConfigList, plugin: PluginConf, generation: str,
-              siblings: list[Sibling]) -> bytes:
+    def stdin(net: NetworkConfigList, plugin: PluginConf, generation: str, siblings: list[Sibling]) -> bytes:
         conf = dict(plugin.conf)
         conf["name"] = net.name
         conf["cniVersion"] = net.cni_version
         conf[GENERATION_KEY] = generation
-        conf[OTHER_GENERATIONS_KEY] = [{"generation": s.generation, "config": json.loads(s.config)}
-                                       for s in siblings]
+        conf[OTHER_GENERATIONS_KEY] = [
+            {"generation": s.generation, "config": json.loads(s.config)} for s in siblings
+        ]
         return json.dumps(conf, separators=(",", ":")).encode()
 
-    async def run(self, verb: str, net: NetworkConfigList, generation: str,
-                  siblings: list[Sibling]) -> int:
+    async def run(self, verb: str, net: NetworkConfigList, generation: str, siblings: list[Sibling]) -> int:
         """Runs `verb` on every plugin that declares it; returns how many ran. Raises the first
         failure as a CNIError naming the network, the plugin and the verb."""
         plugins = plugins_for(net, verb)
@@ -66,8 +72,9 @@ class VerbRunner:
             try:
                 path = self.cni.executor.find(plugin.type, self.cni.bin_dirs)
                 # a plugin's success output means nothing for these verbs: it is ignored
-                await self.cni.executor.exec(path, env, self.stdin(net, plugin, generation, siblings),
-                                             self.cni.exec_timeout)
+                await self.cni.executor.exec(
+                    path, env, self.stdin(net, plugin, generation, siblings), self.cni.exec_timeout
+                )
             except CNIError as exc:
                 exc.ref = ref
                 raise

@@ -6,6 +6,7 @@ Id 0 is reserved; on 1 the runtime calls the plugin, on 2 the plugin calls the r
 Chunks hold at most one ttrpc frame's worth (10 + 4 MiB); frames may still be split across
 chunks, so the payloads of one id are a byte stream, not messages.
 """
+
 from __future__ import annotations
 
 import struct
@@ -33,7 +34,7 @@ def encode(conn_id: int, data: bytes) -> bytes:
     parts = []
     with memoryview(data) as view:
         for start in range(0, len(data), MAX_PAYLOAD):
-            piece = view[start:start + MAX_PAYLOAD]
+            piece = view[start : start + MAX_PAYLOAD]
             parts += (HEADER.pack(conn_id, len(piece)), piece)
         return b"".join(parts)
 
@@ -64,7 +65,8 @@ class MuxDecoder:
             conn_id, length = header
             if length > MAX_PAYLOAD:
                 self._error = MuxProtocolError(
-                    f"mux chunk of {length} bytes exceeds {MAX_PAYLOAD} (conn {conn_id})")
+                    f"mux chunk of {length} bytes exceeds {MAX_PAYLOAD} (conn {conn_id})"
+                )
                 raise self._error
             payload = self._in.take(length)
             if payload is None:

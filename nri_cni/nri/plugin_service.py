@@ -14,6 +14,7 @@ and optionally `requested_timeout_ms` (an int, or a method returning one), sent 
 ConfigureResponse.request_timeout (PR #304). The pod events it subscribes to are the ones whose
 method it has. One PluginService serves one connection: Synchronize pages collect in it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,9 @@ def _decode(cls: type[_M], payload: bytes) -> _M:
     try:
         return cls.FromString(payload)
     except DecodeError as exc:
-        raise ProtocolError(f"undecodable {cls.__name__}", details=str(exc),
-                            grpc_code=GrpcCode.INVALID_ARGUMENT) from None
+        raise ProtocolError(
+            f"undecodable {cls.__name__}", details=str(exc), grpc_code=GrpcCode.INVALID_ARGUMENT
+        ) from None
 
 
 def requested_timeout_ms(plugin: object) -> int:
@@ -66,8 +68,13 @@ def requested_timeout_ms(plugin: object) -> int:
 
 
 class PluginService:
-    def __init__(self, plugin: Any, *, on_configured: Callable[[nri_pb2.ConfigureRequest], None],
-                 on_synchronized: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        plugin: Any,
+        *,
+        on_configured: Callable[[nri_pb2.ConfigureRequest], None],
+        on_synchronized: Callable[[], None],
+    ) -> None:
         self._plugin = plugin
         self._on_configured = on_configured
         self._on_synchronized = on_synchronized
@@ -121,13 +128,13 @@ class PluginService:
         return resp.SerializeToString() if resp is not None else b""
 
     async def stop_pod_sandbox(self, payload: bytes) -> bytes:
-        await self._pod_event(nri_pb2.STOP_POD_SANDBOX,
-                              _decode(nri_pb2.StopPodSandboxRequest, payload).pod)
+        await self._pod_event(nri_pb2.STOP_POD_SANDBOX, _decode(nri_pb2.StopPodSandboxRequest, payload).pod)
         return b""  # StopPodSandboxResponse is empty
 
     async def remove_pod_sandbox(self, payload: bytes) -> bytes:
-        await self._pod_event(nri_pb2.REMOVE_POD_SANDBOX,
-                              _decode(nri_pb2.RemovePodSandboxRequest, payload).pod)
+        await self._pod_event(
+            nri_pb2.REMOVE_POD_SANDBOX, _decode(nri_pb2.RemovePodSandboxRequest, payload).pod
+        )
         return b""
 
     async def state_change(self, payload: bytes) -> bytes:
@@ -135,8 +142,9 @@ class PluginService:
         evt = _decode(nri_pb2.StateChangeEvent, payload)
         resp = await self._pod_event(evt.event, evt.pod)
         if resp is not None and resp.HasField("adjust"):
-            log.debug("pod %s/%s: StateChange cannot carry the network result back",
-                      evt.pod.namespace, evt.pod.name)
+            log.debug(
+                "pod %s/%s: StateChange cannot carry the network result back", evt.pod.namespace, evt.pod.name
+            )
         return b""  # Empty
 
     async def _pod_event(self, event: int, pod: nri_pb2.PodSandbox) -> Any:

@@ -10,6 +10,7 @@ Two ways to meet the runtime:
     and our name and index in NRI_PLUGIN_NAME / NRI_PLUGIN_IDX (else from argv[0], "NN-name").
     Losing that socket ends run(): the runtime launches its plugins itself.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,7 @@ def check_identity(name: str, idx: str) -> None:
         raise ConfigError(f"invalid NRI plugin index {idx!r}: two digits expected")
 
 
-def launch_identity(environ: Mapping[str, str], argv0: str, name: str,
-                    idx: str) -> tuple[str, str]:
+def launch_identity(environ: Mapping[str, str], argv0: str, name: str, idx: str) -> tuple[str, str]:
     """(name, idx) of a pre-registered plugin: the environment, else argv[0] "NN-name",
     else the given ones."""
     env_name, env_idx = environ.get(NAME_ENV, ""), environ.get(IDX_ENV, "")
@@ -65,9 +65,18 @@ def launch_identity(environ: Mapping[str, str], argv0: str, name: str,
 
 
 class Stub:
-    def __init__(self, plugin: Any, *, name: str, idx: str, socket_path: str = DEFAULT_SOCKET,
-                 reconnect: bool = True, backoff_initial: float = 0.2, backoff_max: float = 5.0,
-                 registration_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        plugin: Any,
+        *,
+        name: str,
+        idx: str,
+        socket_path: str = DEFAULT_SOCKET,
+        reconnect: bool = True,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 5.0,
+        registration_timeout: float = 5.0,
+    ) -> None:
         fd = os.environ.get(SOCKET_ENV, "")
         try:
             self._launch_fd = int(fd) if fd else None
@@ -114,10 +123,12 @@ class Stub:
                 link = await self._connect()
             except OSError as exc:
                 if self.preregistered or not self._reconnect:
-                    raise Unavailable(f"cannot reach the NRI runtime at {self._where()}",
-                                      details=str(exc)) from exc
-                log.warning("NRI runtime not reachable at %s (%s); retrying in %.1fs",
-                            self._where(), exc, delay)
+                    raise Unavailable(
+                        f"cannot reach the NRI runtime at {self._where()}", details=str(exc)
+                    ) from exc
+                log.warning(
+                    "NRI runtime not reachable at %s (%s); retrying in %.1fs", self._where(), exc, delay
+                )
             else:
                 if await self._serve(*link):
                     # A working connection was lost (containerd drops us after one slow
@@ -154,8 +165,7 @@ class Stub:
             if generation == self._generation:
                 self.synchronized.set()
 
-        service = PluginService(self.plugin, on_configured=configured,
-                                on_synchronized=synchronized)
+        service = PluginService(self.plugin, on_configured=configured, on_synchronized=synchronized)
         server = TtrpcServer({PLUGIN_SERVICE: service.handlers()}, name="NRI plugin service")
         runtime = TtrpcClient(name="NRI runtime client")
         endpoints = {mux.PLUGIN_SERVICE_CONN: server.protocol(), mux.RUNTIME_SERVICE_CONN: runtime}
@@ -170,10 +180,12 @@ class Stub:
         try:
             if self._stopping.is_set():
                 return False
-            req = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx,
-                                                NRI_version=NRI_VERSION)
-            await runtime.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(),
-                               timeout=self._registration_timeout)
+            req = nri_pb2.RegisterPluginRequest(
+                plugin_name=self.name, plugin_idx=self.idx, NRI_version=NRI_VERSION
+            )
+            await runtime.call(
+                RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(), timeout=self._registration_timeout
+            )
             log.info("registered with the NRI runtime as %s-%s", self.idx, self.name)
             await link.closed
             if not self._stopping.is_set():
@@ -198,8 +210,12 @@ class Stub:
         self.request_timeout_ms = req.request_timeout
         self.registration_timeout_ms = req.registration_timeout
         self.config = req.config
-        log.info("configured by %s %s (request timeout %d ms)", req.runtime_name,
-                 req.runtime_version, req.request_timeout)
+        log.info(
+            "configured by %s %s (request timeout %d ms)",
+            req.runtime_name,
+            req.runtime_version,
+            req.request_timeout,
+        )
         self.registered.set()
 
     async def _notify_disconnect(self) -> None:
@@ -208,5 +224,5 @@ class Stub:
             return
         try:
             await hook()
-        except Exception:  # noqa: BLE001 - a failing hook must not stop the reconnect loop
+        except Exception:
             log.exception("plugin's on_disconnect failed")

@@ -5,6 +5,7 @@ to that connection's protocol (a TtrpcServer connection or a TtrpcClient) and gi
 them a Channel to write through. Losing the socket ends every logical connection; closing any
 logical connection closes the socket, because NRI has no way to reopen one alone.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,13 @@ class Trunk(asyncio.Protocol):
             self._transport.close()
 
 
-async def connect(endpoints: Mapping[int, asyncio.Protocol], *, path: str | None = None,
-                  sock: socket.socket | None = None, name: str = "nri") -> Trunk:
+async def connect(
+    endpoints: Mapping[int, asyncio.Protocol],
+    *,
+    path: str | None = None,
+    sock: socket.socket | None = None,
+    name: str = "nri",
+) -> Trunk:
     """A Trunk over a unix socket: connect to `path`, or adopt a connected `sock`."""
     loop = asyncio.get_running_loop()
     trunk = Trunk(endpoints, name)

@@ -5,6 +5,7 @@ first). `interfaces`, `routes` and `dns` are nri-cni's extension of PodSandboxNe
 1001-1003, see proto/nri.proto): every in-pod interface of every network with its IPs and its
 metadata map, so a runtime can report more than one IP per pod and say where each came from.
 """
+
 from __future__ import annotations
 
 from nri_cni.api import nri_pb2
@@ -23,9 +24,15 @@ def to_pod_network(answer: PodNetworks) -> nri_pb2.PodSandboxNetwork:
         for index, iface in enumerate(result.interfaces):
             if not iface.sandbox:
                 continue  # host-side ends (bridge, veth peer) are not the pod's
-            out = net.interfaces.add(network=att.network, name=iface.name, mac=iface.mac,
-                                     mtu=iface.mtu, sandbox=iface.sandbox, pci_id=iface.pci_id,
-                                     socket_path=iface.socket_path)
+            out = net.interfaces.add(
+                network=att.network,
+                name=iface.name,
+                mac=iface.mac,
+                mtu=iface.mtu,
+                sandbox=iface.sandbox,
+                pci_id=iface.pci_id,
+                socket_path=iface.socket_path,
+            )
             for ip in result.ips:
                 if ip.interface == index:
                     out.ips.add(address=ip.address, gateway=ip.gateway)
@@ -33,8 +40,15 @@ def to_pod_network(answer: PodNetworks) -> nri_pb2.PodSandboxNetwork:
             out.metadata[META_NETWORK] = att.network
             out.metadata[META_PRIMARY] = "true" if position == 0 else "false"
         for route in result.routes:
-            net.routes.add(network=att.network, dst=route.dst, gw=route.gw, mtu=route.mtu,
-                           table=route.table or 0, scope=route.scope or 0, interface=att.ifname)
+            net.routes.add(
+                network=att.network,
+                dst=route.dst,
+                gw=route.gw,
+                mtu=route.mtu,
+                table=route.table or 0,
+                scope=route.scope or 0,
+                interface=att.ifname,
+            )
         dns = result.dns
         if not dns_done and (dns.nameservers or dns.domain or dns.search or dns.options):
             net.dns.nameservers.extend(dns.nameservers)
@@ -46,5 +60,4 @@ def to_pod_network(answer: PodNetworks) -> nri_pb2.PodSandboxNetwork:
 
 
 def run_pod_response(answer: PodNetworks) -> nri_pb2.RunPodSandboxResponse:
-    return nri_pb2.RunPodSandboxResponse(
-        adjust=nri_pb2.PodSandboxAdjustment(network=to_pod_network(answer)))
+    return nri_pb2.RunPodSandboxResponse(adjust=nri_pb2.PodSandboxAdjustment(network=to_pod_network(answer)))

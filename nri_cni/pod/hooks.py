@@ -7,6 +7,7 @@ NRI_CNI_CRASH_AT (a testing facility, documented in docs/reliability.md): when s
 with SIGKILL at that point, exactly as an OOM kill or a node crash would. It is how the tests
 prove that an ADD interrupted anywhere leaves nothing that the next start does not clean.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,9 +44,14 @@ class PluginHooks:
             plugins = net.finalize_plugins if command == "FINALIZE" else net.plugins
             # FINALIZE indexes run on into the _finalize.d drop-ins, which the list does not hold
             name = plugins[index].type if index < len(plugins) else f"finalize-dropin#{index}"
-            self.timings[rt.container_id].append({
-                "network": net.name, "plugin": name, "command": command,
-                "ms": round((time.perf_counter() - started[1]) * 1000, 2)})
+            self.timings[rt.container_id].append(
+                {
+                    "network": net.name,
+                    "plugin": name,
+                    "command": command,
+                    "ms": round((time.perf_counter() - started[1]) * 1000, 2),
+                }
+            )
         self._maybe_crash(f"{command}:{net.name}:{index}:after")
 
     async def before_cache_write(self, net, rt, result) -> None:

@@ -17,6 +17,7 @@ Doomed delete: a plugin whose ADD failed with an error meaning "nothing was crea
 (`nothing_created()` in plan.py) is recorded in the network's `doomed_plugins` as
 "<index>:<type>"; a DEL failure of exactly that plugin for this attachment does not count.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,8 +26,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from nri_cni.fsutil import is_temporary, write_atomic
 from nri_cni.errors import CniCode, NriCniError
+from nri_cni.fsutil import is_temporary, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +74,26 @@ class IntentStore:
             "podId": intent.pod_id,
             "netns": intent.netns,
             "rollbackError": intent.rollback_error,
-            "networks": [{
-                "network": n.network, "ifName": n.ifname,
-                "config": base64.b64encode(n.config).decode(),
-                "cniArgs": [list(kv) for kv in n.cni_args],
-                "capabilityArgs": n.capability_args,
-                "doomedPlugins": n.doomed_plugins,
-            } for n in intent.networks],
+            "networks": [
+                {
+                    "network": n.network,
+                    "ifName": n.ifname,
+                    "config": base64.b64encode(n.config).decode(),
+                    "cniArgs": [list(kv) for kv in n.cni_args],
+                    "capabilityArgs": n.capability_args,
+                    "doomedPlugins": n.doomed_plugins,
+                }
+                for n in intent.networks
+            ],
         }
         data = json.dumps(doc, separators=(",", ":")).encode()
         path = self._path(intent.pod_id)
         try:
             write_atomic(path, data)
         except OSError as exc:
-            raise NriCniError(f"cannot write the intent record {path}: {exc.strerror}",
-                              cni_code=CniCode.IO_FAILURE) from exc
+            raise NriCniError(
+                f"cannot write the intent record {path}: {exc.strerror}", cni_code=CniCode.IO_FAILURE
+            ) from exc
 
     def clear(self, pod_id: str) -> None:
         try:
@@ -129,15 +135,21 @@ class IntentStore:
             with open(path, "rb") as f:
                 doc = json.loads(f.read())
             return Intent(
-                pod_id=doc["podId"], netns=doc.get("netns", ""),
+                pod_id=doc["podId"],
+                netns=doc.get("netns", ""),
                 rollback_error=doc.get("rollbackError", ""),
-                networks=[IntendedNetwork(
-                    network=n["network"], ifname=n["ifName"],
-                    config=base64.b64decode(n["config"]),
-                    cni_args=[tuple(kv) for kv in n.get("cniArgs", [])],
-                    capability_args=n.get("capabilityArgs", {}),
-                    doomed_plugins=list(n.get("doomedPlugins", [])),
-                ) for n in doc["networks"]])
+                networks=[
+                    IntendedNetwork(
+                        network=n["network"],
+                        ifname=n["ifName"],
+                        config=base64.b64decode(n["config"]),
+                        cni_args=[tuple(kv) for kv in n.get("cniArgs", [])],
+                        capability_args=n.get("capabilityArgs", {}),
+                        doomed_plugins=list(n.get("doomedPlugins", [])),
+                    )
+                    for n in doc["networks"]
+                ],
+            )
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -5,11 +5,12 @@
 - GC runs alone: it waits for every pod operation in flight, and new pod operations wait for it.
   A waiting GC holds back new pod operations so that a busy node cannot starve it.
 """
+
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 
 class PodLocks:

@@ -1,4 +1,5 @@
 """What nri-cni knows about a pod and what it attached to it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,13 +25,19 @@ class PodInfo:
     annotations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_nri(cls, pod: Any) -> "PodInfo":
+    def from_nri(cls, pod: Any) -> PodInfo:
         netns = ""
         for ns in pod.linux.namespaces:
             if ns.type == "network":
                 netns = ns.path
-        return cls(id=pod.id, name=pod.name, namespace=pod.namespace, uid=pod.uid, netns=netns,
-                   annotations=dict(pod.annotations))
+        return cls(
+            id=pod.id,
+            name=pod.name,
+            namespace=pod.namespace,
+            uid=pod.uid,
+            netns=netns,
+            annotations=dict(pod.annotations),
+        )
 
     @property
     def host_network(self) -> bool:

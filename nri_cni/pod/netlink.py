@@ -6,6 +6,7 @@ socket there (a socket stays in the namespace it was created in), and asks the k
 SIOCGIFHWADDR / SIOCGIFMTU ioctls. The thread never returns to the daemon's pool, so a failure to
 switch back cannot leave any other work in the pod's namespace.
 """
+
 from __future__ import annotations
 
 import asyncio

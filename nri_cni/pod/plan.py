@@ -21,6 +21,7 @@ whose ADD failed with an error meaning "nothing was created" (`nothing_created`)
 as doomed for that attachment: its DEL still runs, but its DEL failure neither stops the DEL
 of the plugins before it nor counts as a failure.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,24 +32,23 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
 from nri_cni.cni.result import Result, parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, RuntimeConf
 from nri_cni.config import Config
-from nri_cni.errors import (CNIError, CniCode, NriCniError, PluginExecError, PluginRef,
-                            PluginTimeout, PodError)
-from nri_cni.lifecycle.spec import is_managed
+from nri_cni.errors import CniCode, CNIError, NriCniError, PluginExecError, PluginRef, PluginTimeout, PodError
 from nri_cni.fsutil import is_temporary
+from nri_cni.lifecycle.spec import is_managed
 from nri_cni.pod import netlink
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
-from nri_cni.pod.model import (K8S_POD_NAME, K8S_POD_NAMESPACE, NetworkAttachment, PodInfo,
-                               PodNetworks)
+from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, NetworkAttachment, PodInfo, PodNetworks
 from nri_cni.pod.select import Selected, select_networks
 
 log = logging.getLogger("nri_cni.pod")
@@ -60,9 +60,16 @@ oplog = logging.getLogger("nri_cni.podop")  # one structured line per pod operat
 # returns 1, 4, 6 and 7 before the plugin's own code runs. Not 5 (I/O: anywhere), 8 (skel
 # checks the netns after cmdAdd ran), 11 (try again later: a transient condition met anywhere),
 # 999 or plugin-specific codes.
-NOTHING_CREATED_CODES = frozenset({
-    CniCode.INCOMPATIBLE_VERSION, CniCode.UNSUPPORTED_FIELD, CniCode.UNKNOWN_CONTAINER,
-    CniCode.INVALID_ENV, CniCode.DECODING_FAILURE, CniCode.INVALID_CONFIG})
+NOTHING_CREATED_CODES = frozenset(
+    {
+        CniCode.INCOMPATIBLE_VERSION,
+        CniCode.UNSUPPORTED_FIELD,
+        CniCode.UNKNOWN_CONTAINER,
+        CniCode.INVALID_ENV,
+        CniCode.DECODING_FAILURE,
+        CniCode.INVALID_CONFIG,
+    }
+)
 # PluginExecError messages for a plugin that was never exec'd (nri_cni/cni/exec.py, runtime.py)
 _NOT_EXECUTED = ("failed to find plugin", "cannot run plugin", "invalid plugin name")
 
@@ -102,10 +109,14 @@ class OpRecord:
     def emit(self) -> None:
         ended = time.time()
         line = {
-            "op": self.op, "pod": self.pod.label(), "podId": self.pod.id,
-            "start": round(self.started, 6), "end": round(ended, 6),
+            "op": self.op,
+            "pod": self.pod.label(),
+            "podId": self.pod.id,
+            "start": round(self.started, 6),
+            "end": round(ended, 6),
             "ms": round((ended - self.started) * 1000, 2),
-            "networks": self.networks, "plugins": self.plugins,
+            "networks": self.networks,
+            "plugins": self.plugins,
             "result": "error" if self.error else "ok",
         }
         if self.error:
@@ -114,8 +125,15 @@ class OpRecord:
 
 
 class PodNetworker:
-    def __init__(self, cfg: Config, cni: CNIRuntime, *, hooks: PluginHooks | None = None,
-                 runtime_cache: Any = None, intents: IntentStore | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        cni: CNIRuntime,
+        *,
+        hooks: PluginHooks | None = None,
+        runtime_cache: Any = None,
+        intents: IntentStore | None = None,
+    ) -> None:
         self.cfg = cfg
         self.cni = cni
         self.hooks = hooks  # the same object the CNI runtime calls: per-plugin timings
@@ -155,8 +173,9 @@ class PodNetworker:
 
     # -- attach ------------------------------------------------------------------------------
 
-    async def attach(self, pod: PodInfo, *, runtime_caps: dict | None = None,
-                     primary_ifname: str = "") -> PodNetworks:
+    async def attach(
+        self, pod: PodInfo, *, runtime_caps: dict | None = None, primary_ifname: str = ""
+    ) -> PodNetworks:
         return await self._run_detached(self._attach(pod, runtime_caps or {}, primary_ifname))
 
     async def _run_detached(self, coro: Awaitable) -> Any:
@@ -202,8 +221,9 @@ class PodNetworker:
         if self.lifecycle is None or not managed:
             return contextlib.nullcontext()
         existing = {(e.network_name, e.ifname) for e in self.cached(pod.id)}
-        return self.lifecycle.leases(s.network.conflist for s in managed
-                                     if (s.network.name, s.ifname) not in existing)
+        return self.lifecycle.leases(
+            s.network.conflist for s in managed if (s.network.name, s.ifname) not in existing
+        )
 
     def _attachments_gone(self) -> None:
         if self.lifecycle is not None:
@@ -217,11 +237,14 @@ class PodNetworker:
             return
         errors = await self._rollback_intent(intent, record, netns=pod.netns)
         if errors:
-            raise PodError(f"pod {pod.label()}: an earlier failed ADD still cannot be rolled back: "
-                           + "; ".join(errors), network=intent.networks[-1].network)
+            raise PodError(
+                f"pod {pod.label()}: an earlier failed ADD still cannot be rolled back: " + "; ".join(errors),
+                network=intent.networks[-1].network,
+            )
 
-    async def _attach_locked(self, pod: PodInfo, selected: list[Selected], runtime_caps: dict,
-                             record: OpRecord) -> PodNetworks:
+    async def _attach_locked(
+        self, pod: PodInfo, selected: list[Selected], runtime_caps: dict, record: OpRecord
+    ) -> PodNetworks:
         existing = {(e.network_name, e.ifname): e for e in self.cached(pod.id)}
         todo = [s for s in selected if (s.network.name, s.ifname) not in existing]
         answer = PodNetworks(pod)
@@ -229,8 +252,11 @@ class PodNetworker:
             # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD).
             for sel in selected:
                 entry = existing[(sel.network.name, sel.ifname)]
-                answer.attachments.append(NetworkAttachment(
-                    sel.network.name, sel.ifname, parse_result(entry.result or {"cniVersion": "1.1.0"})))
+                answer.attachments.append(
+                    NetworkAttachment(
+                        sel.network.name, sel.ifname, parse_result(entry.result or {"cniVersion": "1.1.0"})
+                    )
+                )
             return answer
         await self._check_ready(todo)
 
@@ -240,13 +266,30 @@ class PodNetworker:
             caps = dict(sel.capability_args)
             if index == 0:
                 caps = {**runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
-            confs[_key(sel)] = (sel.network.conflist, RuntimeConf(
-                container_id=pod.id, netns=pod.netns, ifname=sel.ifname,
-                args=pod.cni_args(), capability_args=caps))
-        intent = Intent(pod.id, pod.netns, [
-            IntendedNetwork(s.network.name, s.ifname, confs[_key(s)][0].bytes,
-                            confs[_key(s)][1].args, confs[_key(s)][1].capability_args)
-            for s in todo])
+            confs[_key(sel)] = (
+                sel.network.conflist,
+                RuntimeConf(
+                    container_id=pod.id,
+                    netns=pod.netns,
+                    ifname=sel.ifname,
+                    args=pod.cni_args(),
+                    capability_args=caps,
+                ),
+            )
+        intent = Intent(
+            pod.id,
+            pod.netns,
+            [
+                IntendedNetwork(
+                    s.network.name,
+                    s.ifname,
+                    confs[_key(s)][0].bytes,
+                    confs[_key(s)][1].args,
+                    confs[_key(s)][1].capability_args,
+                )
+                for s in todo
+            ],
+        )
         self.intents.write(intent)  # before any plugin runs; a failure here leaves nothing
         planned = {(n.network, n.ifname): n for n in intent.networks}
 
@@ -266,21 +309,20 @@ class PodNetworker:
                 except NriCniError as exc:
                     self._record_doomed(intent, planned[_key(sel)], net, rt, exc)
                     raise
-                record.networks.append({"network": net.name, "ifname": sel.ifname, "op": "add",
-                                        "ms": _ms(t0)})
+                record.networks.append(
+                    {"network": net.name, "ifname": sel.ifname, "op": "add", "ms": _ms(t0)}
+                )
             await self._finalize_all(pod, selected, confs, results, record)
         except NriCniError as exc:
             # DEL what was started, last first; the record of the rest goes (never ADDed)
-            errors = await self._rollback_intent(Intent(pod.id, pod.netns, added), record,
-                                                 op="rollback")
+            errors = await self._rollback_intent(Intent(pod.id, pod.netns, added), record, op="rollback")
             raise _pod_error(pod, exc, errors) from exc
         except BaseException:
             # Cancelled or crashed mid-way: the intent record stays for start-up recovery.
             raise
         self.intents.clear(pod.id)
         for sel in selected:
-            answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname,
-                                                        results[_key(sel)]))
+            answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
         return answer
 
     async def _check_ready(self, todo: list[Selected]) -> None:
@@ -290,12 +332,21 @@ class PodNetworker:
         for sel in todo:
             error = await self.readiness(sel.network.name)
             if error:
-                raise CNIError(CniCode.PLUGIN_NOT_AVAILABLE,
-                               f"network {sel.network.name!r} is not ready (STATUS failed)",
-                               details=error, ref=PluginRef(network=sel.network.name, command="STATUS"))
+                raise CNIError(
+                    CniCode.PLUGIN_NOT_AVAILABLE,
+                    f"network {sel.network.name!r} is not ready (STATUS failed)",
+                    details=error,
+                    ref=PluginRef(network=sel.network.name, command="STATUS"),
+                )
 
-    def _record_doomed(self, intent: Intent, planned: IntendedNetwork, net: NetworkConfigList,
-                       rt: RuntimeConf, exc: NriCniError) -> None:
+    def _record_doomed(
+        self,
+        intent: Intent,
+        planned: IntendedNetwork,
+        net: NetworkConfigList,
+        rt: RuntimeConf,
+        exc: NriCniError,
+    ) -> None:
         """Doomed delete, step 2: write down which plugin's ADD failed having created nothing."""
         failed = self.hooks.failed_index(rt.container_id, net.name, "ADD") if self.hooks else None
         if not nothing_created(exc):
@@ -322,8 +373,14 @@ class PodNetworker:
                 exc.ref = type(exc.ref)(network=net.name, plugin=exc.ref.plugin, command="ADD")
             raise
 
-    async def _finalize_all(self, pod: PodInfo, selected: list[Selected], confs: dict,
-                            results: dict[tuple[str, str], Result], record: OpRecord) -> None:
+    async def _finalize_all(
+        self,
+        pod: PodInfo,
+        selected: list[Selected],
+        confs: dict,
+        results: dict[tuple[str, str], Result],
+        record: OpRecord,
+    ) -> None:
         nets = [(_key(sel), *confs[_key(sel)]) for sel in selected]
         primary = await self._runtime_primary(pod)
         if primary is not None:
@@ -340,9 +397,10 @@ class PodNetworker:
             cni = self.cni if primary is None or key[0] != primary[0] else _without_cache(self.cni)
             result = await cni.finalize(net, rt, results[key], extra)
             results[key] = result
-            record.networks.append({"network": net.name, "ifname": rt.ifname, "op": "finalize",
-                                    "ms": _ms(t0)})
-        for key, net, rt in nets:
+            record.networks.append(
+                {"network": net.name, "ifname": rt.ifname, "op": "finalize", "ms": _ms(t0)}
+            )
+        for key, _net, rt in nets:
             if primary is None or key[0] != primary[0]:
                 results[key] = await netlink.fill_interface_details(rt.netns, results[key])
 
@@ -352,18 +410,27 @@ class PodNetworker:
             return None
         entry = self.runtime_cache.read(self.cfg.primary_network, pod.id, "eth0")
         if entry is None or entry.result is None:
-            log.warning("pod %s: no cached result of the runtime's network %r; FINALIZE skips it",
-                        pod.label(), self.cfg.primary_network)
+            log.warning(
+                "pod %s: no cached result of the runtime's network %r; FINALIZE skips it",
+                pod.label(),
+                self.cfg.primary_network,
+            )
             return None
         net = parse_conflist(entry.config, source=entry.path)
-        rt = RuntimeConf(container_id=pod.id, netns=pod.netns or entry.netns, ifname="eth0",
-                         args=list(entry.cni_args), capability_args=dict(entry.capability_args))
+        rt = RuntimeConf(
+            container_id=pod.id,
+            netns=pod.netns or entry.netns,
+            ifname="eth0",
+            args=list(entry.cni_args),
+            capability_args=dict(entry.capability_args),
+        )
         return (net.name, net, rt, parse_result(entry.result))
 
     # -- rollback: undo what an intent record names ----------------------------------------
 
-    async def _rollback_intent(self, intent: Intent, record: OpRecord, *, netns: str = "",
-                               op: str = "rollback") -> list[str]:
+    async def _rollback_intent(
+        self, intent: Intent, record: OpRecord, *, netns: str = "", op: str = "rollback"
+    ) -> list[str]:
         """DEL every network of the record, last first (from its cache entry when it has one,
         else from the config the record holds), ignoring DEL failures of doomed plugins. The
         record goes when all succeeded; otherwise it keeps the networks still to undo, for the
@@ -373,24 +440,37 @@ class PodNetworker:
         for net in reversed(intent.networks):
             cached = self.cni.cache.read(net.network, intent.pod_id, net.ifname)
             entry = cached or CacheEntry(
-                container_id=intent.pod_id, ifname=net.ifname, network_name=net.network,
-                config=net.config, netns=intent.netns, cni_args=list(net.cni_args),
-                capability_args=dict(net.capability_args), result=None, path="")
+                container_id=intent.pod_id,
+                ifname=net.ifname,
+                network_name=net.network,
+                config=net.config,
+                netns=intent.netns,
+                cni_args=list(net.cni_args),
+                capability_args=dict(net.capability_args),
+                result=None,
+                path="",
+            )
             t0 = time.perf_counter()
             try:
-                await self._delete_entry(entry, netns=netns or intent.netns,
-                                         doomed=net.doomed_indexes())
+                await self._delete_entry(entry, netns=netns or intent.netns, doomed=net.doomed_indexes())
             except NriCniError as exc:
                 errors.append(f"network {net.network!r}: {exc}")
                 left.insert(0, net)
                 if op == "recover":
-                    log.error("recovery: DEL of %s for pod %s failed: %s (GC will retry)",
-                              net.network, intent.pod_id, exc)
+                    log.error(
+                        "recovery: DEL of %s for pod %s failed: %s (GC will retry)",
+                        net.network,
+                        intent.pod_id,
+                        exc,
+                    )
                 else:
-                    log.error("pod %s: rollback DEL of network %r failed: %s (GC will retry)",
-                              record.pod.label(), net.network, exc)
-            record.networks.append({"network": net.network, "ifname": net.ifname, "op": op,
-                                    "ms": _ms(t0)})
+                    log.error(
+                        "pod %s: rollback DEL of network %r failed: %s (GC will retry)",
+                        record.pod.label(),
+                        net.network,
+                        exc,
+                    )
+            record.networks.append({"network": net.network, "ifname": net.ifname, "op": op, "ms": _ms(t0)})
         if not errors:
             self.intents.clear(intent.pod_id)
             return errors
@@ -401,8 +481,9 @@ class PodNetworker:
             log.error("pod %s: cannot update the intent record: %s", intent.pod_id[:12], exc)
         return errors
 
-    async def _delete_entry(self, entry: CacheEntry, *, netns: str = "",
-                            doomed: set[int] | frozenset[int] = frozenset()) -> None:
+    async def _delete_entry(
+        self, entry: CacheEntry, *, netns: str = "", doomed: set[int] | frozenset[int] = frozenset()
+    ) -> None:
         # The runtime removes the netns after its DEL; a DEL with the netns gone still runs
         # with an empty CNI_NETNS so that IPAM releases the address.
         if netns and not os.path.exists(netns):
@@ -414,8 +495,13 @@ class PodNetworker:
             await self.cni.delete_cached(entry)
             return
         net = parse_conflist(entry.config, source=f"cache:{entry.path}" if entry.path else "intent")
-        rt = RuntimeConf(container_id=entry.container_id, netns=netns, ifname=entry.ifname,
-                         args=list(entry.cni_args), capability_args=dict(entry.capability_args))
+        rt = RuntimeConf(
+            container_id=entry.container_id,
+            netns=netns,
+            ifname=entry.ifname,
+            args=list(entry.cni_args),
+            capability_args=dict(entry.capability_args),
+        )
         # The chain in reverse, cut around each doomed plugin: its DEL runs alone and its
         # failure is logged only, so the plugins before it still get their DEL.
         segments: list[list[int]] = []
@@ -431,9 +517,13 @@ class PodNetworker:
             except NriCniError as exc:
                 if seg[0] not in doomed:
                     raise
-                log.info("pod %s: DEL of plugin %s (network %r), whose ADD created nothing, "
-                         "failed; ignored: %s", entry.container_id[:12], net.plugins[seg[0]].type,
-                         net.name, exc)
+                log.info(
+                    "pod %s: DEL of plugin %s (network %r), whose ADD created nothing, failed; ignored: %s",
+                    entry.container_id[:12],
+                    net.plugins[seg[0]].type,
+                    net.name,
+                    exc,
+                )
 
     # -- detach ------------------------------------------------------------------------------
 
@@ -448,8 +538,9 @@ class PodNetworker:
                 record.error = "; ".join(errors)
             self._emit(record)
             if errors:
-                raise PodError(f"pod {pod.label()}: DEL failed for {len(errors)} network(s): "
-                               + "; ".join(errors))
+                raise PodError(
+                    f"pod {pod.label()}: DEL failed for {len(errors)} network(s): " + "; ".join(errors)
+                )
 
     async def _detach_locked(self, pod: PodInfo, record: OpRecord) -> list[str]:
         """Under the pod's lock: roll back a left-over ADD, then DEL every cached network in
@@ -464,8 +555,9 @@ class PodNetworker:
                 await self._delete_entry(entry, netns=pod.netns)
             except NriCniError as exc:
                 errors.append(f"network {entry.network_name!r}: {exc}")
-            record.networks.append({"network": entry.network_name, "ifname": entry.ifname,
-                                    "op": "del", "ms": _ms(t0)})
+            record.networks.append(
+                {"network": entry.network_name, "ifname": entry.ifname, "op": "del", "ms": _ms(t0)}
+            )
         self._attachments_gone()  # detach and the reaper
         return errors
 
@@ -475,6 +567,7 @@ class PodNetworker:
         def key(e: CacheEntry):
             name = e.ifname
             return (0 if name == "eth0" else 1, len(name), name)
+
         return sorted(entries, key=key)
 
     # -- check -------------------------------------------------------------------------------
@@ -483,9 +576,16 @@ class PodNetworker:
         async with self.locks.pod(pod.id):
             for entry in self._attach_order(self.cached(pod.id)):
                 net = parse_conflist(entry.config, source=entry.path)
-                await self.cni.check(net, RuntimeConf(
-                    container_id=pod.id, netns=pod.netns or entry.netns, ifname=entry.ifname,
-                    args=list(entry.cni_args), capability_args=dict(entry.capability_args)))
+                await self.cni.check(
+                    net,
+                    RuntimeConf(
+                        container_id=pod.id,
+                        netns=pod.netns or entry.netns,
+                        ifname=entry.ifname,
+                        args=list(entry.cni_args),
+                        capability_args=dict(entry.capability_args),
+                    ),
+                )
 
     # -- GC, reaper and recovery -------------------------------------------------------------
 
@@ -526,21 +626,27 @@ class PodNetworker:
                     except NriCniError as exc:
                         report["errors"].append(f"DEL {name}: {exc}")
                         record.error, record.error_code = str(exc), exc.cni_code
-                    record.networks.append({"network": entry.network_name, "ifname": entry.ifname,
-                                            "op": "del"})
+                    record.networks.append(
+                        {"network": entry.network_name, "ifname": entry.ifname, "op": "del"}
+                    )
                 self._emit(record)
             valid_attachments: dict[str, list[Attachment]] = {}
             for entry in self.cached():
                 valid_attachments.setdefault(entry.network_name, []).append(
-                    Attachment(entry.container_id, entry.ifname))
+                    Attachment(entry.container_id, entry.ifname)
+                )
             for spec in self.cfg.networks:
                 try:
                     await self.cni.gc(spec.conflist, valid_attachments.get(spec.name, []))
                 except NriCniError as exc:
                     report["errors"].append(f"GC {spec.name}: {exc}")
         self._attachments_gone()
-        log.info("gc: %d attachment(s) deleted, %d rollback(s) finished, %d error(s)",
-                 len(report["deleted"]), len(report["rolledBack"]), len(report["errors"]))
+        log.info(
+            "gc: %d attachment(s) deleted, %d rollback(s) finished, %d error(s)",
+            len(report["deleted"]),
+            len(report["rolledBack"]),
+            len(report["errors"]),
+        )
         for err in report["errors"]:
             log.error("gc: %s", err)
         if self.on_gc:
@@ -564,11 +670,15 @@ class PodNetworker:
                 record.error = "; ".join(errors)
                 self._emit(record)
             if errors:
-                log.error("reaper: pod %s (netns gone): DEL failed, GC retries: %s",
-                          record.pod.label(), record.error)
+                log.error(
+                    "reaper: pod %s (netns gone): DEL failed, GC retries: %s",
+                    record.pod.label(),
+                    record.error,
+                )
             else:
-                log.info("reaper: detached pod %s, whose netns %s is gone", record.pod.label(),
-                         entries[0].netns)
+                log.info(
+                    "reaper: detached pod %s, whose netns %s is gone", record.pod.label(), entries[0].netns
+                )
                 reaped.append(pod_id)
         return reaped
 
@@ -597,12 +707,19 @@ class PodNetworker:
             record.error = "; ".join(errors)
             self._emit(record)
             if errors:
-                log.warning("recovery: could not yet roll back the interrupted ADD of pod %s "
-                            "(%d of %d network(s) left)", intent.pod_id, len(errors),
-                            len(intent.networks))
+                log.warning(
+                    "recovery: could not yet roll back the interrupted ADD of pod %s "
+                    "(%d of %d network(s) left)",
+                    intent.pod_id,
+                    len(errors),
+                    len(intent.networks),
+                )
             else:
-                log.warning("recovery: rolled back the interrupted ADD of pod %s (%d network(s))",
-                            intent.pod_id, len(intent.networks))
+                log.warning(
+                    "recovery: rolled back the interrupted ADD of pod %s (%d network(s))",
+                    intent.pod_id,
+                    len(intent.networks),
+                )
         return len(intents)
 
     def _sweep_cache_temp_files(self) -> None:
@@ -637,17 +754,24 @@ def _finalize_dropins(path: str) -> tuple[PluginConf, ...]:
 def _pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: list[str] = ()) -> PodError:
     where = ""
     if rollback_errors:
-        where += (f"; undoing it failed too, retried later ({len(rollback_errors)} network(s): "
-                  + "; ".join(rollback_errors) + ")")
-    return PodError(f"pod {pod.label()}: networking failed{where}", cause=exc,
-                    network=getattr(getattr(exc, "ref", None), "network", ""))
+        where += (
+            f"; undoing it failed too, retried later ({len(rollback_errors)} network(s): "
+            + "; ".join(rollback_errors)
+            + ")"
+        )
+    return PodError(
+        f"pod {pod.label()}: networking failed{where}",
+        cause=exc,
+        network=getattr(getattr(exc, "ref", None), "network", ""),
+    )
 
 
 def _pod_of(entry: CacheEntry) -> PodInfo:
     """The pod a cache entry belongs to, named from the CNI_ARGS it was added with."""
     args = dict(entry.cni_args)
-    return PodInfo(id=entry.container_id, name=args.get(K8S_POD_NAME, ""),
-                   namespace=args.get(K8S_POD_NAMESPACE, ""))
+    return PodInfo(
+        id=entry.container_id, name=args.get(K8S_POD_NAME, ""), namespace=args.get(K8S_POD_NAMESPACE, "")
+    )
 
 
 def _without_cache(cni: CNIRuntime) -> CNIRuntime:

@@ -6,6 +6,7 @@ pod's namespace, never a file, a plugin or a conf dir; interface names, IPs and 
 validated before anything runs. A refused annotation refuses the whole pod (nothing attached),
 which is what a Multus user expects from a bad NetworkAttachmentDefinition reference.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -37,8 +38,9 @@ class Selected:
     capability_args: dict = field(default_factory=dict)  # ips / mac asked for by the pod
 
 
-def select_networks(cfg: Config, namespace: str, annotations: dict[str, str],
-                    *, skip: tuple[str, ...] = ()) -> list[Selected]:
+def select_networks(
+    cfg: Config, namespace: str, annotations: dict[str, str], *, skip: tuple[str, ...] = ()
+) -> list[Selected]:
     """The pod's networks in order: default networks, then the annotation's requests.
 
     `skip` names networks owned by someone else (secondary mode: the runtime's primary).
@@ -54,11 +56,13 @@ def select_networks(cfg: Config, namespace: str, annotations: dict[str, str],
         if req.namespace and req.namespace != namespace:
             raise AnnotationRefused(
                 f"{where}: network {req.namespace}/{req.name} is in another namespace; a pod may "
-                f"only ask for networks of its own namespace ({namespace!r})")
+                f"only ask for networks of its own namespace ({namespace!r})"
+            )
         net = cfg.network(req.name)
         if net is None or not net.allowed_in(namespace):
             raise AnnotationRefused(
-                f"{where}: network {req.name!r} is not allowed for pods in namespace {namespace!r}")
+                f"{where}: network {req.name!r} is not allowed for pods in namespace {namespace!r}"
+            )
         if net.default:
             raise AnnotationRefused(f"{where}: network {req.name!r} is attached to every pod already")
         chosen.append((net, req.interface or net.interface, req.capability_args))
@@ -140,8 +144,10 @@ def _parse_json(text: str) -> list[_Request]:
             raise AnnotationRefused(f"{where}: each element must be an object")
         unknown = set(obj) - _JSON_KEYS
         if unknown:
-            raise AnnotationRefused(f"{where}: unsupported key(s) {', '.join(sorted(map(str, unknown)))} "
-                                    f"(supported: {', '.join(sorted(_JSON_KEYS))})")
+            raise AnnotationRefused(
+                f"{where}: unsupported key(s) {', '.join(sorted(map(str, unknown)))} "
+                f"(supported: {', '.join(sorted(_JSON_KEYS))})"
+            )
         name = obj.get("name")
         namespace = obj.get("namespace", "")
         ifname = obj.get("interface", "")
@@ -166,14 +172,16 @@ def _parse_json(text: str) -> list[_Request]:
 
 def _check_name(name: str, where: str, what: str) -> None:
     if not name or len(name) > 253 or not _NAME.match(name):
-        raise AnnotationRefused(f"{where}: {what} {name!r} is not valid (letters, digits, '_', '.', "
-                                f"'-'; no path)")
+        raise AnnotationRefused(
+            f"{where}: {what} {name!r} is not valid (letters, digits, '_', '.', '-'; no path)"
+        )
 
 
 def _check_ifname(ifname: str, where: str) -> None:
     if not ifname or len(ifname) > 15 or ifname in (".", "..") or _IFNAME_BAD.search(ifname):
-        raise AnnotationRefused(f"{where}: interface name {ifname!r} is not valid (1-15 characters, "
-                                f"no '/', ':' or spaces)")
+        raise AnnotationRefused(
+            f"{where}: interface name {ifname!r} is not valid (1-15 characters, no '/', ':' or spaces)"
+        )
 
 
 def _check_ips(value, where: str) -> list[str]:

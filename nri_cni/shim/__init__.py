@@ -6,6 +6,7 @@ Two builds of one program, chosen by `nri-cni install-shim`:
   `-IS` (no site, no pyenv shim, no package imports): about a bare interpreter start, ~9 ms.
 The runtime execs the shim for every ADD and DEL, so its start is on every pod's critical path.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,12 @@ def compile_shim(out: str, socket_path: str = DEFAULT_DAEMON_SOCKET, cc: str | N
     raise ConfigError("building nri-cni-shim failed", details=proc.stderr.strip()[-2000:])
 
 
-def install(dest_dir: str, socket_path: str = DEFAULT_DAEMON_SOCKET, python: str | None = None,
-            compiled: bool | None = None) -> str:
+def install(
+    dest_dir: str,
+    socket_path: str = DEFAULT_DAEMON_SOCKET,
+    python: str | None = None,
+    compiled: bool | None = None,
+) -> str:
     """Writes the shim into a CNI bin dir atomically (a running runtime may exec it meanwhile).
 
     compiled: True = the C build or an error; False = the script; None = the C build when a

@@ -6,10 +6,9 @@
 # whole network plan and answers with the bytes to print and the exit status. VERSION is answered
 # here so that it works while the daemon is down. Any failure to reach the daemon is printed as a
 # CNI error object with code 11 ("try again later").
+import _socket
 import os
 import sys
-
-import _socket
 
 DEFAULT_SOCKET = "@DEFAULT_SOCKET@"
 SUPPORTED = '["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]'
@@ -34,7 +33,7 @@ def string_field(conf, key):
     at = conf.find(b'"' + key + b'"')
     if at < 0:
         return None
-    rest = conf[at + len(key) + 2:].lstrip()
+    rest = conf[at + len(key) + 2 :].lstrip()
     if not rest.startswith(b":"):
         return None
     rest = rest[1:].lstrip()
@@ -48,8 +47,10 @@ def string_field(conf, key):
 
 
 def fail(version, code, msg, details=""):
-    sys.stdout.write('{"cniVersion":%s,"code":%d,"msg":%s,"details":%s}\n'
-                     % (json_string(version), code, json_string(msg), json_string(details)))
+    sys.stdout.write(
+        '{"cniVersion":%s,"code":%d,"msg":%s,"details":%s}\n'
+        % (json_string(version), code, json_string(msg), json_string(details))
+    )
     return 1
 
 
@@ -83,8 +84,7 @@ def main():
         answer = recv_exactly(sock, 5)
         payload = recv_exactly(sock, int.from_bytes(answer[1:5], "big"))
     except OSError as exc:
-        return fail(version, 11, "nri-cni daemon is not reachable at " + path,
-                    str(exc.strerror or exc))
+        return fail(version, 11, "nri-cni daemon is not reachable at " + path, str(exc.strerror or exc))
     finally:
         sock.close()
     sys.stdout.buffer.write(payload)

@@ -8,6 +8,7 @@ protoc comes from grpcio-tools, pinned in pyproject.toml: another protoc writes 
 protoc emits `import x_pb2` for a proto importing x.proto, which only works with the output
 directory on sys.path; the imports between our own modules are rewritten to package-relative.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,14 @@ def generate(dest: Path) -> list[Path]:
     from grpc_tools import protoc
 
     include = resources.files("grpc_tools") / "_proto"
-    args = ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={dest}",
-            f"--pyi_out={dest}", *(str(PROTO_DIR / name) for name in PROTOS)]
+    args = [
+        "protoc",
+        f"-I{PROTO_DIR}",
+        f"-I{include}",
+        f"--python_out={dest}",
+        f"--pyi_out={dest}",
+        *(str(PROTO_DIR / name) for name in PROTOS),
+    ]
     if protoc.main(args) != 0:
         raise SystemExit("genproto: protoc failed (its message is above)")
     written = []
@@ -81,22 +88,37 @@ def check() -> int:
             have = current.read_text() if current.exists() else ""
             if want != have:
                 stale.append(current)
-                sys.stdout.writelines(difflib.unified_diff(
-                    have.splitlines(True), want.splitlines(True),
-                    f"{current} (checked in)", f"{current} (generated)", n=1))
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        have.splitlines(True),
+                        want.splitlines(True),
+                        f"{current} (checked in)",
+                        f"{current} (generated)",
+                        n=1,
+                    )
+                )
     if stale:
         sys.stderr.write(_version_warning())
-        sys.stderr.write("genproto: stale, run `python -m nri_cni.tools.genproto`: "
-                         + ", ".join(_shown(p) for p in stale) + "\n")
+        sys.stderr.write(
+            "genproto: stale, run `python -m nri_cni.tools.genproto`: "
+            + ", ".join(_shown(p) for p in stale)
+            + "\n"
+        )
         return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nri_cni.tools.genproto", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true",
-                        help="compare instead of writing; exit 1 if the checked-in code is stale")
+    parser = argparse.ArgumentParser(
+        prog="python -m nri_cni.tools.genproto",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare instead of writing; exit 1 if the checked-in code is stale",
+    )
     args = parser.parse_args(argv)
     if args.check:
         return check()

@@ -3,9 +3,9 @@
 framing and connection are pure (bytes in, events and bytes out); client and server put them
 on asyncio over any byte pipe (transport.Transport).
 """
+
 from nri_cni.ttrpc.client import TtrpcClient
 from nri_cni.ttrpc.errors import TtrpcProtocolError
 from nri_cni.ttrpc.server import Handler, ServerConnection, Services, TtrpcServer
 
-__all__ = ["Handler", "ServerConnection", "Services", "TtrpcClient", "TtrpcProtocolError",
-           "TtrpcServer"]
+__all__ = ["Handler", "ServerConnection", "Services", "TtrpcClient", "TtrpcProtocolError", "TtrpcServer"]

@@ -4,6 +4,7 @@ Bytes are appended as they arrive and consumed header by header from a read offs
 prefix is dropped only when the buffer empties or once 64 KiB of it piles up, so a stream of
 small frames costs no copying, and a large one is copied once, when it is handed out.
 """
+
 from __future__ import annotations
 
 import struct
@@ -50,5 +51,5 @@ class HeaderBuffer:
             self._buf.clear()
             self._pos = 0
         elif self._pos >= _COMPACT_AT:
-            del self._buf[:self._pos]
+            del self._buf[: self._pos]
             self._pos = 0

@@ -1,4 +1,5 @@
 """The asyncio ttrpc client: concurrent unary calls over any Transport."""
+
 from __future__ import annotations
 
 import asyncio
@@ -54,9 +55,15 @@ class TtrpcClient(asyncio.Protocol):
 
     # -- API -----------------------------------------------------------------------------------
 
-    async def call(self, service: str, method: str, payload: bytes, *,
-                   timeout: float | None = None,
-                   metadata: Iterable[tuple[str, str]] = ()) -> bytes:
+    async def call(
+        self,
+        service: str,
+        method: str,
+        payload: bytes,
+        *,
+        timeout: float | None = None,
+        metadata: Iterable[tuple[str, str]] = (),
+    ) -> bytes:
         """Call service/method with a serialized request; returns the serialized answer.
 
         timeout (seconds) is sent as the request's deadline and enforced here too. Raises
@@ -68,8 +75,9 @@ class TtrpcClient(asyncio.Protocol):
             raise Unavailable(f"{self.name}: not connected", details=str(self._lost or ""))
         timeout_nano = int(timeout * 1e9) if timeout else 0
         try:
-            sid, data = self._conn.send_request(service, method, payload,
-                                                timeout_nano=timeout_nano, metadata=metadata)
+            sid, data = self._conn.send_request(
+                service, method, payload, timeout_nano=timeout_nano, metadata=metadata
+            )
         except TtrpcProtocolError as exc:  # nothing was sent; the connection is still good
             raise RPCError(GrpcCode.RESOURCE_EXHAUSTED, f"{service}/{method}: {exc}") from None
         call = asyncio.get_running_loop().create_future()
@@ -81,8 +89,9 @@ class TtrpcClient(asyncio.Protocol):
             async with asyncio.timeout(timeout):
                 return await call
         except TimeoutError:
-            raise RPCError(GrpcCode.DEADLINE_EXCEEDED,
-                           f"{service}/{method}: no answer within {timeout:g}s") from None
+            raise RPCError(
+                GrpcCode.DEADLINE_EXCEEDED, f"{service}/{method}: no answer within {timeout:g}s"
+            ) from None
         finally:
             if self._calls.pop(sid, None) is not None:
                 self._conn.forget(sid)

@@ -10,6 +10,7 @@ ResponseReceived (client) events; `send_request` / `send_response` return the by
 Everything the peer can get wrong raises TtrpcProtocolError, after which the connection is
 dead (every further call raises it again).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -111,16 +112,23 @@ class Connection:
             if sid % 2 == 0:
                 raise TtrpcProtocolError(f"request on even stream {sid}: client streams are odd")
             if sid <= self._last_id:
-                raise TtrpcProtocolError(f"request on stream {sid} after {self._last_id}: "
-                                         "stream ids must increase")
+                raise TtrpcProtocolError(
+                    f"request on stream {sid} after {self._last_id}: stream ids must increase"
+                )
             self._last_id = sid
             req = _parse(ttrpc_pb2.Request, frame.data, "request")
             self._open.add(sid)
             if frame.flags & FLAG_REMOTE_OPEN:
                 self._draining.add(sid)
-            return RequestReceived(sid, req.service, req.method, req.payload, req.timeout_nano,
-                                   tuple((kv.key, kv.value) for kv in req.metadata),
-                                   unary=frame.flags == 0)
+            return RequestReceived(
+                sid,
+                req.service,
+                req.method,
+                req.payload,
+                req.timeout_nano,
+                tuple((kv.key, kv.value) for kv in req.metadata),
+                unary=frame.flags == 0,
+            )
         if frame.type is MessageType.DATA:
             if sid not in self._draining:
                 raise TtrpcProtocolError(f"data on stream {sid}, which is not sending")
@@ -132,8 +140,9 @@ class Connection:
     def _client_frame(self, frame: Frame) -> Event | None:
         sid = frame.stream_id
         if frame.type is not MessageType.RESPONSE:
-            raise TtrpcProtocolError(f"{frame.type.name} frame on stream {sid}: "
-                                     "the client makes unary calls only")
+            raise TtrpcProtocolError(
+                f"{frame.type.name} frame on stream {sid}: the client makes unary calls only"
+            )
         if sid in self._forgotten:
             self._forgotten.discard(sid)
             return None
@@ -146,8 +155,15 @@ class Connection:
 
     # -- output ------------------------------------------------------------------------------
 
-    def send_request(self, service: str, method: str, payload: bytes, *, timeout_nano: int = 0,
-                     metadata: Iterable[tuple[str, str]] = ()) -> tuple[int, bytes]:
+    def send_request(
+        self,
+        service: str,
+        method: str,
+        payload: bytes,
+        *,
+        timeout_nano: int = 0,
+        metadata: Iterable[tuple[str, str]] = (),
+    ) -> tuple[int, bytes]:
         """Open a unary call: its stream id and the bytes to write."""
         if self.role is not Role.CLIENT:
             raise TtrpcProtocolError("only the client sends requests")
@@ -156,9 +172,13 @@ class Connection:
         sid = self._next_id
         if sid > _MAX_STREAM_ID:
             raise TtrpcProtocolError("stream ids exhausted; open a new connection")
-        req = ttrpc_pb2.Request(service=service, method=method, payload=payload,
-                                timeout_nano=timeout_nano,
-                                metadata=[ttrpc_pb2.KeyValue(key=k, value=v) for k, v in metadata])
+        req = ttrpc_pb2.Request(
+            service=service,
+            method=method,
+            payload=payload,
+            timeout_nano=timeout_nano,
+            metadata=[ttrpc_pb2.KeyValue(key=k, value=v) for k, v in metadata],
+        )
         data = encode_frame(sid, MessageType.REQUEST, 0, req.SerializeToString())
         self._next_id += 2
         self._pending.add(sid)
@@ -170,20 +190,19 @@ class Connection:
             self._pending.discard(stream_id)
             self._forgotten.add(stream_id)
 
-    def send_response(self, stream_id: int, code: int = 0, message: str = "",
-                      payload: bytes = b"") -> bytes:
+    def send_response(self, stream_id: int, code: int = 0, message: str = "", payload: bytes = b"") -> bytes:
         """Answer an open request. A payload too big for a frame becomes an error status."""
         if self.role is not Role.SERVER:
             raise TtrpcProtocolError("only the server sends responses")
         if stream_id not in self._open:
             raise TtrpcProtocolError(f"no request open on stream {stream_id}")
-        resp = ttrpc_pb2.Response(status=rpc_status_pb2.Status(code=code, message=message),
-                                  payload=payload)
+        resp = ttrpc_pb2.Response(status=rpc_status_pb2.Status(code=code, message=message), payload=payload)
         data = resp.SerializeToString()
         if len(data) > MAX_DATA:
             too_big = f"response of {len(data)} bytes exceeds ttrpc's {MAX_DATA}"
-            resp = ttrpc_pb2.Response(status=rpc_status_pb2.Status(
-                code=GrpcCode.RESOURCE_EXHAUSTED, message=too_big))
+            resp = ttrpc_pb2.Response(
+                status=rpc_status_pb2.Status(code=GrpcCode.RESOURCE_EXHAUSTED, message=too_big)
+            )
             data = resp.SerializeToString()
         self._open.discard(stream_id)
         return encode_frame(stream_id, MessageType.RESPONSE, 0, data)

@@ -1,4 +1,5 @@
 """The one error the ttrpc state machines raise."""
+
 from __future__ import annotations
 
 from nri_cni.errors import ProtocolError

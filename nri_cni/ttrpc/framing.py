@@ -5,6 +5,7 @@ data. `encode_frame` builds one; `FrameDecoder` takes bytes as they arrive (`fee
 the complete frames (iterate it). Headers are checked as soon as they are complete, so an
 oversize length is refused before its data is waited for.
 """
+
 from __future__ import annotations
 
 import struct

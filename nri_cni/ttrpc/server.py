@@ -11,6 +11,7 @@ DEADLINE_EXCEEDED at once and the handler runs on, its answer dropped; when the 
 handlers run on too. A handler here is typically a CNI ADD or DEL: stopping one halfway leaves
 an interface or an IP allocation that nothing records, which is worse than finishing late.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -77,11 +78,15 @@ class ServerConnection(asyncio.Protocol):
     def _dispatch(self, req: RequestReceived) -> None:
         handler = self._services.get(req.service, {}).get(req.method)
         if handler is None:
-            self._answer(req.stream_id, GrpcCode.UNIMPLEMENTED,
-                         f"{req.service}/{req.method} is not implemented")
+            self._answer(
+                req.stream_id, GrpcCode.UNIMPLEMENTED, f"{req.service}/{req.method} is not implemented"
+            )
         elif not req.unary:
-            self._answer(req.stream_id, GrpcCode.UNIMPLEMENTED,
-                         f"{req.service}/{req.method}: streaming calls are not supported")
+            self._answer(
+                req.stream_id,
+                GrpcCode.UNIMPLEMENTED,
+                f"{req.service}/{req.method}: streaming calls are not supported",
+            )
         else:
             # A task per request: handlers of one connection run concurrently.
             loop = asyncio.get_running_loop()
@@ -100,19 +105,19 @@ class ServerConnection(asyncio.Protocol):
             code = exc.grpc_code if exc.grpc_code != GrpcCode.OK else GrpcCode.UNKNOWN
             message = str(exc)
             log.error("%s: %s/%s failed: %s", self.name, req.service, req.method, message)
-        except Exception as exc:  # noqa: BLE001 - the peer gets a status, the log the traceback
+        except Exception as exc:
             log.error("%s: %s/%s raised", self.name, req.service, req.method, exc_info=exc)
             code, message = GrpcCode.UNKNOWN, f"{type(exc).__name__}: {exc}"
         if self._conn.is_open(req.stream_id):
             self._answer(req.stream_id, code, message, payload)
         else:
-            log.warning("%s: %s/%s finished after its deadline; answer dropped", self.name,
-                        req.service, req.method)
+            log.warning(
+                "%s: %s/%s finished after its deadline; answer dropped", self.name, req.service, req.method
+            )
 
     def _expire(self, req: RequestReceived) -> None:
         message = f"{req.method}: no answer within {req.timeout_nano / 1e9:g}s"
-        log.warning("%s: %s/%s: %s (the handler goes on)", self.name, req.service, req.method,
-                    message)
+        log.warning("%s: %s/%s: %s (the handler goes on)", self.name, req.service, req.method, message)
         self._answer(req.stream_id, GrpcCode.DEADLINE_EXCEEDED, message)
 
     def _answer(self, stream_id: int, code: int, message: str, payload: bytes = b"") -> None:

@@ -6,6 +6,7 @@ transport they write to needs only the two methods below. An asyncio socket tran
 so does a logical connection of the NRI multiplexer (nri_cni.nri.trunk), which is why the same
 client and server run over a plain unix socket and over NRI.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

@@ -1,4 +1,5 @@
 """Fixtures for the CNI runtime unit tests: fake plugins in a temp bin dir, a call log."""
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,9 @@ def call_log(tmp_path: Path) -> CallLog:
 
 @pytest.fixture
 def runtime(fake_bin: Path, tmp_path: Path) -> CNIRuntime:
-    return CNIRuntime([str(tmp_path / "empty-bin"), str(fake_bin)], cache_dir=str(tmp_path / "cache"),
-                      exec_timeout=10.0)
+    return CNIRuntime(
+        [str(tmp_path / "empty-bin"), str(fake_bin)], cache_dir=str(tmp_path / "cache"), exec_timeout=10.0
+    )
 
 
 @pytest.fixture
@@ -77,8 +79,13 @@ def make_net(call_log: CallLog):
 
 @pytest.fixture
 def rt() -> RuntimeConf:
-    return RuntimeConf(container_id="c0ffee", netns="/var/run/netns/nct-test", ifname="eth0",
-                       args=[("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", "web-0")],
-                       capability_args={"portMappings": [{"hostPort": 8080, "containerPort": 80,
-                                                          "protocol": "tcp"}],
-                                        "bandwidth": {"ingressRate": 1000}})
+    return RuntimeConf(
+        container_id="c0ffee",
+        netns="/var/run/netns/nct-test",
+        ifname="eth0",
+        args=[("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", "web-0")],
+        capability_args={
+            "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+            "bandwidth": {"ingressRate": 1000},
+        },
+    )

@@ -1,4 +1,5 @@
 """libcni's cache format, byte for byte, and the tolerant / atomic file handling."""
+
 from __future__ import annotations
 
 import logging
@@ -19,15 +20,25 @@ GOLDEN_CONFIG = b'{"cniVersion":"1.0.0","name":"nct-golden","plugins":[{"type":"
 
 def golden_entry() -> CacheEntry:
     return CacheEntry(
-        container_id="c0ffee", ifname="eth0", network_name="nct-golden", config=GOLDEN_CONFIG,
+        container_id="c0ffee",
+        ifname="eth0",
+        network_name="nct-golden",
+        config=GOLDEN_CONFIG,
         netns="/var/run/netns/nct-golden",
         cni_args=[("K8S_POD_NAMESPACE", "default"), ("K8S_POD_NAME", "web-0")],
-        capability_args={"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
-                         "io.kubernetes.cri.pod-annotations": {"note": "a<b & c>d"}},
-        result={"cniVersion": "1.0.0",
-                "interfaces": [{"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/var/run/netns/nct-golden"}],
-                "ips": [{"interface": 0, "address": "10.244.0.5/24", "gateway": "10.244.0.1"}],
-                "routes": [{"dst": "0.0.0.0/0"}]})
+        capability_args={
+            "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+            "io.kubernetes.cri.pod-annotations": {"note": "a<b & c>d"},
+        },
+        result={
+            "cniVersion": "1.0.0",
+            "interfaces": [
+                {"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/var/run/netns/nct-golden"}
+            ],
+            "ips": [{"interface": 0, "address": "10.244.0.5/24", "gateway": "10.244.0.1"}],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    )
 
 
 def test_golden_bytes_written_exactly(tmp_path):
@@ -49,7 +60,10 @@ def test_golden_read(tmp_path):
 
 def test_minimal_entry_omits_empty_fields():
     entry = CacheEntry(container_id="c", ifname="eth0", network_name="n", config=b"{}")
-    assert entry.to_json() == b'{"kind":"cniCacheV1","containerId":"c","config":"e30=","ifName":"eth0","networkName":"n"}'
+    assert (
+        entry.to_json()
+        == b'{"kind":"cniCacheV1","containerId":"c","config":"e30=","ifName":"eth0","networkName":"n"}'
+    )
 
 
 def test_keys_read_case_insensitively():
@@ -68,9 +82,18 @@ def test_rewrite_replaces(tmp_path):
     assert cache.read("nct-golden", "c0ffee", "eth0").netns == "/var/run/netns/other"
 
 
-@pytest.mark.parametrize("content", [b"", b"  \n", b"{trunc", b"[]", b'{"kind":"other"}',
-                                     b'{"kind":"cniCacheV1","config":"***"}',
-                                     b'{"kind":"cniCacheV1","cniArgs":[["a"]]}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"  \n",
+        b"{trunc",
+        b"[]",
+        b'{"kind":"other"}',
+        b'{"kind":"cniCacheV1","config":"***"}',
+        b'{"kind":"cniCacheV1","cniArgs":[["a"]]}',
+    ],
+)
 def test_corrupt_entries(tmp_path, caplog, content):
     cache = ResultCache(str(tmp_path))
     path = Path(cache.path("n", "c", "eth0"))
@@ -99,19 +122,34 @@ def test_path_cannot_escape(tmp_path):
 
 def test_entries_filters(tmp_path):
     cache = ResultCache(str(tmp_path))
-    for net, cid, ifname in (("net-a", "c1", "eth0"), ("net-a", "c2", "eth0"), ("net-b", "c1", "net1"),
-                             ("a-c1-b", "c3", "eth0")):
+    for net, cid, ifname in (
+        ("net-a", "c1", "eth0"),
+        ("net-a", "c2", "eth0"),
+        ("net-b", "c1", "net1"),
+        ("a-c1-b", "c3", "eth0"),
+    ):
         cache.write(CacheEntry(container_id=cid, ifname=ifname, network_name=net, config=b"{}"))
     results = tmp_path / "results"
     (results / "net-a-c9-eth0").write_text("{corrupt")
     (results / ".net-a-c1-eth1.1.2.tmp").write_bytes(
-        CacheEntry(container_id="c1", ifname="eth1", network_name="net-a", config=b"{}").to_json())
+        CacheEntry(container_id="c1", ifname="eth1", network_name="net-a", config=b"{}").to_json()
+    )
     key = lambda e: (e.network_name, e.container_id, e.ifname)  # noqa: E731
-    assert [key(e) for e in cache.entries()] == [("a-c1-b", "c3", "eth0"), ("net-a", "c1", "eth0"),
-                                                 ("net-a", "c2", "eth0"), ("net-b", "c1", "net1")]
+    assert [key(e) for e in cache.entries()] == [
+        ("a-c1-b", "c3", "eth0"),
+        ("net-a", "c1", "eth0"),
+        ("net-a", "c2", "eth0"),
+        ("net-b", "c1", "net1"),
+    ]
     # the file name of "a-c1-b" contains "-c1-", but its JSON says c3
-    assert [key(e) for e in cache.entries(container_id="c1")] == [("net-a", "c1", "eth0"), ("net-b", "c1", "net1")]
-    assert [key(e) for e in cache.entries(network="net-a")] == [("net-a", "c1", "eth0"), ("net-a", "c2", "eth0")]
+    assert [key(e) for e in cache.entries(container_id="c1")] == [
+        ("net-a", "c1", "eth0"),
+        ("net-b", "c1", "net1"),
+    ]
+    assert [key(e) for e in cache.entries(network="net-a")] == [
+        ("net-a", "c1", "eth0"),
+        ("net-a", "c2", "eth0"),
+    ]
     assert all(e.path.startswith(str(results)) for e in cache.entries())
     assert ResultCache(str(tmp_path / "none")).entries() == []
 
@@ -168,8 +206,14 @@ def test_prepared_write(tmp_path):
     """A write begun before the result is known: prepare() makes only a temporary file,
     commit() gives the bytes of a one-step write, discard() leaves nothing."""
     cache = ResultCache(str(tmp_path / "cache"))
-    entry = CacheEntry(container_id="c1", ifname="eth0", network_name="net", config=b'{"a":1}',
-                       netns="/var/run/netns/x", cni_args=[("K8S_POD_NAME", "p")])
+    entry = CacheEntry(
+        container_id="c1",
+        ifname="eth0",
+        network_name="net",
+        config=b'{"a":1}',
+        netns="/var/run/netns/x",
+        cni_args=[("K8S_POD_NAME", "p")],
+    )
     result = {"cniVersion": "1.1.0", "ips": [{"address": "10.0.0.2/24"}]}
     w = cache.prepare(entry)
     w.prepare()

@@ -1,12 +1,20 @@
 """Conflist parsing, validation, version negotiation and conf-dir loading."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from nri_cni.cni.config import (load_conf_dir, load_conflist_file, load_finalize_dropins, parse_conflist,
-                                validate_container_id, validate_ifname, validate_network_name)
+from nri_cni.cni.config import (
+    load_conf_dir,
+    load_conflist_file,
+    load_finalize_dropins,
+    parse_conflist,
+    validate_container_id,
+    validate_ifname,
+    validate_network_name,
+)
 from nri_cni.errors import ConfigError
 
 
@@ -27,27 +35,32 @@ def test_parse_keeps_exact_bytes_and_fields():
     assert not net.disable_check and not net.disable_gc
 
 
-@pytest.mark.parametrize("declared,listed,expected", [
-    ("1.0.0", ["0.4.0", "1.1.0", "2.0.0"], "1.1.0"),   # above 1.1.0 skipped, highest kept
-    ("1.2.0", ["0.4.0", "1.0.0"], "1.0.0"),            # unsupported cniVersion ignored when a list helps
-    ("0.3.1", [], "0.3.1"),
-    ("", [], "0.1.0"),                                 # nothing declared: the original spec
-    ("0.4.0", ["0.3.0"], "0.4.0"),
-])
+@pytest.mark.parametrize(
+    "declared,listed,expected",
+    [
+        ("1.0.0", ["0.4.0", "1.1.0", "2.0.0"], "1.1.0"),  # above 1.1.0 skipped, highest kept
+        ("1.2.0", ["0.4.0", "1.0.0"], "1.0.0"),  # unsupported cniVersion ignored when a list helps
+        ("0.3.1", [], "0.3.1"),
+        ("", [], "0.1.0"),  # nothing declared: the original spec
+        ("0.4.0", ["0.3.0"], "0.4.0"),
+    ],
+)
 def test_version_negotiation(declared, listed, expected):
     obj = conflist(cniVersion=declared, cniVersions=listed)
     assert parse_conflist(obj).cni_version == expected
 
 
-@pytest.mark.parametrize("declared,listed", [("1.2.0", []), ("2.0.0", ["3.0.0"]), ("1.x", []),
-                                             ("1.0.0", ["a.b.c"])])
+@pytest.mark.parametrize(
+    "declared,listed", [("1.2.0", []), ("2.0.0", ["3.0.0"]), ("1.x", []), ("1.0.0", ["a.b.c"])]
+)
 def test_version_negotiation_refuses(declared, listed):
     with pytest.raises(ConfigError, match="version"):
         parse_conflist(conflist(cniVersion=declared, cniVersions=listed), "inline:v")
 
 
-@pytest.mark.parametrize("value,expected", [(True, True), (False, False), ("true", True), ("False", False),
-                                            ("TRUE", True)])
+@pytest.mark.parametrize(
+    "value,expected", [(True, True), (False, False), ("true", True), ("False", False), ("TRUE", True)]
+)
 def test_booleans_as_bool_or_string(value, expected):
     net = parse_conflist(conflist(disableCheck=value, disableGC=value))
     assert net.disable_check is expected and net.disable_gc is expected
@@ -66,17 +79,20 @@ def test_plugin_type_must_be_bare_name(ptype):
     assert "inline:t" in str(err.value)
 
 
-@pytest.mark.parametrize("obj,reason", [
-    ({"cniVersion": "1.0.0", "plugins": [{"type": "x"}]}, "name"),
-    (conflist(name="-bad"), "network name"),
-    (conflist(name="a/b"), "network name"),
-    (conflist(plugins=[]), "no plugins"),
-    (conflist(plugins={"type": "x"}), "list"),
-    (conflist(plugins=[["x"]]), "not an object"),
-    (conflist(plugins=[{"type": "x", "capabilities": {"portMappings": "yes"}}]), "capabilities"),
-    (conflist(cniVersions="1.0.0"), "cniVersions"),
-    (conflist(loadOnlyInlinedPlugins=True, plugins=None), "plugins"),
-])
+@pytest.mark.parametrize(
+    "obj,reason",
+    [
+        ({"cniVersion": "1.0.0", "plugins": [{"type": "x"}]}, "name"),
+        (conflist(name="-bad"), "network name"),
+        (conflist(name="a/b"), "network name"),
+        (conflist(plugins=[]), "no plugins"),
+        (conflist(plugins={"type": "x"}), "list"),
+        (conflist(plugins=[["x"]]), "not an object"),
+        (conflist(plugins=[{"type": "x", "capabilities": {"portMappings": "yes"}}]), "capabilities"),
+        (conflist(cniVersions="1.0.0"), "cniVersions"),
+        (conflist(loadOnlyInlinedPlugins=True, plugins=None), "plugins"),
+    ],
+)
 def test_invalid_lists(obj, reason):
     if obj.get("plugins", 0) is None:
         del obj["plugins"]
@@ -134,8 +150,9 @@ def test_load_conf_dir_order_errors_and_wrapping(tmp_path):
     nets, errors = load_conf_dir(tmp_path)
     assert [n.name for n in nets] == ["a", "b"]
     assert [n.source for n in nets] == [str(tmp_path / "10-a.conf"), str(tmp_path / "20-b.conflist")]
-    assert sorted(e.location for e in errors) == [str(tmp_path / n) for n in
-                                                   ("15-broken.conflist", "30-bad-type.json", "40-dup.conflist")]
+    assert sorted(e.location for e in errors) == [
+        str(tmp_path / n) for n in ("15-broken.conflist", "30-bad-type.json", "40-dup.conflist")
+    ]
     single = nets[0]
     assert single.cni_version == "0.3.1"
     assert single.plugins[0].conf["bridge"] == "nct0"

@@ -1,4 +1,5 @@
 """The plugin executor: output handling, errors, timeouts, process groups, fds."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,15 @@ from nri_cni.cni import exec as cni_exec
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginTimeout
 
-ENV = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/x",
-       "CNI_IFNAME": "eth0", "CNI_ARGS": "IgnoreUnknown=1", "CNI_PATH": "/nowhere"}
+ENV = {
+    "PATH": "/usr/bin:/bin",
+    "CNI_COMMAND": "ADD",
+    "CNI_CONTAINERID": "c1",
+    "CNI_NETNS": "/x",
+    "CNI_IFNAME": "eth0",
+    "CNI_ARGS": "IgnoreUnknown=1",
+    "CNI_PATH": "/nowhere",
+}
 
 
 def run(coro):
@@ -129,8 +137,9 @@ def test_cancel_kills_and_reaps(fake_bin, tmp_path):
 
     async def go():
         in_loop = open_fds()  # plus the loop's own epoll fd and self-pipe
-        task = asyncio.create_task(PluginExecutor().exec(str(fake_bin / "hang"),
-                                                         dict(ENV, HANG_PIDFILE=str(pidfile)), b"{}", 30))
+        task = asyncio.create_task(
+            PluginExecutor().exec(str(fake_bin / "hang"), dict(ENV, HANG_PIDFILE=str(pidfile)), b"{}", 30)
+        )
         while not pidfile.exists() or not pidfile.read_text().strip():
             await asyncio.sleep(0.01)
         task.cancel()
@@ -208,7 +217,9 @@ def test_find(fake_bin, tmp_path):
 def test_concurrent_calls(fake_bin):
     async def go():
         ex = PluginExecutor()
-        stdin = [json.dumps({"fake": {"ADD": {"result": {"n": i}, "sleep": 0.05}}}).encode() for i in range(8)]
+        stdin = [
+            json.dumps({"fake": {"ADD": {"result": {"n": i}, "sleep": 0.05}}}).encode() for i in range(8)
+        ]
         return await asyncio.gather(*(ex.exec(str(fake_bin / "fake"), ENV, s, 10) for s in stdin))
 
     assert [json.loads(o)["n"] for o in run(go())] == list(range(8))
@@ -218,7 +229,7 @@ def _closer(tmp_path, body: str):
     """A plugin that prints a result, closes stdout and stderr, then does `body`."""
     script = tmp_path / "bin" / "closer"
     script.parent.mkdir(exist_ok=True)
-    script.write_text("#!/bin/sh\necho '{\"cniVersion\":\"1.1.0\"}'\nexec >&- 2>&-\n" + body)
+    script.write_text('#!/bin/sh\necho \'{"cniVersion":"1.1.0"}\'\nexec >&- 2>&-\n' + body)
     script.chmod(0o755)
     return str(script)
 
@@ -267,7 +278,7 @@ def test_helper_holding_stdout_does_not_hold_the_call(tmp_path):
     pidfile = tmp_path / "helper.pid"
     script = tmp_path / "bin" / "forker"
     script.parent.mkdir(exist_ok=True)
-    script.write_text(f"#!/bin/sh\nsleep 30 &\necho $! > {pidfile}\necho '{{\"cniVersion\":\"1.1.0\"}}'\n")
+    script.write_text(f'#!/bin/sh\nsleep 30 &\necho $! > {pidfile}\necho \'{{"cniVersion":"1.1.0"}}\'\n')
     script.chmod(0o755)
     t0 = time.monotonic()
     try:
@@ -305,8 +316,9 @@ def test_dev_stdio_idioms(tmp_path):
     via /proc, every stream must allow that (pipes and an unsealed memory file do)."""
     script = tmp_path / "bin" / "devstd"
     script.parent.mkdir(exist_ok=True)
-    script.write_text("#!/bin/sh\nconf=$(cat /dev/stdin)\necho 'note' > /dev/stderr\n"
-                      "echo \"$conf\" > /dev/stdout\n")
+    script.write_text(
+        "#!/bin/sh\nconf=$(cat /dev/stdin)\necho 'note' > /dev/stderr\necho \"$conf\" > /dev/stdout\n"
+    )
     script.chmod(0o755)
     out = run(PluginExecutor().exec(str(script), ENV, b'{"cniVersion":"1.1.0"}', 10))
     assert json.loads(out) == {"cniVersion": "1.1.0"} and out.stderr == b"note\n"
@@ -332,12 +344,20 @@ def test_no_fd_left_after_calls(fake_bin):
     async def go():
         in_loop = open_fds()
         for _ in range(5):
-            await PluginExecutor().exec(str(fake_bin / "fake"), ENV, json.dumps(
-                {"type": "fake", "cniVersion": "1.1.0", "fake": {"ADD": {}}}).encode(), 10)
+            await PluginExecutor().exec(
+                str(fake_bin / "fake"),
+                ENV,
+                json.dumps({"type": "fake", "cniVersion": "1.1.0", "fake": {"ADD": {}}}).encode(),
+                10,
+            )
         await asyncio.sleep(0)
         assert open_fds() == in_loop
-        await PluginExecutor().exec(str(fake_bin / "fake"), ENV, json.dumps(
-            {"type": "fake", "cniVersion": "1.1.0", "fake": {"ADD": {}}}).encode(), 10)
+        await PluginExecutor().exec(
+            str(fake_bin / "fake"),
+            ENV,
+            json.dumps({"type": "fake", "cniVersion": "1.1.0", "fake": {"ADD": {}}}).encode(),
+            10,
+        )
 
     run(go())
     assert open_fds() == before
@@ -365,6 +385,13 @@ with open({str(out)!r}, "w") as f:
 """
     import subprocess
     import sys as _sys
-    subprocess.run([_sys.executable, "-c", code], check=True, timeout=30,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    subprocess.run(
+        [_sys.executable, "-c", code],
+        check=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert json.loads(out.read_text()) == {"stdout": '{"a": 1}', "stderr": "note\n"}

@@ -1,4 +1,5 @@
 """Result parsing and conversion, against golden JSON written from libcni's conversion rules."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,12 @@ def test_model_fields():
     res = parse_result(GOLDEN["rich_input"])
     assert res.cni_version == "1.1.0"
     eth0 = res.interfaces[1]
-    assert (eth0.name, eth0.mtu, eth0.pci_id, eth0.socket_path) == ("eth0", 1450, "0000:00:1f.6",
-                                                                    "/run/nct-vhost.sock")
+    assert (eth0.name, eth0.mtu, eth0.pci_id, eth0.socket_path) == (
+        "eth0",
+        1450,
+        "0000:00:1f.6",
+        "/run/nct-vhost.sock",
+    )
     assert eth0.metadata == {"vendor": "nct"}
     assert [ip.interface for ip in res.ips] == [1, 1, None]
     assert res.routes[1].table == 100 and res.routes[1].scope == 0 and res.routes[0].scope is None
@@ -57,36 +62,44 @@ def test_version_fallback_when_result_names_none():
     assert parse_result(obj).cni_version == "0.1.0" and parse_result(obj).ips == []
 
 
-@pytest.mark.parametrize("bad", [
-    b"not json", b"[1]", {"cniVersion": "1.0.0", "ips": {}},
-    {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.5"}]},
-    {"cniVersion": "1.0.0", "ips": [{"address": "300.1.1.1/24"}]},
-    {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.5/24", "gateway": "x"}]},
-    {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "mtu": "1500"}]},
-    {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "metadata": {"a": 1}}]},
-    {"cniVersion": "1.0.0", "routes": [{"dst": "default"}]},
-    {"cniVersion": "0.2.0", "ip4": "10.0.0.1/8"},
-    {"cniVersion": "1.0.0", "dns": {"nameservers": "10.0.0.1"}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"not json",
+        b"[1]",
+        {"cniVersion": "1.0.0", "ips": {}},
+        {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.5"}]},
+        {"cniVersion": "1.0.0", "ips": [{"address": "300.1.1.1/24"}]},
+        {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.5/24", "gateway": "x"}]},
+        {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "mtu": "1500"}]},
+        {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "metadata": {"a": 1}}]},
+        {"cniVersion": "1.0.0", "routes": [{"dst": "default"}]},
+        {"cniVersion": "0.2.0", "ip4": "10.0.0.1/8"},
+        {"cniVersion": "1.0.0", "dns": {"nameservers": "10.0.0.1"}},
+    ],
+)
 def test_malformed_results(bad):
     with pytest.raises(CNIError) as err:
         parse_result(bad)
     assert err.value.code == CniCode.DECODING_FAILURE
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"interfaces": ["eth0"]}, "interfaces[0] is not an object"),
-    ({"interfaces": [{"name": "eth0"}, {"name": 7}]}, "interfaces[1].name is not a string"),
-    ({"interfaces": [{"name": "eth0", "mac": ["a"]}]}, "interfaces[0].mac is not a string"),
-    ({"interfaces": [{"name": "eth0", "sandbox": 1}]}, "interfaces[0].sandbox is not a string"),
-    ({"interfaces": [{"name": "eth0", "socketPath": False}]}, "interfaces[0].socketPath is not a string"),
-    ({"interfaces": [{"name": "eth0", "mtu": True}]}, "interfaces[0].mtu is not an integer"),
-    ({"interfaces": [{"name": "eth0", "metadata": ["x"]}]}, "interfaces[0].metadata is not a map"),
-    ({"ips": [{"address": "10.0.0.2/24", "interface": "0"}]}, "ips[0].interface is not an integer"),
-    ({"ips": [{"address": "10.0.0.2/24", "gateway": 1}]}, "ips[0].gateway is not a string"),
-    ({"ips": [{"address": 1}]}, "ips[0].address is not a string"),
-    ({"ips": [{}, {"address": "10.0.0.2"}]}, "ips[0].address '' is not an address/prefix"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"interfaces": ["eth0"]}, "interfaces[0] is not an object"),
+        ({"interfaces": [{"name": "eth0"}, {"name": 7}]}, "interfaces[1].name is not a string"),
+        ({"interfaces": [{"name": "eth0", "mac": ["a"]}]}, "interfaces[0].mac is not a string"),
+        ({"interfaces": [{"name": "eth0", "sandbox": 1}]}, "interfaces[0].sandbox is not a string"),
+        ({"interfaces": [{"name": "eth0", "socketPath": False}]}, "interfaces[0].socketPath is not a string"),
+        ({"interfaces": [{"name": "eth0", "mtu": True}]}, "interfaces[0].mtu is not an integer"),
+        ({"interfaces": [{"name": "eth0", "metadata": ["x"]}]}, "interfaces[0].metadata is not a map"),
+        ({"ips": [{"address": "10.0.0.2/24", "interface": "0"}]}, "ips[0].interface is not an integer"),
+        ({"ips": [{"address": "10.0.0.2/24", "gateway": 1}]}, "ips[0].gateway is not a string"),
+        ({"ips": [{"address": 1}]}, "ips[0].address is not a string"),
+        ({"ips": [{}, {"address": "10.0.0.2"}]}, "ips[0].address '' is not an address/prefix"),
+    ],
+)
 def test_malformed_results_name_the_field(bad, where):
     with pytest.raises(CNIError, match=re.escape(where)):
         parse_result({"cniVersion": "1.1.0", **bad})
@@ -120,8 +133,9 @@ def _address_text(draw):
         text = ":".join(parts) if i == j else ":".join(parts[:i]) + "::" + ":".join(parts[j:])
         text += draw(st.sampled_from(["", "", "%eth0", ":1.2.3.4"]))
     if draw(st.booleans()):
-        text += "/" + draw(st.sampled_from(["0", "8", "24", "32", "33", "64", "128", "129", "024",
-                                            "x", "", "255.255.255.0"]))
+        text += "/" + draw(
+            st.sampled_from(["0", "8", "24", "32", "33", "64", "128", "129", "024", "x", "", "255.255.255.0"])
+        )
     return text
 
 

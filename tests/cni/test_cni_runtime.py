@@ -1,4 +1,5 @@
 """The verbs over fake plugins: what each plugin is given, in which order, and the cache."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,9 +7,8 @@ import dataclasses
 import json
 import logging
 import os
-from pathlib import Path
-
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +42,11 @@ def test_add_chain_order_prev_result_env_and_cache(runtime, make_net, call_log, 
     result = run(runtime.add(net, rt))
     assert [i.name for i in result.interfaces] == ["fake-a", "fake-b", "fake-c"]
     calls = call_log.calls()
-    assert [(c["command"], c["type"]) for c in calls] == [("ADD", "fake-a"), ("ADD", "fake-b"), ("ADD", "fake-c")]
+    assert [(c["command"], c["type"]) for c in calls] == [
+        ("ADD", "fake-a"),
+        ("ADD", "fake-b"),
+        ("ADD", "fake-c"),
+    ]
     assert "prevResult" not in calls[0]["stdin"]
     assert calls[1]["stdin"]["prevResult"] == {"cniVersion": "1.1.0", "interfaces": [{"name": "fake-a"}]}
     assert [i["name"] for i in calls[2]["stdin"]["prevResult"]["interfaces"]] == ["fake-a", "fake-b"]
@@ -50,24 +54,36 @@ def test_add_chain_order_prev_result_env_and_cache(runtime, make_net, call_log, 
         assert (c["stdin"]["name"], c["stdin"]["cniVersion"]) == ("testnet", "1.1.0")
         env = c["env"]
         assert {k: env[k] for k in CNI_VARS} == {
-            "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/var/run/netns/nct-test",
-            "CNI_IFNAME": "eth0", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0",
-            "CNI_PATH": ":".join(runtime.bin_dirs)}
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "c0ffee",
+            "CNI_NETNS": "/var/run/netns/nct-test",
+            "CNI_IFNAME": "eth0",
+            "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0",
+            "CNI_PATH": ":".join(runtime.bin_dirs),
+        }
         assert env["PATH"]  # the inherited environment comes along
     entry = runtime.cache.read("testnet", "c0ffee", "eth0")
     assert entry.result == result.to_dict() and entry.config == net.bytes
-    assert entry.netns == rt.netns and entry.cni_args == rt.args and entry.capability_args == rt.capability_args
+    assert (
+        entry.netns == rt.netns and entry.cni_args == rt.args and entry.capability_args == rt.capability_args
+    )
 
 
 def test_runtime_config_filtered_by_capabilities(runtime, make_net, call_log, rt):
-    net = make_net([{"type": "fake-a", "capabilities": {"portMappings": True}},
-                    {"type": "fake-b", "capabilities": {"portMappings": False, "bandwidth": True, "ips": True}},
-                    {"type": "fake-c", "runtimeConfig": {"own": 1}}])
+    net = make_net(
+        [
+            {"type": "fake-a", "capabilities": {"portMappings": True}},
+            {"type": "fake-b", "capabilities": {"portMappings": False, "bandwidth": True, "ips": True}},
+            {"type": "fake-c", "runtimeConfig": {"own": 1}},
+        ]
+    )
     run(runtime.add(net, rt))
     got = [c["stdin"].get("runtimeConfig") for c in call_log.calls()]
-    assert got == [{"portMappings": rt.capability_args["portMappings"]},
-                   {"bandwidth": {"ingressRate": 1000}},
-                   {"own": 1}]  # no capability matched: the plugin's own key is left alone
+    assert got == [
+        {"portMappings": rt.capability_args["portMappings"]},
+        {"bandwidth": {"ingressRate": 1000}},
+        {"own": 1},
+    ]  # no capability matched: the plugin's own key is left alone
 
 
 def test_delete_reverse_with_cached_result(runtime, make_net, call_log, rt, caplog):
@@ -76,7 +92,11 @@ def test_delete_reverse_with_cached_result(runtime, make_net, call_log, rt, capl
     call_log.clear()
     run(runtime.delete(net, rt))
     calls = call_log.calls()
-    assert [(c["command"], c["type"]) for c in calls] == [("DEL", "fake-c"), ("DEL", "fake-b"), ("DEL", "fake-a")]
+    assert [(c["command"], c["type"]) for c in calls] == [
+        ("DEL", "fake-c"),
+        ("DEL", "fake-b"),
+        ("DEL", "fake-a"),
+    ]
     assert all(c["stdin"]["prevResult"] == result.to_dict() for c in calls)
     assert not cache_file(runtime, "testnet", rt).exists()
     # a repeated DEL is allowed: no cache, no prevResult, a warning
@@ -87,14 +107,27 @@ def test_delete_reverse_with_cached_result(runtime, make_net, call_log, rt, capl
     assert "no cached result" in caplog.text
 
 
-@pytest.mark.parametrize("version,expected", [
-    ("1.0.0", json.loads(GOLDEN_CACHE)["result"]),
-    ("0.4.0", {"cniVersion": "0.4.0",
-               "interfaces": [{"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/var/run/netns/nct-golden"}],
-               "ips": [{"version": "4", "interface": 0, "address": "10.244.0.5/24", "gateway": "10.244.0.1"}],
-               "routes": [{"dst": "0.0.0.0/0"}], "dns": {}}),
-    ("0.3.1", None),  # DEL had no prevResult before 0.4.0
-])
+@pytest.mark.parametrize(
+    "version,expected",
+    [
+        ("1.0.0", json.loads(GOLDEN_CACHE)["result"]),
+        (
+            "0.4.0",
+            {
+                "cniVersion": "0.4.0",
+                "interfaces": [
+                    {"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/var/run/netns/nct-golden"}
+                ],
+                "ips": [
+                    {"version": "4", "interface": 0, "address": "10.244.0.5/24", "gateway": "10.244.0.1"}
+                ],
+                "routes": [{"dst": "0.0.0.0/0"}],
+                "dns": {},
+            },
+        ),
+        ("0.3.1", None),  # DEL had no prevResult before 0.4.0
+    ],
+)
 def test_delete_consumes_libcni_cache_file(runtime, make_net, call_log, rt, version, expected):
     path = cache_file(runtime, "nct-golden", rt)
     path.parent.mkdir(parents=True)
@@ -105,9 +138,23 @@ def test_delete_consumes_libcni_cache_file(runtime, make_net, call_log, rt, vers
     assert not path.exists()
 
 
-@pytest.mark.parametrize("content", [b"", b"{garbage", json.dumps(
-    {"kind": "cniCacheV1", "containerId": "c0ffee", "ifName": "eth0", "networkName": "testnet",
-     "config": "", "result": {"cniVersion": "1.0.0", "ips": [{"address": "not-an-ip"}]}}).encode()])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{garbage",
+        json.dumps(
+            {
+                "kind": "cniCacheV1",
+                "containerId": "c0ffee",
+                "ifName": "eth0",
+                "networkName": "testnet",
+                "config": "",
+                "result": {"cniVersion": "1.0.0", "ips": [{"address": "not-an-ip"}]},
+            }
+        ).encode(),
+    ],
+)
 def test_delete_tolerates_corrupt_cache(runtime, make_net, call_log, rt, caplog, content):
     path = cache_file(runtime, "testnet", rt)
     path.parent.mkdir(parents=True)
@@ -152,7 +199,9 @@ def test_check(runtime, make_net, call_log, rt):
     run(runtime.check(dataclasses.replace(net, disable_check=True), rt))
     assert call_log.calls() == []
 
-    failing = make_net(["fake-a", {"type": "fake-b", "fake": {"CHECK": {"error": {"code": 100, "msg": "veth gone"}}}}])
+    failing = make_net(
+        ["fake-a", {"type": "fake-b", "fake": {"CHECK": {"error": {"code": 100, "msg": "veth gone"}}}}]
+    )
     with pytest.raises(CNIError, match="veth gone") as err:
         run(runtime.check(failing, rt))
     assert (err.value.code, err.value.ref.command) == (100, "CHECK")
@@ -167,8 +216,18 @@ def test_check_needs_040(runtime, make_net, call_log, rt):
 
 @pytest.mark.parametrize("code", [50, 51])
 def test_status_codes_surface(runtime, make_net, call_log, code):
-    net = make_net(["fake-a", {"type": "fake-b", "fake": {"STATUS": {"error": {
-        "code": code, "msg": "plugin not ready", "details": "no leases"}}}}, "fake-c"])
+    net = make_net(
+        [
+            "fake-a",
+            {
+                "type": "fake-b",
+                "fake": {
+                    "STATUS": {"error": {"code": code, "msg": "plugin not ready", "details": "no leases"}}
+                },
+            },
+            "fake-c",
+        ]
+    )
     with pytest.raises(CNIError) as err:
         run(runtime.status(net))
     assert (err.value.code, err.value.msg, err.value.details) == (code, "plugin not ready", "no leases")
@@ -189,9 +248,16 @@ def test_status_ok_and_below_110(runtime, make_net, call_log):
 
 
 def add_three(runtime, net, rt):
-    rts = [dataclasses.replace(rt, container_id=cid, ifname=ifname, netns=f"/var/run/netns/nct-{cid}",
-                               args=[("K8S_POD_NAME", f"pod-{cid}")])
-           for cid, ifname in (("c1", "eth0"), ("c2", "eth0"), ("c3", "net1"))]
+    rts = [
+        dataclasses.replace(
+            rt,
+            container_id=cid,
+            ifname=ifname,
+            netns=f"/var/run/netns/nct-{cid}",
+            args=[("K8S_POD_NAME", f"pod-{cid}")],
+        )
+        for cid, ifname in (("c1", "eth0"), ("c2", "eth0"), ("c3", "net1"))
+    ]
     results = {r.container_id: run(runtime.add(net, r)) for r in rts}
     return rts, results
 
@@ -205,8 +271,13 @@ def test_gc_deletes_stale_then_sends_gc(runtime, make_net, call_log, rt):
     run(runtime.gc(net, [Attachment("c1", "eth0"), Attachment("c9", "eth0")]))
     calls = call_log.calls()
     assert [(c["command"], c["type"], c["env"]["CNI_CONTAINERID"]) for c in calls] == [
-        ("DEL", "fake-b", "c2"), ("DEL", "fake-a", "c2"), ("DEL", "fake-b", "c3"), ("DEL", "fake-a", "c3"),
-        ("GC", "fake-a", ""), ("GC", "fake-b", "")]
+        ("DEL", "fake-b", "c2"),
+        ("DEL", "fake-a", "c2"),
+        ("DEL", "fake-b", "c3"),
+        ("DEL", "fake-a", "c3"),
+        ("GC", "fake-a", ""),
+        ("GC", "fake-b", ""),
+    ]
     # stale DELs run with what was cached for them
     c3 = calls[2]
     assert c3["env"]["CNI_NETNS"] == "/var/run/netns/nct-c3" and c3["env"]["CNI_IFNAME"] == "net1"
@@ -230,7 +301,10 @@ def test_gc_below_110_and_disabled(runtime, make_net, call_log, rt):
     assert call_log.calls() == []
     run(runtime.gc(net, [Attachment("c2", "eth0")]))
     # the cache-driven DELs still run; the GC verb does not exist before 1.1.0
-    assert [(c["command"], c["env"]["CNI_CONTAINERID"]) for c in call_log.calls()] == [("DEL", "c1"), ("DEL", "c3")]
+    assert [(c["command"], c["env"]["CNI_CONTAINERID"]) for c in call_log.calls()] == [
+        ("DEL", "c1"),
+        ("DEL", "c3"),
+    ]
 
 
 def test_gc_collects_errors(runtime, make_net, call_log, rt):
@@ -244,13 +318,16 @@ def test_gc_collects_errors(runtime, make_net, call_log, rt):
     assert runtime.cache.entries() == []
 
 
-@pytest.mark.parametrize("args", [
-    [("K8S_POD_NAME", "web;IP=10.244.9.9")],
-    [("K8S_POD_NAME", "a=b")],
-    [("K8S POD", "x")],
-    [("", "x")],
-    [("K8S_POD_NAME", "nul\0")],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [("K8S_POD_NAME", "web;IP=10.244.9.9")],
+        [("K8S_POD_NAME", "a=b")],
+        [("K8S POD", "x")],
+        [("", "x")],
+        [("K8S_POD_NAME", "nul\0")],
+    ],
+)
 def test_cni_args_injection_refused(runtime, make_net, call_log, rt, args):
     bad = dataclasses.replace(rt, args=args)
     net = make_net(["fake-a"])
@@ -298,12 +375,15 @@ def test_missing_binary(runtime, make_net, call_log, rt):
     assert call_log.summary() == [("DEL", "fake-b")]
 
 
-@pytest.mark.parametrize("act,message", [
-    ({"print": ""}, "printed no result"),
-    ({"print": "  \n"}, "printed no result"),
-    ({"print": "hello, world", "stderr": "some detail"}, "unusable result"),
-    ({"result": {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.300/24"}]}}, "unusable result"),
-])
+@pytest.mark.parametrize(
+    "act,message",
+    [
+        ({"print": ""}, "printed no result"),
+        ({"print": "  \n"}, "printed no result"),
+        ({"print": "hello, world", "stderr": "some detail"}, "unusable result"),
+        ({"result": {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.300/24"}]}}, "unusable result"),
+    ],
+)
 def test_bad_add_output(runtime, make_net, rt, act, message):
     net = make_net([{"type": "fake-a", "fake": {"ADD": act}}])
     with pytest.raises(PluginExecError, match=message) as err:
@@ -323,7 +403,9 @@ def test_error_object_with_exit_0(runtime, make_net, rt):
 
 
 def test_failed_add_no_cache(runtime, make_net, call_log, rt):
-    net = make_net(["fake-a", {"type": "fake-b", "fake": {"ADD": {"error": {"code": 7, "msg": "bad bridge"}}}}, "fake-c"])
+    net = make_net(
+        ["fake-a", {"type": "fake-b", "fake": {"ADD": {"error": {"code": 7, "msg": "bad bridge"}}}}, "fake-c"]
+    )
     with pytest.raises(CNIError) as err:
         run(runtime.add(net, rt))
     assert (err.value.code, err.value.ref.network, err.value.ref.plugin) == (7, "testnet", "fake-b")
@@ -348,8 +430,10 @@ def test_cache_file_made_while_last_plugin_runs(fake_bin, tmp_path, make_net, rt
     entry is left, with the same bytes a one-step write gives."""
     seen = tmp_path / "seen"
     script = fake_bin / "lister"
-    script.write_text("#!/bin/sh\ncat >/dev/null\nsleep 0.1\nls -a \"$LIST_DIR\" > \"$LIST_OUT\"\n"
-                      "echo '{\"cniVersion\":\"1.1.0\",\"ips\":[{\"address\":\"10.1.2.3/24\"}]}'\n")
+    script.write_text(
+        '#!/bin/sh\ncat >/dev/null\nsleep 0.1\nls -a "$LIST_DIR" > "$LIST_OUT"\n'
+        'echo \'{"cniVersion":"1.1.0","ips":[{"address":"10.1.2.3/24"}]}\'\n'
+    )
     script.chmod(0o755)
     runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"))
     os.makedirs(runtime.cache.results_dir)
@@ -365,16 +449,42 @@ def test_cache_file_made_while_last_plugin_runs(fake_bin, tmp_path, make_net, rt
 
 
 def test_finalize_chain(runtime, make_net, call_log, rt):
-    add_net = make_net(["fake-a"], finalize_plugins=[
-        {"type": "fake-b", "fake": {"FINALIZE": {"result": {"cniVersion": "1.1.0", "interfaces": [
-            {"name": "eth0", "metadata": {"finalized-by": "fake-b"}}], "ips": [{"address": "10.249.0.2/24"}]}}}},
-        {"type": "fake-c"},  # prints nothing: the result is unchanged
-    ])
+    add_net = make_net(
+        ["fake-a"],
+        finalize_plugins=[
+            {
+                "type": "fake-b",
+                "fake": {
+                    "FINALIZE": {
+                        "result": {
+                            "cniVersion": "1.1.0",
+                            "interfaces": [{"name": "eth0", "metadata": {"finalized-by": "fake-b"}}],
+                            "ips": [{"address": "10.249.0.2/24"}],
+                        }
+                    }
+                },
+            },
+            {"type": "fake-c"},  # prints nothing: the result is unchanged
+        ],
+    )
     added = run(runtime.add(add_net, rt))
     call_log.clear()
-    extra = parse_conflist({"name": "x", "cniVersion": "1.1.0", "plugins": [
-        {"type": "fake-d", "log": str(call_log.path), "capabilities": {"portMappings": True},
-         "fake": {"FINALIZE": {"result": {"cniVersion": "1.0.0", "ips": [{"address": "10.249.0.3/24"}]}}}}]}).plugins
+    extra = parse_conflist(
+        {
+            "name": "x",
+            "cniVersion": "1.1.0",
+            "plugins": [
+                {
+                    "type": "fake-d",
+                    "log": str(call_log.path),
+                    "capabilities": {"portMappings": True},
+                    "fake": {
+                        "FINALIZE": {"result": {"cniVersion": "1.0.0", "ips": [{"address": "10.249.0.3/24"}]}}
+                    },
+                }
+            ],
+        }
+    ).plugins
     final = run(runtime.finalize(add_net, rt, added, extra))
     calls = call_log.calls()
     assert call_log.summary() == [("FINALIZE", "fake-b"), ("FINALIZE", "fake-c"), ("FINALIZE", "fake-d")]
@@ -383,7 +493,9 @@ def test_finalize_chain(runtime, make_net, call_log, rt):
     assert after_b["interfaces"][0]["metadata"] == {"finalized-by": "fake-b"}
     assert calls[2]["stdin"]["prevResult"] == after_b
     assert calls[2]["stdin"]["runtimeConfig"] == {"portMappings": rt.capability_args["portMappings"]}
-    assert all(c["env"]["CNI_COMMAND"] == "FINALIZE" and c["env"]["CNI_CONTAINERID"] == "c0ffee" for c in calls)
+    assert all(
+        c["env"]["CNI_COMMAND"] == "FINALIZE" and c["env"]["CNI_CONTAINERID"] == "c0ffee" for c in calls
+    )
     assert [ip.address for ip in final.ips] == ["10.249.0.3/24"]
     # the cache now holds what FINALIZE made, for the DEL to see
     assert parse_result(runtime.cache.read("testnet", "c0ffee", "eth0").result).ips == final.ips
@@ -419,10 +531,17 @@ def test_hooks(fake_bin, tmp_path, make_net, call_log, rt):
     net = make_net(["fake-a", "fake-b"])
     run(runtime.add(net, rt))
     run(runtime.delete(net, rt))
-    assert hooks.events == [("before", "ADD", 0), ("after", "ADD", 0, 1), ("before", "ADD", 1),
-                            ("after", "ADD", 1, 2), ("cache", 2),
-                            ("before", "DEL", 1), ("after", "DEL", 1, None),
-                            ("before", "DEL", 0), ("after", "DEL", 0, None)]
+    assert hooks.events == [
+        ("before", "ADD", 0),
+        ("after", "ADD", 0, 1),
+        ("before", "ADD", 1),
+        ("after", "ADD", 1, 2),
+        ("cache", 2),
+        ("before", "DEL", 1),
+        ("after", "DEL", 1, None),
+        ("before", "DEL", 0),
+        ("after", "DEL", 0, None),
+    ]
     failing = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), hooks=Recorder(fail_at=1))
     call_log.clear()
     with pytest.raises(RuntimeError, match="injected fault"):
@@ -449,7 +568,10 @@ def test_delete_cached_uses_cached_config(runtime, make_net, call_log, rt):
     run(runtime.delete_cached(entry))
     assert call_log.summary() == [("DEL", "fake-b"), ("DEL", "fake-a")]
     assert call_log.calls()[0]["stdin"]["prevResult"] == result.to_dict()
-    assert call_log.calls()[0]["env"]["CNI_ARGS"] == "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
+    assert (
+        call_log.calls()[0]["env"]["CNI_ARGS"]
+        == "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"
+    )
     assert runtime.cache.entries() == []
 
 
@@ -457,11 +579,11 @@ def test_version(runtime, fake_bin, tmp_path):
     info = run(runtime.version("fake"))
     assert info["cniVersion"] == "1.1.0" and "0.4.0" in info["supportedVersions"]
     old = fake_bin / "oldplugin"
-    old.write_text("#!/bin/sh\necho '{\"code\":4,\"msg\":\"unknown CNI_COMMAND: VERSION\"}'\nexit 1\n")
+    old.write_text('#!/bin/sh\necho \'{"code":4,"msg":"unknown CNI_COMMAND: VERSION"}\'\nexit 1\n')
     old.chmod(0o755)
     assert run(runtime.version("oldplugin"))["supportedVersions"] == ["0.1.0"]
     v020 = fake_bin / "v020"
-    v020.write_text("#!/bin/sh\necho '{\"cniVersion\":\"0.2.0\"}'\n")
+    v020.write_text('#!/bin/sh\necho \'{"cniVersion":"0.2.0"}\'\n')
     v020.chmod(0o755)
     assert run(runtime.version("v020"))["supportedVersions"] == ["0.1.0", "0.2.0"]
     junk = fake_bin / "junk"

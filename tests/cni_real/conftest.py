@@ -7,6 +7,7 @@ Every test gets a `CniEnv`: its own netns, cache dir, host-local dataDir, tuning
 /24 in 10.247-249/16 that nothing on the host uses right now, plus a Janitor that removes the
 links and namespaces at teardown even when the test failed.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,9 +33,20 @@ from tests.support.netns import (  # noqa: E402
 
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
-REQUIRED_PLUGINS = ("bridge", "host-local", "loopback", "portmap", "tuning", "firewall", "ptp",
-                    "macvlan", "host-device", "static")
+REQUIRED_PLUGINS = (
+    "bridge",
+    "host-local",
+    "loopback",
+    "portmap",
+    "tuning",
+    "firewall",
+    "ptp",
+    "macvlan",
+    "host-device",
+    "static",
+)
 REQUIRED_TOOLS = ("iptables", "iptables-save", "ip6tables-save", "nft", "ip")
+
 
 @pytest.fixture(scope="session")
 def cni_bin_dir() -> str:
@@ -66,11 +78,16 @@ def cni_env(tmp_path, cni_bin_dir, request) -> CniEnv:
     request.addfinalizer(jan.cleanup_or_raise)
     ns = jan.netns()
     env = CniEnv(
-        tmp=tmp_path, bin_dir=cni_bin_dir, jan=jan, ns=ns,
+        tmp=tmp_path,
+        bin_dir=cni_bin_dir,
+        jan=jan,
+        ns=ns,
         subnet=free_subnet(24),
         net_name=unique_name("net", length=20),
         cid="nct-" + uuid.uuid4().hex,
-        cache_dir=tmp_path / "cache", data_dir=tmp_path / "ipam", tuning_dir=tmp_path / "tuning",
+        cache_dir=tmp_path / "cache",
+        data_dir=tmp_path / "ipam",
+        tuning_dir=tmp_path / "tuning",
     )
     # runs before the janitor (finalizers run last-in first-out)
     request.addfinalizer(lambda: _undo_attachments(env))
@@ -103,5 +120,3 @@ def _undo_attachments(env: CniEnv) -> None:
 @pytest.fixture
 def direct(cni_bin_dir) -> DirectCNI:
     return DirectCNI(cni_bin_dir)
-
-

@@ -1,6 +1,7 @@
 """Helpers of the real-plugin CNI tests: the per-test environment, netlink checks of a
 result, a direct driver that runs the plugin binaries by hand (as libcni would), and libcni's cache
 file written the way Go writes it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -54,12 +55,24 @@ class CniEnv:
 
         return CNIRuntime([self.bin_dir], cache_dir=str(self.cache_dir), **kw)
 
-    def rtconf(self, *, cid: str | None = None, ns: Netns | None = None, ifname: str = "eth0",
-               args=(), caps: dict | None = None):
+    def rtconf(
+        self,
+        *,
+        cid: str | None = None,
+        ns: Netns | None = None,
+        ifname: str = "eth0",
+        args=(),
+        caps: dict | None = None,
+    ):
         from nri_cni.cni.runtime import RuntimeConf
 
-        return RuntimeConf(container_id=cid or self.cid, netns=(ns or self.ns).path, ifname=ifname,
-                           args=list(args), capability_args=dict(caps or {}))
+        return RuntimeConf(
+            container_id=cid or self.cid,
+            netns=(ns or self.ns).path,
+            ifname=ifname,
+            args=list(args),
+            capability_args=dict(caps or {}),
+        )
 
     def new_netns(self) -> Netns:
         return self.jan.netns()
@@ -74,7 +87,9 @@ class CniEnv:
             markers=[self.cid, self.net_name, *markers],
             dirs=dirs if dirs is not None else [self.cache_dir, self.data_dir, self.tuning_dir],
             netns=netns if netns is not None else [self.ns],
-            bridges=bridges, **kw)
+            bridges=bridges,
+            **kw,
+        )
 
     def cache_files(self) -> list[str]:
         d = self.cache_dir / "results"
@@ -90,8 +105,7 @@ class CniEnv:
         return ipam
 
     def conflist(self, *plugins: dict, name: str | None = None, **top) -> dict:
-        return {"cniVersion": CNI_VERSION, "name": name or self.net_name, **top,
-                "plugins": list(plugins)}
+        return {"cniVersion": CNI_VERSION, "name": name or self.net_name, **top, "plugins": list(plugins)}
 
     def net(self, conflist: dict):
         from nri_cni.cni.config import parse_conflist
@@ -101,7 +115,6 @@ class CniEnv:
 
 def random_port() -> int:
     return random.randint(20000, 29999)
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,8 +145,9 @@ def assert_result_matches_netlink(result, env: CniEnv, *, expect_sandbox_ifname:
         iface = result.interfaces[ip.interface]
         ns = env.ns if iface.sandbox else None
         link = get_link(iface.name, ns)
-        assert link is not None and link.has_addr(ip.address), \
+        assert link is not None and link.has_addr(ip.address), (
             f"{ip.address} not on {iface.name}: {link.addrs if link else None}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,32 +172,78 @@ class DirectCNI:
             conf["prevResult"] = prev
         return json.dumps(conf).encode()
 
-    def call(self, command: str, plugin_type: str, stdin: bytes, cid: str, netns: str,
-             ifname: str, cni_args: list[tuple[str, str]]) -> dict | None:
+    def call(
+        self,
+        command: str,
+        plugin_type: str,
+        stdin: bytes,
+        cid: str,
+        netns: str,
+        ifname: str,
+        cni_args: list[tuple[str, str]],
+    ) -> dict | None:
         env = dict(os.environ)
-        env.update(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=netns, CNI_IFNAME=ifname,
-                   CNI_ARGS=";".join(f"{k}={v}" for k, v in cni_args), CNI_PATH=self.bin_dir)
-        p = subprocess.run([os.path.join(self.bin_dir, plugin_type)], input=stdin, env=env,
-                           capture_output=True, timeout=60)
+        env.update(
+            CNI_COMMAND=command,
+            CNI_CONTAINERID=cid,
+            CNI_NETNS=netns,
+            CNI_IFNAME=ifname,
+            CNI_ARGS=";".join(f"{k}={v}" for k, v in cni_args),
+            CNI_PATH=self.bin_dir,
+        )
+        p = subprocess.run(
+            [os.path.join(self.bin_dir, plugin_type)], input=stdin, env=env, capture_output=True, timeout=60
+        )
         if p.returncode != 0:
-            raise RuntimeError(f"{plugin_type} {command} failed ({p.returncode}): "
-                               f"{p.stdout.decode(errors='replace')} {p.stderr.decode(errors='replace')}")
+            raise RuntimeError(
+                f"{plugin_type} {command} failed ({p.returncode}): "
+                f"{p.stdout.decode(errors='replace')} {p.stderr.decode(errors='replace')}"
+            )
         return json.loads(p.stdout) if p.stdout.strip() else None
 
-    def add(self, conflist: dict, cid: str, netns: str, ifname: str = "eth0",
-            cni_args=(), caps: dict | None = None) -> dict:
+    def add(
+        self,
+        conflist: dict,
+        cid: str,
+        netns: str,
+        ifname: str = "eth0",
+        cni_args=(),
+        caps: dict | None = None,
+    ) -> dict:
         prev = None
         for plugin in conflist["plugins"]:
-            prev = self.call("ADD", plugin["type"], self._stdin(conflist, plugin, caps or {}, prev),
-                             cid, netns, ifname, list(cni_args))
+            prev = self.call(
+                "ADD",
+                plugin["type"],
+                self._stdin(conflist, plugin, caps or {}, prev),
+                cid,
+                netns,
+                ifname,
+                list(cni_args),
+            )
         assert prev is not None
         return prev
 
-    def delete(self, conflist: dict, cid: str, netns: str, ifname: str = "eth0",
-               cni_args=(), caps: dict | None = None, prev: dict | None = None) -> None:
+    def delete(
+        self,
+        conflist: dict,
+        cid: str,
+        netns: str,
+        ifname: str = "eth0",
+        cni_args=(),
+        caps: dict | None = None,
+        prev: dict | None = None,
+    ) -> None:
         for plugin in reversed(conflist["plugins"]):
-            self.call("DEL", plugin["type"], self._stdin(conflist, plugin, caps or {}, prev),
-                      cid, netns, ifname, list(cni_args))
+            self.call(
+                "DEL",
+                plugin["type"],
+                self._stdin(conflist, plugin, caps or {}, prev),
+                cid,
+                netns,
+                ifname,
+                list(cni_args),
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,25 +254,51 @@ def go_json(value) -> str:
     """Go's json.Marshal of a value decoded into interface{}: compact, map keys sorted,
     <, >, & and U+2028/2029 escaped, non-ASCII kept as UTF-8."""
     text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    for ch, esc in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
-                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for ch, esc in (
+        ("&", "\\u0026"),
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         text = text.replace(ch, esc)
     return text
 
 
-CACHE_FIELDS = ("kind", "containerId", "config", "ifName", "networkName", "netns", "cniArgs",
-                "capabilityArgs", "result")
+CACHE_FIELDS = (
+    "kind",
+    "containerId",
+    "config",
+    "ifName",
+    "networkName",
+    "netns",
+    "cniArgs",
+    "capabilityArgs",
+    "result",
+)
 
 
-def libcni_cache_bytes(*, container_id: str, config: bytes, ifname: str, network: str,
-                       netns: str = "", cni_args=(), capability_args: dict | None = None,
-                       result: dict | None = None) -> bytes:
+def libcni_cache_bytes(
+    *,
+    container_id: str,
+    config: bytes,
+    ifname: str,
+    network: str,
+    netns: str = "",
+    cni_args=(),
+    capability_args: dict | None = None,
+    result: dict | None = None,
+) -> bytes:
     """cachedInfo{Kind, ContainerID, Config []byte, IfName, NetworkName, NetNS omitempty,
     CniArgs [][2]string omitempty, CapabilityArgs map omitempty, RawResult map omitempty},
     in struct field order."""
-    parts = [f'"kind":{go_json("cniCacheV1")}', f'"containerId":{go_json(container_id)}',
-             f'"config":"{base64.b64encode(config).decode()}"', f'"ifName":{go_json(ifname)}',
-             f'"networkName":{go_json(network)}']
+    parts = [
+        f'"kind":{go_json("cniCacheV1")}',
+        f'"containerId":{go_json(container_id)}',
+        f'"config":"{base64.b64encode(config).decode()}"',
+        f'"ifName":{go_json(ifname)}',
+        f'"networkName":{go_json(network)}',
+    ]
     if netns:
         parts.append(f'"netns":{go_json(netns)}')
     if cni_args:

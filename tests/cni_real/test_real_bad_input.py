@@ -1,5 +1,6 @@
 """Bad input through the real runtime: a clear error, and nothing left behind (no link in the
 netns, no host-local reservation, no cache file, nothing executed that should not be)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,7 @@ def _assert_nothing_left(env: CniEnv, net_name: str) -> None:
 
 
 def _bridge(env: CniEnv, bridge: str) -> dict:
-    return {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False,
-            "ipam": env.host_local()}
+    return {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False, "ipam": env.host_local()}
 
 
 def test_missing_plugin_binary_in_the_chain(cni_env: CniEnv):
@@ -77,9 +77,14 @@ def test_plugin_type_with_a_path_is_refused(cni_env: CniEnv, tmp_path):
     rt = CNIRuntime([str(bin_dir)], cache_dir=str(env.cache_dir))
     for evil in ("../canary", str(canary), "../../bin/sh"):
         raw = {"cniVersion": "1.1.0", "name": env.net_name, "plugins": [{"type": evil}]}
-        net = NetworkConfigList(name=env.net_name, cni_version="1.1.0",
-                                plugins=(PluginConf(type=evil, conf=raw["plugins"][0]),),
-                                raw=raw, bytes=json.dumps(raw).encode(), source="test")
+        net = NetworkConfigList(
+            name=env.net_name,
+            cni_version="1.1.0",
+            plugins=(PluginConf(type=evil, conf=raw["plugins"][0]),),
+            raw=raw,
+            bytes=json.dumps(raw).encode(),
+            source="test",
+        )
         for verb in (rt.add, rt.check, rt.delete):
             with pytest.raises(NriCniError) as ei:
                 run(verb(net, env.rtconf()))

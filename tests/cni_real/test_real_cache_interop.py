@@ -8,6 +8,7 @@
 2. nri-cni's own cache file, parsed with libcni's field names and types, strictly, and
    compared byte for byte with what Go's encoding/json would write for the same values.
 """
+
 from __future__ import annotations
 
 import base64
@@ -28,10 +29,8 @@ NOTE = "a<b>&c-é"
 
 def _conflist(env: CniEnv, bridge: str) -> dict:
     return env.conflist(
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
-         "ipam": env.host_local()},
-        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False,
-         "backend": "iptables"},
+        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "ipam": env.host_local()},
+        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False, "backend": "iptables"},
         {"type": "firewall", "backend": "iptables"},
     )
 
@@ -41,17 +40,33 @@ def _setup(env: CniEnv, direct, bridge: str):
     conflist = _conflist(env, bridge)
     config = json.dumps(conflist, indent=2).encode()  # the conflist file's bytes
     host_port = random_port()
-    caps = {"portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp",
-                              "hostIP": env.gateway}]}
-    args = [("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "nct"), ("K8S_POD_NAME", "pod-i"),
-            ("NCT_NOTE", NOTE)]
+    caps = {
+        "portMappings": [
+            {"hostPort": host_port, "containerPort": 80, "protocol": "tcp", "hostIP": env.gateway}
+        ]
+    }
+    args = [
+        ("IgnoreUnknown", "1"),
+        ("K8S_POD_NAMESPACE", "nct"),
+        ("K8S_POD_NAME", "pod-i"),
+        ("NCT_NOTE", NOTE),
+    ]
     result = direct.add(conflist, env.cid, env.ns.path, "eth0", args, caps)
     results = env.cache_dir / "results"
     results.mkdir(parents=True, mode=0o700)
     path = results / f"{env.net_name}-{env.cid}-eth0"
-    path.write_bytes(libcni_cache_bytes(container_id=env.cid, config=config, ifname="eth0",
-                                        network=env.net_name, netns=env.ns.path, cni_args=args,
-                                        capability_args=caps, result=result))
+    path.write_bytes(
+        libcni_cache_bytes(
+            container_id=env.cid,
+            config=config,
+            ifname="eth0",
+            network=env.net_name,
+            netns=env.ns.path,
+            cni_args=args,
+            capability_args=caps,
+            result=result,
+        )
+    )
     path.chmod(0o600)
     pod_ip = next(ip["address"].split("/")[0] for ip in result["ips"])
     return conflist, config, caps, args, result, pod_ip, host_port
@@ -79,8 +94,12 @@ def test_nri_cni_deletes_a_libcni_cached_attachment(cni_env: CniEnv, direct, ip_
         entries = rt.cache.entries(container_id=env.cid)
         assert len(entries) == 1
         e = entries[0]
-        assert (e.container_id, e.ifname, e.network_name, e.netns) == \
-            (env.cid, "eth0", env.net_name, env.ns.path)
+        assert (e.container_id, e.ifname, e.network_name, e.netns) == (
+            env.cid,
+            "eth0",
+            env.net_name,
+            env.ns.path,
+        )
         assert e.config == config
         assert [tuple(kv) for kv in e.cni_args] == args
         assert e.capability_args == caps
@@ -96,8 +115,7 @@ def test_nri_cni_deletes_a_libcni_cached_attachment(cni_env: CniEnv, direct, ip_
             direct.delete(conflist, env.cid, env.ns.path, "eth0", args, caps, prev=result)
 
 
-def test_nri_cni_del_takes_prev_result_from_a_libcni_cache_file(cni_env: CniEnv, direct,
-                                                                ip_forward_restored):
+def test_nri_cni_del_takes_prev_result_from_a_libcni_cache_file(cni_env: CniEnv, direct, ip_forward_restored):
     """The usual DEL (network from the config, runtime conf from the caller): the cached result
     written by "libcni" is the prevResult every plugin gets."""
     env = cni_env
@@ -132,8 +150,11 @@ def test_nri_cni_cache_file_is_libcni_cached_info(cni_env: CniEnv, ip_forward_re
     from nri_cni.cni.config import load_conflist_file
 
     net = load_conflist_file(src)
-    caps = {"portMappings": [{"hostPort": random_port(), "containerPort": 80, "protocol": "tcp",
-                              "hostIP": env.gateway}]}
+    caps = {
+        "portMappings": [
+            {"hostPort": random_port(), "containerPort": 80, "protocol": "tcp", "hostIP": env.gateway}
+        ]
+    }
     args = [("K8S_POD_NAMESPACE", "nct"), ("K8S_POD_NAME", "pod-j"), ("NCT_NOTE", NOTE)]
     rt = env.runtime()
     conf = env.rtconf(args=args, caps=caps)
@@ -163,7 +184,8 @@ def test_nri_cni_cache_file_is_libcni_cached_info(cni_env: CniEnv, ip_forward_re
         assert base64.b64decode(obj["config"], validate=True) == config  # the file's bytes
         assert isinstance(obj["cniArgs"], list) and all(
             isinstance(kv, list) and len(kv) == 2 and all(isinstance(x, str) for x in kv)
-            for kv in obj["cniArgs"])
+            for kv in obj["cniArgs"]
+        )
         assert [tuple(kv) for kv in obj["cniArgs"]] == args
         assert obj["capabilityArgs"] == caps
         assert isinstance(obj["result"], dict)
@@ -171,9 +193,15 @@ def test_nri_cni_cache_file_is_libcni_cached_info(cni_env: CniEnv, ip_forward_re
         assert parse_result(obj["result"]).to_dict() == result.to_dict()
         # byte for byte what Go would write for those values
         assert raw == libcni_cache_bytes(
-            container_id=obj["containerId"], config=config, ifname=obj["ifName"],
-            network=obj["networkName"], netns=obj["netns"], cni_args=obj["cniArgs"],
-            capability_args=obj["capabilityArgs"], result=obj["result"])
+            container_id=obj["containerId"],
+            config=config,
+            ifname=obj["ifName"],
+            network=obj["networkName"],
+            netns=obj["netns"],
+            cni_args=obj["cniArgs"],
+            capability_args=obj["capabilityArgs"],
+            result=obj["result"],
+        )
         assert b"\\u003c" in raw and b"<" not in raw  # Go's HTML escaping of NOTE
         pod_ip = next(ip.address.split("/")[0] for ip in result.ips)
         leaks.add_markers(pod_ip)

@@ -1,5 +1,6 @@
 """ADD / CHECK / DEL of real plugin chains through nri-cni's CNIRuntime, checked with netlink,
 iptables and the file system, and nothing left behind after DEL."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -30,12 +31,14 @@ pytestmark = pytest.mark.netns
 
 def _bridge_chain(env: CniEnv, bridge: str) -> dict:
     return env.conflist(
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
-         "ipam": env.host_local()},
-        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False,
-         "backend": "iptables"},
-        {"type": "tuning", "mtu": 1400, "dataDir": str(env.tuning_dir),
-         "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"}},
+        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "ipam": env.host_local()},
+        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False, "backend": "iptables"},
+        {
+            "type": "tuning",
+            "mtu": 1400,
+            "dataDir": str(env.tuning_dir),
+            "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"},
+        },
         {"type": "firewall", "backend": "iptables"},
     )
 
@@ -57,13 +60,19 @@ def _tcp_roundtrip_through_portmap(env: CniEnv, pod_ip: str, container_port: int
     """A listener in the pod on pod_ip:container_port; the host connects to gateway:host_port,
     which only portmap's DNAT can send to the pod."""
     token = uuid.uuid4().hex
-    code = ("import socket,sys\n"
-            f"s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
-            f"s.bind(({pod_ip!r},{container_port}));s.listen(1)\n"
-            "print('ready',flush=True)\n"
-            "s.settimeout(10);c,_=s.accept();c.sendall(sys.argv[1].encode());c.close()\n")
-    proc = subprocess.Popen(["ip", "netns", "exec", env.ns.name, sys.executable, "-I", "-S", "-c",
-                             code, token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code = (
+        "import socket,sys\n"
+        f"s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+        f"s.bind(({pod_ip!r},{container_port}));s.listen(1)\n"
+        "print('ready',flush=True)\n"
+        "s.settimeout(10);c,_=s.accept();c.sendall(sys.argv[1].encode());c.close()\n"
+    )
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", env.ns.name, sys.executable, "-I", "-S", "-c", code, token],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         got = b""
@@ -90,10 +99,14 @@ def test_bridge_portmap_tuning_firewall_add_check_del(cni_env: CniEnv, ip_forwar
     env.jan.track_link(bridge)  # the bridge plugin makes it; DEL leaves it (by design)
     net = env.net(_bridge_chain(env, bridge))
     host_port, container_port = random_port(), 8080
-    caps = {"portMappings": [{"hostPort": host_port, "containerPort": container_port,
-                              "protocol": "tcp", "hostIP": env.gateway}]}
-    conf = env.rtconf(args=[("K8S_POD_NAMESPACE", "nct"), ("K8S_POD_NAME", "pod-a"),
-                            ("IgnoreUnknown", "1")], caps=caps)
+    caps = {
+        "portMappings": [
+            {"hostPort": host_port, "containerPort": container_port, "protocol": "tcp", "hostIP": env.gateway}
+        ]
+    }
+    conf = env.rtconf(
+        args=[("K8S_POD_NAMESPACE", "nct"), ("K8S_POD_NAME", "pod-a"), ("IgnoreUnknown", "1")], caps=caps
+    )
     rt = env.runtime()
     leaks = env.leak_checker(bridges=[bridge]).start()
 
@@ -112,12 +125,15 @@ def test_bridge_portmap_tuning_firewall_add_check_del(cni_env: CniEnv, ip_forwar
     assert env.ns.sysctl("net.ipv4.conf.eth0.arp_notify") == "1"  # tuning's sysctl
     assert not [r for r in env.ns.routes() if r["dst"] == "default"]  # no route out
     # host-local's reservation, visible in the per-test dataDir
-    assert [(r.ip, r.container_id, r.ifname) for r in host_local_reservations(env.data_dir)] == \
-        [(pod_ip, env.cid, "eth0")]
+    assert [(r.ip, r.container_id, r.ifname) for r in host_local_reservations(env.data_dir)] == [
+        (pod_ip, env.cid, "eth0")
+    ]
     # portmap and firewall rules exist, and the mapping works end to end
     ipt = iptables_lines()
-    assert any(f"--dport {host_port}" in line and f"--to-destination {pod_ip}:{container_port}" in line
-               for line in ipt), "portmap DNAT rule"
+    assert any(
+        f"--dport {host_port}" in line and f"--to-destination {pod_ip}:{container_port}" in line
+        for line in ipt
+    ), "portmap DNAT rule"
     assert any(f"{pod_ip}/32" in line and "CNI-FORWARD" in line for line in ipt), "firewall rules"
     _tcp_roundtrip_through_portmap(env, pod_ip, container_port, host_port)
     # the cache entry
@@ -145,8 +161,11 @@ def test_bridge_check_fails_after_host_veth_deleted(cni_env: CniEnv, ip_forward_
     bridge = unique_name("br")
     env.jan.track_link(bridge)
     net = env.net(_bridge_chain(env, bridge))
-    caps = {"portMappings": [{"hostPort": random_port(), "containerPort": 80, "protocol": "tcp",
-                              "hostIP": env.gateway}]}
+    caps = {
+        "portMappings": [
+            {"hostPort": random_port(), "containerPort": 80, "protocol": "tcp", "hostIP": env.gateway}
+        ]
+    }
     conf = env.rtconf(caps=caps)
     rt = env.runtime()
     # not the tuning dataDir: tuning 1.9.1 keeps its backup file when the interface is gone at
@@ -176,8 +195,9 @@ def test_bridge_check_fails_after_host_veth_deleted(cni_env: CniEnv, ip_forward_
 def test_macvlan_over_veth_master(cni_env: CniEnv):
     env = cni_env
     master, _other = env.jan.veth()  # both ends on the host
-    net = env.net(env.conflist({"type": "macvlan", "master": master, "mode": "bridge",
-                                "ipam": env.host_local()}))
+    net = env.net(
+        env.conflist({"type": "macvlan", "master": master, "mode": "bridge", "ipam": env.host_local()})
+    )
     conf = env.rtconf()
     rt = env.runtime()
     leaks = env.leak_checker().start()
@@ -202,8 +222,7 @@ def test_macvlan_over_veth_master(cni_env: CniEnv):
 
 def test_ptp_host_local(cni_env: CniEnv, ip_forward_restored):
     env = cni_env
-    net = env.net(env.conflist({"type": "ptp", "ipMasq": False, "mtu": 1450,
-                                "ipam": env.host_local()}))
+    net = env.net(env.conflist({"type": "ptp", "ipMasq": False, "mtu": 1450, "ipam": env.host_local()}))
     conf = env.rtconf()
     rt = env.runtime()
     leaks = env.leak_checker().start()
@@ -218,6 +237,7 @@ def test_ptp_host_local(cni_env: CniEnv, ip_forward_restored):
     assert env.ns.link("eth0").mtu == 1450
     # ptp routes the pod's /32 to the host veth
     from tests.support.netns import list_routes
+
     assert any(r["dst"] == f"{pod_ip}/32" and r["dev"] == host_veth.name for r in list_routes())
     leaks.add_markers(pod_ip)
     leaks.learn()
@@ -267,9 +287,17 @@ def test_bridge_with_static_ipam(cni_env: CniEnv):
     bridge = unique_name("br")
     env.jan.track_link(bridge)
     addr = env.cidr(7)
-    net = env.net(env.conflist({"type": "bridge", "bridge": bridge, "isGateway": False,
-                                "ipMasq": False,
-                                "ipam": {"type": "static", "addresses": [{"address": addr}]}}))
+    net = env.net(
+        env.conflist(
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": {"type": "static", "addresses": [{"address": addr}]},
+            }
+        )
+    )
     conf = env.rtconf()
     rt = env.runtime()
     leaks = env.leak_checker(bridges=[bridge], markers=[env.host(7)]).start()

@@ -1,4 +1,5 @@
 """`nri-cni cni ...` (the cnitool-like CLI) in a subprocess, with the real plugins."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,13 @@ def cli(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env.pop("CNI_ARGS", None)
     full_env.pop("CAP_ARGS", None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "nri_cni.cli", "cni", *argv], capture_output=True,
-                          text=True, env=full_env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "cni", *argv],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
 
 
 def last_json(stderr: str) -> dict:
@@ -38,19 +44,31 @@ def test_cli_add_check_del(cni_env: CniEnv, ip_forward_restored):
     confdir = env.tmp / "net.d"
     confdir.mkdir()
     conflist = env.conflist(
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
-         "ipam": env.host_local()},
-        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False})
+        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "ipam": env.host_local()},
+        {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
+    )
     (confdir / "10-nct.conflist").write_text(json.dumps(conflist))
-    (confdir / "20-other.conflist").write_text(json.dumps(env.conflist({"type": "loopback"},
-                                                                       name="nct-other")))
+    (confdir / "20-other.conflist").write_text(
+        json.dumps(env.conflist({"type": "loopback"}, name="nct-other"))
+    )
     common = ["--conf-dir", str(confdir), "--bin-dir", env.bin_dir, "--cache-dir", str(env.cache_dir)]
-    caps = {"portMappings": [{"hostPort": random_port(), "containerPort": 80, "protocol": "tcp",
-                              "hostIP": env.gateway}]}
+    caps = {
+        "portMappings": [
+            {"hostPort": random_port(), "containerPort": 80, "protocol": "tcp", "hostIP": env.gateway}
+        ]
+    }
     leaks = env.leak_checker(bridges=[bridge]).start()
 
-    p = cli("add", env.net_name, env.ns.path, *common, "--args", "K8S_POD_NAME=cli;K8S_POD_NAMESPACE=nct",
-            "--cap-args", json.dumps(caps))
+    p = cli(
+        "add",
+        env.net_name,
+        env.ns.path,
+        *common,
+        "--args",
+        "K8S_POD_NAME=cli;K8S_POD_NAMESPACE=nct",
+        "--cap-args",
+        json.dumps(caps),
+    )
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout)
     assert result["cniVersion"] == "1.1.0"
@@ -89,8 +107,13 @@ def test_cli_errors_are_cni_error_json(cni_env: CniEnv):
     confdir.mkdir()
     bridge = unique_name("br")
     env.jan.track_link(bridge)
-    (confdir / "10-bad.conflist").write_text(json.dumps(env.conflist(
-        {"type": "bridge", "bridge": bridge, "ipMasq": False, "ipam": {"type": "nct-no-ipam"}})))
+    (confdir / "10-bad.conflist").write_text(
+        json.dumps(
+            env.conflist(
+                {"type": "bridge", "bridge": bridge, "ipMasq": False, "ipam": {"type": "nct-no-ipam"}}
+            )
+        )
+    )
     common = ["--conf-dir", str(confdir), "--bin-dir", env.bin_dir, "--cache-dir", str(env.cache_dir)]
 
     # an unknown network: a config error, exit 2
@@ -136,8 +159,11 @@ def test_cli_version_and_gc(cni_env: CniEnv):
     bridge = unique_name("br")
     env.jan.track_link(bridge)
     src = env.tmp / "n.conflist"
-    src.write_text(json.dumps(env.conflist({"type": "bridge", "bridge": bridge, "ipMasq": False,
-                                            "ipam": env.host_local()})))
+    src.write_text(
+        json.dumps(
+            env.conflist({"type": "bridge", "bridge": bridge, "ipMasq": False, "ipam": env.host_local()})
+        )
+    )
     common = ["--conflist", str(src), "--bin-dir", env.bin_dir, "--cache-dir", str(env.cache_dir)]
     other = env.new_netns()
     leaks = env.leak_checker(bridges=[bridge], netns=[env.ns, other]).start()

@@ -7,6 +7,7 @@ What the 1.9.1 plugins do (read in containernetworking/plugins v1.9.1):
 - bridge's STATUS delegates to its IPAM plugin's STATUS (ipam.ExecStatus) and returns that error;
   a plain Go error is wrapped by skel as code 999 (ErrInternal).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,17 @@ pytestmark = pytest.mark.netns
 
 
 def _bridge_net(env: CniEnv, bridge: str, **ipam):
-    return env.net(env.conflist({"type": "bridge", "bridge": bridge, "isGateway": False,
-                                 "ipMasq": False, "ipam": env.host_local(**ipam)}))
+    return env.net(
+        env.conflist(
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": env.host_local(**ipam),
+            }
+        )
+    )
 
 
 def test_gc_releases_everything_but_the_valid_attachment(cni_env: CniEnv):
@@ -31,8 +41,9 @@ def test_gc_releases_everything_but_the_valid_attachment(cni_env: CniEnv):
     net = _bridge_net(env, bridge)
     rt = env.runtime()
     pods = [(env.cid, env.ns)] + [(env.new_cid(), env.new_netns()) for _ in range(2)]
-    leaks = env.leak_checker(bridges=[bridge], netns=[ns for _, ns in pods],
-                             markers=[cid for cid, _ in pods]).start()
+    leaks = env.leak_checker(
+        bridges=[bridge], netns=[ns for _, ns in pods], markers=[cid for cid, _ in pods]
+    ).start()
 
     ips = {}
     for cid, ns in pods:
@@ -47,10 +58,10 @@ def test_gc_releases_everything_but_the_valid_attachment(cni_env: CniEnv):
     run(rt.gc(net, [Attachment(keep_cid, "eth0")]))
 
     # the valid attachment is untouched: reservation, cache entry, interface
-    assert [(r.container_id, r.ip) for r in host_local_reservations(env.data_dir)] == \
-        [(keep_cid, ips[keep_cid])]
-    assert [(e.container_id, e.ifname) for e in rt.cache.entries(network=net.name)] == \
-        [(keep_cid, "eth0")]
+    assert [(r.container_id, r.ip) for r in host_local_reservations(env.data_dir)] == [
+        (keep_cid, ips[keep_cid])
+    ]
+    assert [(e.container_id, e.ifname) for e in rt.cache.entries(network=net.name)] == [(keep_cid, "eth0")]
     assert env.cache_files() == [f"{net.name}-{keep_cid}-eth0"]
     assert keep_ns.link("eth0") is not None
     # the two others were DEL'd: their interfaces are gone too
@@ -121,8 +132,16 @@ def test_status_reports_the_plugin_error_with_its_code(cni_env: CniEnv):
     from nri_cni.errors import CNIError
 
     env = cni_env
-    net = env.net(env.conflist({"type": "bridge", "bridge": unique_name("br"), "ipMasq": False,
-                                "ipam": {"type": "nct-no-such-ipam"}}))
+    net = env.net(
+        env.conflist(
+            {
+                "type": "bridge",
+                "bridge": unique_name("br"),
+                "ipMasq": False,
+                "ipam": {"type": "nct-no-such-ipam"},
+            }
+        )
+    )
     with pytest.raises(CNIError) as ei:
         run(env.runtime().status(net))
     err = ei.value

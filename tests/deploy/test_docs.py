@@ -1,4 +1,5 @@
 """docs/troubleshooting.md quotes what nri-cni prints: the quotes must stay true."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,27 +28,30 @@ def doc_lines() -> set[str]:
     return {line.strip() for line in DOC.splitlines()}
 
 
-@pytest.mark.parametrize("fragment", [
-    "nri-cni daemon is not reachable at ",
-    "is not reachable at ",
-    "failed to find plugin ",
-    "killed after ",
-    "no answer within ",
-    "(the handler goes on)",
-    "NRI runtime closed the connection",
-    "disconnected from the runtime; pod events wait for the reconnect",
-    "registered with the NRI runtime as ",
-    "synchronized: the runtime has ",
-    "is not ready",
-    "the pod is kept and the attachment retried",
-    "recovery: rolled back the interrupted ADD of pod ",
-    "interrupted ADD(s) at start-up",
-    "(GC will retry)",
-    "is unreadable",
-    "DEL failed for ",
-    "networking failed",
-    "runtime-supplied plugin config ignored",
-])
+@pytest.mark.parametrize(
+    "fragment",
+    [
+        "nri-cni daemon is not reachable at ",
+        "is not reachable at ",
+        "failed to find plugin ",
+        "killed after ",
+        "no answer within ",
+        "(the handler goes on)",
+        "NRI runtime closed the connection",
+        "disconnected from the runtime; pod events wait for the reconnect",
+        "registered with the NRI runtime as ",
+        "synchronized: the runtime has ",
+        "is not ready",
+        "the pod is kept and the attachment retried",
+        "recovery: rolled back the interrupted ADD of pod ",
+        "interrupted ADD(s) at start-up",
+        "(GC will retry)",
+        "is unreadable",
+        "DEL failed for ",
+        "networking failed",
+        "runtime-supplied plugin config ignored",
+    ],
+)
 def test_quoted_fragment_is_in_the_code(fragment):
     assert fragment in DOCS
     assert fragment in SOURCE
@@ -72,8 +76,11 @@ def test_plugin_missing_message(tmp_path):
 
 def test_annotation_messages():
     cfg = load_config(str(ROOT / "config" / "examples" / "native-multi.yaml"))
-    for namespace, value in (("kube-system", "lan"), ("default", "other/lan"),
-                             ("default", '[{"name": "lan", "mtu": 9000}]')):
+    for namespace, value in (
+        ("kube-system", "lan"),
+        ("default", "other/lan"),
+        ("default", '[{"name": "lan", "mtu": 9000}]'),
+    ):
         with pytest.raises(NriCniError) as info:
             select_networks(cfg, namespace, {"k8s.v1.cni.cncf.io/networks": value})
         assert str(info.value) in doc_lines()
@@ -81,11 +88,17 @@ def test_annotation_messages():
 
 def test_config_error_messages(tmp_path):
     bad = tmp_path / "config.yaml"
-    bad.write_text("mode: shim\ncni:\n  plugin_timout: 30s\nnetworks:\n  - name: pods\n"
-                   "    default: true\n    conflist:\n      cniVersion: 1.1.0\n      name: podz\n"
-                   "      plugins: [{type: bridge}]\n")
-    run = subprocess.run([sys.executable, "-m", "nri_cni.cli", "check-config", "--config", str(bad)],
-                         capture_output=True, text=True, timeout=60)
+    bad.write_text(
+        "mode: shim\ncni:\n  plugin_timout: 30s\nnetworks:\n  - name: pods\n"
+        "    default: true\n    conflist:\n      cniVersion: 1.1.0\n      name: podz\n"
+        "      plugins: [{type: bridge}]\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "check-config", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     lines = run.stderr.replace(str(bad), "/etc/nri-cni/config.yaml").splitlines()
     assert lines and all(line in doc_lines() for line in lines)

@@ -1,4 +1,5 @@
 """config/examples/: one config per mode, each accepted by `nri-cni check-config`."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,13 +11,21 @@ import pytest
 from nri_cni.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "config" / "examples"
-EXPECTED = {"shim-bridge.yaml": "shim", "native-multi.yaml": "native",
-            "secondary.yaml": "secondary", "finalize.yaml": "shim"}
+EXPECTED = {
+    "shim-bridge.yaml": "shim",
+    "native-multi.yaml": "native",
+    "secondary.yaml": "secondary",
+    "finalize.yaml": "shim",
+}
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nri_cni.cli", "check-config", "--config", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_examples_are_the_expected_ones():

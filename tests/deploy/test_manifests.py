@@ -1,4 +1,5 @@
 """The deployment files: the shim's CNI list, the CRI-O drop-in, the DaemonSet."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,17 @@ import pytest
 import yaml
 
 from nri_cni.cni.config import parse_conflist
-from nri_cni.config import (DEFAULT_BIN_DIRS, DEFAULT_CACHE_DIR, DEFAULT_CONFIG_PATH,
-                            DEFAULT_DAEMON_SOCKET, DEFAULT_FINALIZE_DIR, DEFAULT_NRI_SOCKET,
-                            DEFAULT_RUNTIME_CACHE_DIR, DEFAULT_STATE_DIR, load_config_text)
+from nri_cni.config import (
+    DEFAULT_BIN_DIRS,
+    DEFAULT_CACHE_DIR,
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_DAEMON_SOCKET,
+    DEFAULT_FINALIZE_DIR,
+    DEFAULT_NRI_SOCKET,
+    DEFAULT_RUNTIME_CACHE_DIR,
+    DEFAULT_STATE_DIR,
+    load_config_text,
+)
 from nri_cni.daemon.local_server import POD_ANNOTATIONS_CAP
 from nri_cni.shim import SHIM_NAME
 
@@ -40,6 +49,7 @@ def go_duration(text: str) -> float:
 
 # -- the shim's network list --------------------------------------------------------------
 
+
 def test_shim_list_names_the_shim():
     net = parse_conflist(SHIM_LIST.read_bytes(), source=str(SHIM_LIST))
     assert net.name == "nri-cni"
@@ -48,8 +58,12 @@ def test_shim_list_names_the_shim():
     assert net.cni_version == "1.1.0"  # from cniVersions, for STATUS and GC
     shim = net.plugins[0]
     assert shim.conf["daemonSocket"] == DEFAULT_DAEMON_SOCKET
-    assert shim.capabilities == {"portMappings": True, "bandwidth": True, "dns": True,
-                                 POD_ANNOTATIONS_CAP: True}
+    assert shim.capabilities == {
+        "portMappings": True,
+        "bandwidth": True,
+        "dns": True,
+        POD_ANNOTATIONS_CAP: True,
+    }
 
 
 def test_crio_uses_the_same_list():
@@ -57,6 +71,7 @@ def test_crio_uses_the_same_list():
 
 
 # -- CRI-O ----------------------------------------------------------------------------------
+
 
 def test_crio_dropin():
     conf = tomllib.loads(CRIO_CONF.read_text())
@@ -67,8 +82,14 @@ def test_crio_dropin():
     assert {norm(d) for d in net["plugin_dirs"]} >= set(DEFAULT_BIN_DIRS)
     assert nri["enable_nri"] is True
     assert nri["nri_listen"] == DEFAULT_NRI_SOCKET
-    assert set(nri) == {"enable_nri", "nri_listen", "nri_plugin_dir", "nri_plugin_config_dir",
-                        "nri_plugin_registration_timeout", "nri_plugin_request_timeout"}
+    assert set(nri) == {
+        "enable_nri",
+        "nri_listen",
+        "nri_plugin_dir",
+        "nri_plugin_config_dir",
+        "nri_plugin_registration_timeout",
+        "nri_plugin_request_timeout",
+    }
     # Sized for CNI chains: above the 2 s default, far below kubelet's 4 min deadline.
     request = go_duration(nri["nri_plugin_request_timeout"])
     assert 2 < request <= 60
@@ -85,6 +106,7 @@ def test_crio_and_containerd_agree():
 
 
 # -- the DaemonSet ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def docs() -> dict[str, dict]:
@@ -130,9 +152,15 @@ def test_daemonset_mounts_the_default_paths_where_the_host_has_them(docs):
         if name in mounts:
             assert norm(mounts[name]["mountPath"]) == norm(path), name
     mounted = {norm(hosts[n]) for n in mounts if n in hosts}
-    needed = {os.path.dirname(DEFAULT_NRI_SOCKET), os.path.dirname(DEFAULT_DAEMON_SOCKET),
-              DEFAULT_STATE_DIR, DEFAULT_RUNTIME_CACHE_DIR, CONF_DIR, "/var/run/netns",
-              *DEFAULT_BIN_DIRS}
+    needed = {
+        os.path.dirname(DEFAULT_NRI_SOCKET),
+        os.path.dirname(DEFAULT_DAEMON_SOCKET),
+        DEFAULT_STATE_DIR,
+        DEFAULT_RUNTIME_CACHE_DIR,
+        CONF_DIR,
+        "/var/run/netns",
+        *DEFAULT_BIN_DIRS,
+    }
     assert needed <= mounted
     assert any(DEFAULT_CACHE_DIR.startswith(p + "/") or DEFAULT_CACHE_DIR == p for p in mounted)
     netns = next(m for m in main["volumeMounts"] if m["mountPath"] == "/var/run/netns")
@@ -175,8 +203,13 @@ def _run_init(docs, tmp_path: Path, host_python: str) -> subprocess.CompletedPro
     env = {e["name"]: e["value"] for e in init["env"]}
     env["HOST_PYTHON"] = host_python
     env["PATH"] = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
-    return subprocess.run(["/bin/sh", "-ec", _init_script(docs, host, configmap)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["/bin/sh", "-ec", _init_script(docs, host, configmap)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_init_container_installs_a_working_shim_and_the_list(docs, tmp_path):
@@ -194,14 +227,17 @@ def test_init_container_installs_a_working_shim_and_the_list(docs, tmp_path):
     assert [p.name for p in (host / "etc/cni/net.d").iterdir()] == ["10-nri-cni.conflist"]
     # The shim runs: VERSION locally, anything else reaches for the daemon's socket.
     env = {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([str(shim)], input=installed.read_bytes(), env=env, capture_output=True,
-                         timeout=30)
+    out = subprocess.run([str(shim)], input=installed.read_bytes(), env=env, capture_output=True, timeout=30)
     assert out.returncode == 0 and "1.1.0" in json.loads(out.stdout)["supportedVersions"]
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
-           "NRI_CNI_SOCKET": str(tmp_path / "nobody.sock")}
-    out = subprocess.run([str(shim)], input=installed.read_bytes(), env=env, capture_output=True,
-                         timeout=30)
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/var/run/netns/x",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "NRI_CNI_SOCKET": str(tmp_path / "nobody.sock"),
+    }
+    out = subprocess.run([str(shim)], input=installed.read_bytes(), env=env, capture_output=True, timeout=30)
     err = json.loads(out.stdout)
     assert out.returncode == 1 and err["code"] == 11
     assert err["msg"] == f"nri-cni daemon is not reachable at {tmp_path / 'nobody.sock'}"
@@ -223,8 +259,7 @@ def _probe(command: list[str], tmp_path: Path, exit_code: int) -> int:
     return subprocess.run(command, env={"PATH": f"{bindir}:/usr/bin:/bin"}, timeout=30).returncode
 
 
-@pytest.mark.parametrize("status_exit, ready, alive", [(0, True, True), (1, False, True),
-                                                       (3, False, False)])
+@pytest.mark.parametrize("status_exit, ready, alive", [(0, True, True), (1, False, True), (3, False, False)])
 def test_probes(docs, tmp_path, status_exit, ready, alive):
     """Ready only when `nri-cni status` says so; restarted only when the daemon is unreachable."""
     (main,) = pod_spec(docs)["containers"]
@@ -234,7 +269,11 @@ def test_probes(docs, tmp_path, status_exit, ready, alive):
 
 def test_status_fails_when_the_daemon_is_down(tmp_path):
     """What the readiness probe runs, against no daemon: exit 3, "not reachable"."""
-    run = subprocess.run([sys.executable, "-m", "nri_cni.cli", "status", "--socket",
-                          str(tmp_path / "none.sock")], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "status", "--socket", str(tmp_path / "none.sock")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 3
     assert "not reachable" in run.stderr

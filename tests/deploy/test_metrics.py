@@ -1,4 +1,5 @@
 """nri_cni/metrics.py: the Prometheus text endpoint on a unix socket and on 127.0.0.1."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +23,7 @@ def run(coro, timeout: float = 10.0):
     async def bounded():
         async with asyncio.timeout(timeout):
             return await coro
+
     return asyncio.run(bounded())
 
 
@@ -38,22 +40,41 @@ def record(op: str, networks: list[dict], error: str = "", age: float = 0.2) -> 
 
 def feed(metrics: Metrics) -> None:
     """A few pod operations as the plan reports them."""
-    metrics.observe_operation(record("add", [
-        {"network": "pods", "ifname": "eth0", "op": "add", "ms": 42.5},
-        {"network": "lan", "ifname": "net1", "op": "add", "ms": 7.0},
-        {"network": "pods", "ifname": "eth0", "op": "finalize", "ms": 3.0},
-    ]))
-    failed = PodError(f"pod {POD.label()}: networking failed", cause=CNIError(
-        7, "invalid config", ref=PluginRef(network="lan", plugin="macvlan", command="ADD")))
-    metrics.observe_operation(record("add", [
-        {"network": "pods", "ifname": "eth0", "op": "add", "ms": 40.0},
-        {"network": "pods", "ifname": "eth0", "op": "rollback"},
-    ], error=str(failed)))
+    metrics.observe_operation(
+        record(
+            "add",
+            [
+                {"network": "pods", "ifname": "eth0", "op": "add", "ms": 42.5},
+                {"network": "lan", "ifname": "net1", "op": "add", "ms": 7.0},
+                {"network": "pods", "ifname": "eth0", "op": "finalize", "ms": 3.0},
+            ],
+        )
+    )
+    failed = PodError(
+        f"pod {POD.label()}: networking failed",
+        cause=CNIError(7, "invalid config", ref=PluginRef(network="lan", plugin="macvlan", command="ADD")),
+    )
+    metrics.observe_operation(
+        record(
+            "add",
+            [
+                {"network": "pods", "ifname": "eth0", "op": "add", "ms": 40.0},
+                {"network": "pods", "ifname": "eth0", "op": "rollback"},
+            ],
+            error=str(failed),
+        )
+    )
     metrics.observe_operation(record("add", [], error=str(AnnotationRefused("not allowed"))))
-    metrics.observe_operation(record("del", [
-        {"network": "lan", "ifname": "net1", "op": "del", "ms": 120.0},
-        {"network": "pods", "ifname": "eth0", "op": "del", "ms": 180.0},
-    ], age=0.31))
+    metrics.observe_operation(
+        record(
+            "del",
+            [
+                {"network": "lan", "ifname": "net1", "op": "del", "ms": 120.0},
+                {"network": "pods", "ifname": "eth0", "op": "del", "ms": 180.0},
+            ],
+            age=0.31,
+        )
+    )
     metrics.observe_gc({"deleted": ["pods/x/eth0", "lan/x/net1"], "errors": []})
     metrics.observe_gc({"deleted": [], "errors": ["GC lan: boom"]})
 
@@ -63,8 +84,11 @@ def families(text: str) -> dict:
 
 
 def samples(fams: dict, family: str, sample: str, **labels) -> list[float]:
-    return [s.value for s in fams[family].samples
-            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())]
+    return [
+        s.value
+        for s in fams[family].samples
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
 
 
 def check_exposition(text: str) -> dict:
@@ -191,13 +215,15 @@ def test_serve_on_a_unix_socket(sock_dir):
             assert int(headers["content-length"]) == len(body)
             fams = check_exposition(body.decode())
             assert samples(fams, "nri_cni_attachments", "nri_cni_attachments") == [2]
-            status, headers, body = await http(asyncio.open_unix_connection(path),
-                                               b"HEAD /metrics HTTP/1.1\r\n\r\n")
+            status, headers, body = await http(
+                asyncio.open_unix_connection(path), b"HEAD /metrics HTTP/1.1\r\n\r\n"
+            )
             assert status == 200 and body == b"" and int(headers["content-length"]) > 0
             status, _, _ = await http(asyncio.open_unix_connection(path), b"GET / HTTP/1.1\r\n\r\n")
             assert status == 404
-            status, headers, _ = await http(asyncio.open_unix_connection(path),
-                                            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+            status, headers, _ = await http(
+                asyncio.open_unix_connection(path), b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+            )
             assert status == 405 and headers["allow"] == "GET, HEAD"
             status, _, _ = await http(asyncio.open_unix_connection(path), b"hello\r\n\r\n")
             assert status == 400

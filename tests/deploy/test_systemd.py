@@ -1,4 +1,5 @@
 """systemd/nri-cni.service and the pre-registered launcher systemd/10-cni."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from nri_cni.config import (DEFAULT_CACHE_DIR, DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_SOCKET,
-                            DEFAULT_RUNTIME_CACHE_DIR, DEFAULT_STATE_DIR)
+from nri_cni.config import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_DAEMON_SOCKET,
+    DEFAULT_RUNTIME_CACHE_DIR,
+    DEFAULT_STATE_DIR,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "nri-cni.service"
@@ -43,8 +49,7 @@ def verify(text: str, tmp_path: Path) -> list[str]:
     assert EXEC_BINARY in text
     unit = tmp_path / "nri-cni.service"
     unit.write_text(text.replace(EXEC_BINARY, str(fake)))
-    run = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     lines = (run.stdout + run.stderr).splitlines()
     # Units the file pulls in (containerd.service, ...) may have complaints of their own.
     mine = [line for line in lines if "nri-cni.service" in line or str(tmp_path) in line]
@@ -57,12 +62,15 @@ def test_unit_verifies_clean(tmp_path):
     assert verify(UNIT.read_text(), tmp_path) == []
 
 
-@pytest.mark.parametrize("broken", [
-    ("NoNewPrivileges=yes", "NoNewPrivilegs=yes"),  # unknown key: a warning only, rc 0
-    ("Restart=on-failure", "Restart=sometimes"),  # bad value: a warning only, rc 0
-    ("[Service]", "[Servic"),  # bad section header: the unit does not load
-    ("Type=notify", "Type=notifyy"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        ("NoNewPrivileges=yes", "NoNewPrivilegs=yes"),  # unknown key: a warning only, rc 0
+        ("Restart=on-failure", "Restart=sometimes"),  # bad value: a warning only, rc 0
+        ("[Service]", "[Servic"),  # bad section header: the unit does not load
+        ("Type=notify", "Type=notifyy"),
+    ],
+)
 def test_verify_catches_syntax_errors(tmp_path, broken):
     """The check above can fail: the same unit with one mistake is reported."""
     old, new = broken
@@ -117,10 +125,11 @@ def _launch(tmp_path: Path, log: str) -> tuple[list[str], subprocess.CompletedPr
     fake = bindir / "nri-cni"
     fake.write_text(
         "#!/bin/sh\n"
-        f'{{ echo "args=$*"; echo "name=$NRI_PLUGIN_NAME idx=$NRI_PLUGIN_IDX sock=$NRI_PLUGIN_SOCKET"\n'
+        '{ echo "args=$*"; echo "name=$NRI_PLUGIN_NAME idx=$NRI_PLUGIN_IDX sock=$NRI_PLUGIN_SOCKET"\n'
         "  if [ -e /proc/$$/fd/3 ]; then echo fd3=open; fi; } > " + str(report) + "\n"
         "echo pong >&3\n"
-        "echo 'a log line' >&2\n")
+        "echo 'a log line' >&2\n"
+    )
     fake.chmod(0o755)
     cat = bindir / "systemd-cat"
     cat.write_text(f'#!/bin/sh\necho "$1" > {tmp_path}/cat-args\nshift\nexec "$@"\n')
@@ -131,16 +140,28 @@ def _launch(tmp_path: Path, log: str) -> tuple[list[str], subprocess.CompletedPr
     assert os.access(LAUNCHER, os.X_OK)
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        env = {"PATH": str(bindir), "NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10",
-               "NRI_PLUGIN_SOCKET": "3", "NRI_CNI_LOG": log}
+        env = {
+            "PATH": str(bindir),
+            "NRI_PLUGIN_NAME": "cni",
+            "NRI_PLUGIN_IDX": "10",
+            "NRI_PLUGIN_SOCKET": "3",
+            "NRI_CNI_LOG": log,
+        }
 
         def as_fd3() -> None:
             if theirs.fileno() != 3:
                 os.dup2(theirs.fileno(), 3)
             os.set_inheritable(3, True)
 
-        run = subprocess.run([str(plugin_dir / "10-cni")], env=env, preexec_fn=as_fd3,
-                             close_fds=False, capture_output=True, text=True, timeout=30)
+        run = subprocess.run(
+            [str(plugin_dir / "10-cni")],
+            env=env,
+            preexec_fn=as_fd3,
+            close_fds=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert run.returncode == 0, run.stderr
         ours.settimeout(5)
         assert ours.recv(16) == b"pong\n"

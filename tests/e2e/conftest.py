@@ -38,8 +38,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _test_failed(node: pytest.Item) -> bool:
-    return any(getattr(getattr(node, f"_nct_rep_{when}", None), "failed", False)
-               for when in ("setup", "call"))
+    return any(
+        getattr(getattr(node, f"_nct_rep_{when}", None), "failed", False) for when in ("setup", "call")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,9 +54,12 @@ def cri_modules() -> CriModules:
 
 
 @pytest.fixture
-def make_containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                    pause_image: PauseImage, cri_modules: CriModules
-                    ) -> Iterator[Callable[..., Containerd]]:
+def make_containerd(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    pause_image: PauseImage,
+    cri_modules: CriModules,
+) -> Iterator[Callable[..., Containerd]]:
     instances: list[Containerd] = []
 
     def factory(*, start: bool = True, **kwargs: Any) -> Containerd:
@@ -80,8 +84,7 @@ def make_containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 
 
 @pytest.fixture
-def make_bridge_network(tmp_path_factory: pytest.TempPathFactory
-                        ) -> Iterator[Callable[..., BridgeNetwork]]:
+def make_bridge_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., BridgeNetwork]]:
     nets: list[BridgeNetwork] = []
 
     def factory(**kwargs: Any) -> BridgeNetwork:

@@ -56,16 +56,21 @@ def nft_tables() -> set[str]:
 def netns_addrs(netns_path: str, ifname: str = "eth0") -> list[str]:
     """IPv4/IPv6 addresses (with prefix) of ``ifname`` inside the netns at ``netns_path``."""
     out = run("nsenter", f"--net={netns_path}", "ip", "-j", "addr", "show", "dev", ifname)
-    return [f"{a['local']}/{a['prefixlen']}" for link in json.loads(out)
-            for a in link.get("addr_info", []) if a.get("scope") != "link"]
+    return [
+        f"{a['local']}/{a['prefixlen']}"
+        for link in json.loads(out)
+        for a in link.get("addr_info", [])
+        if a.get("scope") != "link"
+    ]
 
 
 def netns_routes(netns_path: str) -> list[str]:
     """IPv4 and IPv6 routes inside the netns at ``netns_path``, one line each."""
     out = []
     for family in ("-4", "-6"):
-        out += run("nsenter", f"--net={netns_path}", "ip", family, "route", "show",
-                   "table", "all").splitlines()
+        out += run(
+            "nsenter", f"--net={netns_path}", "ip", family, "route", "show", "table", "all"
+        ).splitlines()
     return [line for line in out if line.strip()]
 
 
@@ -95,30 +100,30 @@ class BridgeNetwork:
         if not self.bridge.startswith("nct"):
             raise ValueError(f"link name {self.bridge} must start with nct")
         if link_exists(self.bridge):
-            raise RuntimeError(f"{self.bridge} already exists (left over, or used by another "
-                               "test right now)")
+            raise RuntimeError(f"{self.bridge} already exists (left over, or used by another test right now)")
         self.conf_dir = self.tmpdir / "net.d"
         self.ipam_dir = self.tmpdir / "host-local"
         self.conf_dir.mkdir(parents=True)
         self._before_nat = nat_lines()
         self._before_nft = nft_tables()
         self._ip_forward = IP_FORWARD.read_text().strip()
-        plugins: list[dict[str, object]] = [{
-            "type": "bridge",
-            "bridge": self.bridge,
-            "isGateway": True,
-            "ipMasq": False,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": self.subnet}]],
-                "dataDir": str(self.ipam_dir),
-                # no "routes": the pods get no default route
-            },
-        }]
+        plugins: list[dict[str, object]] = [
+            {
+                "type": "bridge",
+                "bridge": self.bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": self.subnet}]],
+                    "dataDir": str(self.ipam_dir),
+                    # no "routes": the pods get no default route
+                },
+            }
+        ]
         if self.portmap:
             # snat false: no hairpin masquerade rules
-            plugins.append({"type": "portmap", "capabilities": {"portMappings": True},
-                            "snat": False})
+            plugins.append({"type": "portmap", "capabilities": {"portMappings": True}, "snat": False})
         self.conflist = {"cniVersion": "1.0.0", "name": self.name, "plugins": plugins}
         (self.conf_dir / "10-nct-e2e.conflist").write_text(json.dumps(self.conflist, indent=2))
 
@@ -135,8 +140,11 @@ class BridgeNetwork:
         d = self.ipam_dir / self.name
         if not d.is_dir():
             return {}
-        return {p.name: " ".join(p.read_text().split()) for p in d.iterdir()
-                if not HOST_LOCAL_BOOKKEEPING.match(p.name)}
+        return {
+            p.name: " ".join(p.read_text().split())
+            for p in d.iterdir()
+            if not HOST_LOCAL_BOOKKEEPING.match(p.name)
+        }
 
     def nat_rules_for(self, marker: str) -> list[str]:
         return [line for line in nat_lines() if marker in line]
@@ -176,9 +184,12 @@ class BridgeNetwork:
         now = nat_lines()
         if any(ln.startswith("-A CNI-HOSTPORT-DNAT ") for ln in now):
             return problems
-        shared = [c for c in ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
-                  if any(ln.startswith(f":{c} ") for ln in now)
-                  and not any(ln.startswith(f":{c} ") for ln in before)]
+        shared = [
+            c
+            for c in ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
+            if any(ln.startswith(f":{c} ") for ln in now)
+            and not any(ln.startswith(f":{c} ") for ln in before)
+        ]
         for ln in now:
             if ln.startswith("-A ") and ln not in before and any(f"-j {c}" in ln for c in shared):
                 self._iptables_delete(ln, problems)
@@ -205,7 +216,8 @@ class BridgeNetwork:
     def _iptables_delete(rule_line: str, problems: list[str]) -> None:
         # an iptables-save line "-A CHAIN args..." -> "iptables -t nat -D CHAIN args..."
         args = shlex.split(rule_line)
-        proc = subprocess.run(["iptables", "-t", "nat", "-D", *args[1:]], capture_output=True,
-                              text=True, timeout=30)
+        proc = subprocess.run(
+            ["iptables", "-t", "nat", "-D", *args[1:]], capture_output=True, text=True, timeout=30
+        )
         if proc.returncode != 0:
             problems.append(f"iptables -D {rule_line}: {proc.stderr.strip()}")

@@ -3,6 +3,7 @@
 The shim-mode CNI list is config/containerd/net.d/10-nri-cni.conflist itself, with only its
 daemon socket path pointed at the test's daemon (the shipped file, not a copy).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,15 @@ class NriCni:
         self.proc: subprocess.Popen | None = None
         self.env = dict(os.environ)
 
-    def start(self, *, wait_registered: bool = True, env: dict | None = None) -> "NriCni":
+    def start(self, *, wait_registered: bool = True, env: dict | None = None) -> NriCni:
         self.config_path.write_text(yaml.safe_dump(self.cfg))
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nri_cni.cli", "run", "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})})
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**self.env, **(env or {})},
+        )
         log.close()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -54,7 +58,7 @@ class NriCni:
                 st = self.status()
                 if not wait_registered or st["nri"]["synchronized"]:
                     return self
-            except (OSError, localproto.LocalProtocolError, Exception):  # noqa: BLE001 - not up yet
+            except (OSError, localproto.LocalProtocolError, Exception):
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"nri-cni did not become ready:\n{self.log_tail()}")
@@ -77,8 +81,11 @@ class NriCni:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             st = self.status()
-            if st["nri"]["synchronized"] and "gc (synchronize)" in self.log_path.read_text() \
-                    and not st["pendingRepair"]:
+            if (
+                st["nri"]["synchronized"]
+                and "gc (synchronize)" in self.log_path.read_text()
+                and not st["pendingRepair"]
+            ):
                 time.sleep(0.3)
                 return
             time.sleep(0.05)
@@ -150,8 +157,12 @@ class ShimSetup:
             "daemon": {"socket": self.socket},
             "state_dir": str(self.state_dir),
             "log": {"level": "info"},
-            "cni": {"bin_dirs": [str(self.bin_dir)], "cache_dir": str(self.cache_dir),
-                    "finalize_dir": str(self.finalize_dir), "plugin_timeout": "30s"},
+            "cni": {
+                "bin_dirs": [str(self.bin_dir)],
+                "cache_dir": str(self.cache_dir),
+                "finalize_dir": str(self.finalize_dir),
+                "plugin_timeout": "30s",
+            },
             "networks": networks,
             **extra,
         }

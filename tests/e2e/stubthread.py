@@ -30,8 +30,15 @@ def pod_record(pod: Any) -> PodRecord:
     for ns in pod.linux.namespaces:
         if ns.type == "network":
             netns = ns.path
-    return PodRecord(id=pod.id, name=pod.name, namespace=pod.namespace, uid=pod.uid,
-                     netns=netns, ips=tuple(pod.ips), pid=pod.pid)
+    return PodRecord(
+        id=pod.id,
+        name=pod.name,
+        namespace=pod.namespace,
+        uid=pod.uid,
+        netns=netns,
+        ips=tuple(pod.ips),
+        pid=pod.pid,
+    )
 
 
 class Recorder:
@@ -53,9 +60,11 @@ class Recorder:
         with self._cond:
             result = self._cond.wait_for(predicate, timeout)
         if not result:
-            raise AssertionError(f"timed out after {timeout}s; recorded: configures="
-                                 f"{len(self.configures)} syncs={self.syncs} "
-                                 f"events={self.events} disconnects={self.disconnects}")
+            raise AssertionError(
+                f"timed out after {timeout}s; recorded: configures="
+                f"{len(self.configures)} syncs={self.syncs} "
+                f"events={self.events} disconnects={self.disconnects}"
+            )
         return result
 
     def events_for(self, pod_id: str) -> list[tuple[str, PodRecord]]:
@@ -65,10 +74,16 @@ class Recorder:
     # -- the plugin interface ------------------------------------------------------------------
 
     async def configure(self, req: Any) -> None:
-        self._add(lambda: self.configures.append({
-            "runtime_name": req.runtime_name, "runtime_version": req.runtime_version,
-            "registration_timeout": req.registration_timeout,
-            "request_timeout": req.request_timeout}))
+        self._add(
+            lambda: self.configures.append(
+                {
+                    "runtime_name": req.runtime_name,
+                    "runtime_version": req.runtime_version,
+                    "registration_timeout": req.registration_timeout,
+                    "request_timeout": req.request_timeout,
+                }
+            )
+        )
 
     async def synchronize(self, pods: list[Any], containers: list[Any]) -> None:
         self._add(lambda: self.syncs.append([pod_record(p) for p in pods]))
@@ -85,14 +100,14 @@ class Recorder:
     async def on_disconnect(self) -> None:
         def bump() -> None:
             self.disconnects += 1
+
         self._add(bump)
 
 
 class StubThread:
     """nri_cni.nri.stub.Stub running ``run()`` in a thread of its own until ``stop()``."""
 
-    def __init__(self, plugin: Any, *, name: str, idx: str, socket_path: str,
-                 **stub_kwargs: Any) -> None:
+    def __init__(self, plugin: Any, *, name: str, idx: str, socket_path: str, **stub_kwargs: Any) -> None:
         self.plugin = plugin
         self._args = dict(name=name, idx=idx, socket_path=socket_path, **stub_kwargs)
         self.loop = asyncio.new_event_loop()

@@ -10,8 +10,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.hostnet import (bridge_ports, cni_cache_files, link_exists, netns_addrs,
-                                netns_routes)
+from tests.e2e.hostnet import bridge_ports, cni_cache_files, link_exists, netns_addrs, netns_routes
 from tests.support.cri import PortMapping
 
 pytestmark = pytest.mark.e2e
@@ -27,9 +26,13 @@ def test_pod_gets_ip_and_leaves_nothing_behind(bridge_network, make_containerd):
     assert ctd.start_seconds is not None and ctd.start_seconds < 3.0, ctd.start_seconds
 
     t0 = time.monotonic()
-    pod = ctd.cri.run_pod("web-0", "nct-e2e", str(uuid.uuid4()), labels={"app": "web"},
-                          port_mappings=[PortMapping(container_port=80, host_port=18080,
-                                                     host_ip=net.gateway)])
+    pod = ctd.cri.run_pod(
+        "web-0",
+        "nct-e2e",
+        str(uuid.uuid4()),
+        labels={"app": "web"},
+        port_mappings=[PortMapping(container_port=80, host_port=18080, host_ip=net.gateway)],
+    )
     run_seconds = time.monotonic() - t0
     st = ctd.cri.pod_status(pod)
     assert st.ready, st
@@ -46,7 +49,8 @@ def test_pod_gets_ip_and_leaves_nothing_behind(bridge_network, make_containerd):
     assert len(bridge_ports(net.bridge)) == 1
     assert net.reservations() == {st.ip: f"{pod} eth0"}
     assert [p.name for p in cni_cache_files(pod)] == sorted(
-        [f"cni-loopback-{pod}-lo", f"{net.name}-{pod}-eth0"])
+        [f"cni-loopback-{pod}-lo", f"{net.name}-{pod}-eth0"]
+    )
     assert any(f"--to-destination {st.ip}:80" in ln for ln in _dnat_lines(net, pod))
     assert [p.id for p in ctd.cri.list_pods()] == [pod]
 

@@ -1,9 +1,9 @@
 """nri-cni run the way node software runs it, against real containerd: systemd's notify protocol
 (READY only once registered and synchronized) and the pre-registered launch (containerd starts
 the linked executable from its plugin_path with the connection on fd 3)."""
+
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -25,11 +25,29 @@ def shim_env(tmp_path):
     setup = ShimSetup(tmp_path)
     bridge = unique_name("br")
     jan.track_link(bridge)
-    nets = [{"name": "podnet", "default": True, "conflist": {
-        "cniVersion": "1.1.0", "name": "podnet", "plugins": [
-            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
-             "ipam": {"type": "host-local", "dataDir": str(setup.ipam_dir),
-                      "ranges": [[{"subnet": "10.246.50.0/24"}]]}}]}}]
+    nets = [
+        {
+            "name": "podnet",
+            "default": True,
+            "conflist": {
+                "cniVersion": "1.1.0",
+                "name": "podnet",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": bridge,
+                        "isGateway": True,
+                        "ipMasq": False,
+                        "ipam": {
+                            "type": "host-local",
+                            "dataDir": str(setup.ipam_dir),
+                            "ranges": [[{"subnet": "10.246.50.0/24"}]],
+                        },
+                    }
+                ],
+            },
+        }
+    ]
     yield setup, nets
     errors = jan.cleanup()
     setup.cleanup()
@@ -76,13 +94,14 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
     setup, nets = shim_env
     plugin_dir = tmp_path / "nri-plugins"
     plugin_dir.mkdir()
-    ctd = make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir],
-                          nri_plugin_path=plugin_dir, start=False)
+    ctd = make_containerd(
+        cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir], nri_plugin_path=plugin_dir, start=False
+    )
     cfg = setup.config(ctd.nri_socket, nets)
     config_path = tmp_path / "nri-cni.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
     launcher = plugin_dir / "10-cni"
-    launcher.write_text(LAUNCHER.format(python=os.path.realpath(sys.executable), config=config_path))
+    launcher.write_text(LAUNCHER.format(python=sys.executable, config=config_path))
     launcher.chmod(0o755)
     daemon = NriCni(tmp_path, cfg)  # only to talk to the daemon containerd launched
     ctd.start()
@@ -92,7 +111,7 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
             st = daemon.status()
             if st["nri"]["synchronized"]:
                 break
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             pass
         assert time.monotonic() < deadline, ctd.log_tail()
         time.sleep(0.05)
@@ -111,7 +130,7 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
     while time.monotonic() < deadline:
         try:
             daemon.status()
-        except Exception:  # noqa: BLE001 - gone, as it should be
+        except Exception:
             break
         time.sleep(0.1)
     else:

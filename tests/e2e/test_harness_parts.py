@@ -107,8 +107,11 @@ def test_pause_reaps_orphans_and_exits_on_signal(tmp_path, sig):
     try:
         pause_pid = _pid_in_children(outer.pid)
         # an orphan inside its pid namespace is re-parented to pause, which must reap it
-        subprocess.run(["nsenter", f"--target={pause_pid}", "--pid", "--", "sh", "-c",
-                        "(sleep 0.2 &) ; exit 0"], check=True, timeout=10)
+        subprocess.run(
+            ["nsenter", f"--target={pause_pid}", "--pid", "--", "sh", "-c", "(sleep 0.2 &) ; exit 0"],
+            check=True,
+            timeout=10,
+        )
         time.sleep(0.6)
         assert _zombie_children(pause_pid) == []
         assert outer.poll() is None  # still running until signalled
@@ -121,7 +124,7 @@ def test_pause_reaps_orphans_and_exits_on_signal(tmp_path, sig):
 
 
 def test_preprocess_drops_gogo():
-    text = '''syntax = "proto3";
+    text = """syntax = "proto3";
 package runtime.v1;
 import "github.com/gogo/protobuf/gogoproto/gogo.proto";
 option (gogoproto.goproto_stringer_all) = false;
@@ -130,7 +133,7 @@ message A {
     string id = 1 [(gogoproto.customname) = "ID", (gogoproto.nullable) = false];
     int64 n = 2;
 }
-'''
+"""
     out = preprocess_proto(text)
     assert "gogo" not in out
     assert 'option go_package = "k8s.io/cri-api/pkg/apis/runtime/v1";' in out
@@ -138,13 +141,23 @@ message A {
 
 
 def test_toml_writer_round_trips():
-    doc = {"version": 3, "root": "/x y", "plugins": {
-        "io.containerd.nri.v1.nri": {"disable": False, "socket_path": 'a"b\\c',
-                                     "plugin_request_timeout": "10s"},
-        "io.containerd.cri.v1.runtime": {"cni": {"bin_dirs": ["/a", "/b"], "max_conf_num": 1},
-                                         "containerd": {"runtimes": {"runc": {
-                                             "options": {"SystemdCgroup": False}}}}},
-        "empty": {}}, "ratio": 0.5}
+    doc = {
+        "version": 3,
+        "root": "/x y",
+        "plugins": {
+            "io.containerd.nri.v1.nri": {
+                "disable": False,
+                "socket_path": 'a"b\\c',
+                "plugin_request_timeout": "10s",
+            },
+            "io.containerd.cri.v1.runtime": {
+                "cni": {"bin_dirs": ["/a", "/b"], "max_conf_num": 1},
+                "containerd": {"runtimes": {"runc": {"options": {"SystemdCgroup": False}}}},
+            },
+            "empty": {},
+        },
+        "ratio": 0.5,
+    }
     assert tomllib.loads(toml_write.dumps(doc)) == doc
 
 
@@ -160,8 +173,13 @@ def _key_paths(doc: dict, prefix: tuple = ()) -> list[tuple]:
 
 @pytest.mark.e2e
 def test_config_fragments_use_keys_containerd_knows():
-    proc = subprocess.run([str(bin_dir() / "containerd"), "config", "default"],
-                          capture_output=True, text=True, timeout=30, check=True)
+    proc = subprocess.run(
+        [str(bin_dir() / "containerd"), "config", "default"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     default = tomllib.loads(proc.stdout)
     for name in FRAGMENTS:
         with open(CONFIG_DIR / name, "rb") as f:

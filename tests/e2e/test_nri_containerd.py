@@ -58,14 +58,23 @@ def test_pod_events_reach_the_stub(bridge_network, make_containerd, stubs):
     st = stubs(rec, name="nctrec", idx="50", socket_path=ctd.nri_socket)
     st.wait_synchronized()
     handshake = time.monotonic() - t0
-    assert rec.configures == [{"runtime_name": "containerd",
-                               "runtime_version": rec.configures[0]["runtime_version"],
-                               "registration_timeout": 5000, "request_timeout": 7000}]
+    assert rec.configures == [
+        {
+            "runtime_name": "containerd",
+            "runtime_version": rec.configures[0]["runtime_version"],
+            "registration_timeout": 5000,
+            "request_timeout": 7000,
+        }
+    ]
     assert rec.configures[0]["runtime_version"].startswith("2.")
     assert len(rec.syncs) == 1
     [synced] = rec.syncs[0]
-    assert (synced.id, synced.name, synced.namespace, synced.uid) == \
-        (early, "early-0", "nct-nri", "uid-early")
+    assert (synced.id, synced.name, synced.namespace, synced.uid) == (
+        early,
+        "early-0",
+        "nct-nri",
+        "uid-early",
+    )
     assert synced.netns == early_st.netns_path and os.path.exists(synced.netns)
     assert early_st.ip in synced.ips
 
@@ -87,8 +96,7 @@ def test_pod_events_reach_the_stub(bridge_network, make_containerd, stubs):
     stop, remove = rec.events_for(pod)[1][1], rec.events_for(pod)[2][1]
     assert (stop.id, stop.name, stop.namespace, stop.uid) == (pod, "web-0", "nct-nri", uid)
     assert stop.netns == status.netns_path  # still there at STOP (CNI DEL comes after)
-    assert (remove.id, remove.name, remove.namespace, remove.uid) == \
-        (pod, "web-0", "nct-nri", uid)
+    assert (remove.id, remove.name, remove.namespace, remove.uid) == (pod, "web-0", "nct-nri", uid)
     assert remove.netns == ""  # containerd sends no netns path at REMOVE
     assert rec.events_for(early) == []
     assert rec.disconnects == 0
@@ -131,7 +139,7 @@ def test_stub_reconnects_after_containerd_restart(bridge_network, make_container
     print(f"containerd restart to resynchronized stub {reconnect:.3f}s")
 
 
-LAUNCHER = '''\
+LAUNCHER = """\
 #!{python}
 # Written by tests/e2e/test_nri_containerd.py: a pre-registered NRI plugin that records what
 # containerd sends into {out}.
@@ -174,7 +182,7 @@ async def main():
         emit("exit")
 
 asyncio.run(main())
-'''
+"""
 
 
 def _read_events(path: Path) -> list[dict]:
@@ -214,8 +222,9 @@ def test_preregistered_plugin_is_launched(bridge_network, make_containerd, tmp_p
     plugin_dir.mkdir()
     out = tmp_path / "launched-events.jsonl"
     launcher = plugin_dir / "10-nctlaunch"
-    launcher.write_text(textwrap.dedent(LAUNCHER).format(python=sys.executable,
-                                                         repo=str(REPO_ROOT), out=str(out)))
+    launcher.write_text(
+        textwrap.dedent(LAUNCHER).format(python=sys.executable, repo=str(REPO_ROOT), out=str(out))
+    )
     launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     try:
         t0 = time.monotonic()
@@ -226,8 +235,11 @@ def test_preregistered_plugin_is_launched(bridge_network, make_containerd, tmp_p
         assert start["kind"] == "start"
         assert (start["name"], start["idx"], start["preregistered"]) == ("nctlaunch", "10", True)
         assert start["env"]["NRI_PLUGIN_SOCKET"] == "3"
-        assert configure == {"kind": "configure", "runtime": "containerd",
-                             "request_timeout": 10000}  # from config/containerd/nri.toml
+        assert configure == {
+            "kind": "configure",
+            "runtime": "containerd",
+            "request_timeout": 10000,
+        }  # from config/containerd/nri.toml
         assert sync == {"kind": "synchronize", "pods": []}
 
         pod = ctd.cri.run_pod("launched-0", "nct-nri", "uid-l0")
@@ -237,8 +249,9 @@ def test_preregistered_plugin_is_launched(bridge_network, make_containerd, tmp_p
         events = _read_events(out)
         pod_events = [e for e in events if e.get("id") == pod]
         assert [e["kind"] for e in pod_events] == ["run", "stop", "remove"]
-        assert all((e["name"], e["namespace"], e["uid"]) == ("launched-0", "nct-nri", "uid-l0")
-                   for e in pod_events)
+        assert all(
+            (e["name"], e["namespace"], e["uid"]) == ("launched-0", "nct-nri", "uid-l0") for e in pod_events
+        )
         assert pod_events[0]["netns"] == status.netns_path
         assert status.ip in pod_events[0]["ips"]
 

@@ -10,6 +10,7 @@ failure_policy "fail" fails the pod (unique pod names: the leaked sandbox keeps 
 
 Subnets: 10.246.128.0/18, one pair per test (containerd's bridge gets a host route).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -51,8 +52,9 @@ class SecondaryNode:
         self.make_containerd = make_containerd
         self.jan = Janitor()
         self.setup = ShimSetup(tmp)  # nri-cni's bin dir (real + fake plugins), state, cache, socket
-        self.primary = make_bridge_network(bridge=unique_name("cb"), subnet=subnets[0],
-                                           name=f"cbr0-{secrets.token_hex(3)}")
+        self.primary = make_bridge_network(
+            bridge=unique_name("cb"), subnet=subnets[0], name=f"cbr0-{secrets.token_hex(3)}"
+        )
         self.net1_subnet = subnets[1]
         self.master, _ = self.jan.veth()
         self.probe_log = tmp / "finalize.log"
@@ -63,25 +65,40 @@ class SecondaryNode:
         self.ctd = None
         self.daemon: NriCni | None = None
         self.leaks = LeakChecker(
-            dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir,
-                  self.primary.ipam_dir],
-            bridges=[self.primary.bridge]).start()
+            dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir, self.primary.ipam_dir],
+            bridges=[self.primary.bridge],
+        ).start()
 
     def fastnet(self, *, master: str | None = None, finalize_plugins: list | None = None) -> dict:
         conflist = {
-            "cniVersion": "1.0.0", "name": "fastnet", "plugins": [
-                {"type": "macvlan", "master": master or self.master, "mode": "bridge",
-                 "ipam": {"type": "host-local", "dataDir": str(self.setup.ipam_dir),
-                          "ranges": [[{"subnet": self.net1_subnet}]]}}]}
+            "cniVersion": "1.0.0",
+            "name": "fastnet",
+            "plugins": [
+                {
+                    "type": "macvlan",
+                    "master": master or self.master,
+                    "mode": "bridge",
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.setup.ipam_dir),
+                        "ranges": [[{"subnet": self.net1_subnet}]],
+                    },
+                }
+            ],
+        }
         if finalize_plugins:
             conflist["finalize_plugins"] = finalize_plugins
         return {"name": "fastnet", "default": True, "conflist": conflist}
 
     def start(self, net: dict | None = None, **extra) -> NriCni:
-        self.ctd = self.make_containerd(cni_conf_dir=self.primary.conf_dir,
-                                        nri_request_timeout=NRI_TIMEOUT)
-        cfg = self.setup.config(self.ctd.nri_socket, [net or self.fastnet()], mode="secondary",
-                                primary_network=self.primary.name, **extra)
+        self.ctd = self.make_containerd(cni_conf_dir=self.primary.conf_dir, nri_request_timeout=NRI_TIMEOUT)
+        cfg = self.setup.config(
+            self.ctd.nri_socket,
+            [net or self.fastnet()],
+            mode="secondary",
+            primary_network=self.primary.name,
+            **extra,
+        )
         cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's; it cannot be moved
         self.daemon = NriCni(self.tmp, cfg).start()
         return self.daemon
@@ -114,7 +131,7 @@ class SecondaryNode:
                 for pod in self.ctd.cri.list_pods():
                     self.ctd.cri.stop_pod(pod.id)
                     self.ctd.cri.remove_pod(pod.id)
-            except Exception as exc:  # noqa: BLE001 - containerd's own cleanup follows
+            except Exception as exc:
                 problems.append(f"removing pods: {exc}")
         if self.daemon is not None:
             self.daemon.stop()
@@ -140,14 +157,18 @@ def make_node(tmp_path, make_bridge_network, make_containerd):
 
 
 def _addrs(netns: str, ifname: str) -> list[str]:
-    out = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["nsenter", f"--net={netns}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
+        capture_output=True,
+        text=True,
+    )
     return [line.split()[3] for line in out.stdout.splitlines()]
 
 
 def _links(netns: str) -> list[str]:
-    out = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "link", "show"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["nsenter", f"--net={netns}", "ip", "-o", "link", "show"], capture_output=True, text=True, check=True
+    )
     return sorted(line.split(": ")[1].split("@")[0] for line in out.stdout.splitlines())
 
 
@@ -188,22 +209,31 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         assert _links(st.netns_path) == ["eth0", "lo", "net1"]
         # containerd's cache holds its own networks (eth0, and lo); nri-cni's holds net1 only
         assert sorted(p.name for p in cni_cache_files(pod)) == sorted(
-            [f"{node.primary.name}-{pod}-eth0", f"cni-loopback-{pod}-lo"])
+            [f"{node.primary.name}-{pod}-eth0", f"cni-loopback-{pod}-lo"]
+        )
         mine = sorted(p.name for p in (node.setup.cache_dir / "results").iterdir() if pod in p.name)
         assert mine == [f"fastnet-{pod}-net1"]
         # FINALIZE ran for the runtime's eth0 and then nri-cni's net1, both interfaces present
-        assert node.probe_calls(pod) == [("FINALIZE", "eth0", "eth0,lo,net1"),
-                                         ("FINALIZE", "net1", "eth0,lo,net1")]
+        assert node.probe_calls(pod) == [
+            ("FINALIZE", "eth0", "eth0,lo,net1"),
+            ("FINALIZE", "net1", "eth0,lo,net1"),
+        ]
     node.leaks.learn()
     assert len(bridge_ports(node.primary.bridge)) == 2
     assert len(host_local_reservations(node.setup.ipam_dir)) == 2
     # containerd's eth0 works between the pods; net1 (macvlan, bridge mode) too
-    ping = subprocess.run(["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2",
-                           statuses[1].ip], capture_output=True, text=True)
+    ping = subprocess.run(
+        ["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2", statuses[1].ip],
+        capture_output=True,
+        text=True,
+    )
     assert ping.returncode == 0, ping.stdout + ping.stderr
     peer_net1 = _addrs(statuses[1].netns_path, "net1")[0].split("/")[0]
-    ping = subprocess.run(["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2",
-                           "-I", "net1", peer_net1], capture_output=True, text=True)
+    ping = subprocess.run(
+        ["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2", "-I", "net1", peer_net1],
+        capture_output=True,
+        text=True,
+    )
     assert ping.returncode == 0, ping.stdout + ping.stderr
     # `nri-cni pods` lists what nri-cni attached: net1, not containerd's eth0
     table = {p["id"]: p for p in daemon.pods()}
@@ -213,7 +243,10 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
     adds = [op for op in daemon.op_lines() if op["op"] == "add" and op["podId"] == pods[0]]
     assert len(adds) == 1 and adds[0]["result"] == "ok", adds
     assert [(n["network"], n["op"]) for n in adds[0]["networks"]] == [
-        ("fastnet", "add"), (node.primary.name, "finalize"), ("fastnet", "finalize")]
+        ("fastnet", "add"),
+        (node.primary.name, "finalize"),
+        ("fastnet", "finalize"),
+    ]
 
     _remove(ctd, pods[0])
     # the other pod is untouched
@@ -222,8 +255,7 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
     _remove(ctd, pods[1])
     _assert_pod_gone_clean(node, pods)
     # NRI stop DELs net1 while the netns exists (before containerd's own DEL)
-    dels = [op for op in daemon.op_lines() if op["op"] == "del" and op["podId"] in pods
-            and op["networks"]]
+    dels = [op for op in daemon.op_lines() if op["op"] == "del" and op["podId"] in pods and op["networks"]]
     assert sorted(op["podId"] for op in dels) == sorted(pods), dels
     assert all(op["result"] == "ok" for op in dels), dels
 
@@ -254,8 +286,10 @@ def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later
     assert daemon.status()["pendingRepair"] == []
     assert _links(st.netns_path) == ["eth0", "lo", "net1"]
     assert _in(_addrs(st.netns_path, "net1")[0], node.net1_subnet)
-    assert node.probe_calls(pod)[-2:] == [("FINALIZE", "eth0", "eth0,lo,net1"),
-                                          ("FINALIZE", "net1", "eth0,lo,net1")]
+    assert node.probe_calls(pod)[-2:] == [
+        ("FINALIZE", "eth0", "eth0,lo,net1"),
+        ("FINALIZE", "net1", "eth0,lo,net1"),
+    ]
     assert [n["interface"] for n in daemon.pods()[0]["networks"]] == ["net1"]
     node.leaks.learn()
     _remove(ctd, pod)
@@ -281,8 +315,14 @@ def test_net1_add_failure_fail_policy_fails_the_pod_cleanly(make_node):
 
 def test_net1_finalize_failure_fail_policy_rolls_net1_back(make_node):
     node = make_node(("10.246.136.0/24", "10.246.137.0/24"))
-    refuse = {"type": "fake-fail", "fake": {"FINALIZE": {"error": {
-        "code": 120, "msg": "nct finalize refuses", "details": "by design of the test"}}}}
+    refuse = {
+        "type": "fake-fail",
+        "fake": {
+            "FINALIZE": {
+                "error": {"code": 120, "msg": "nct finalize refuses", "details": "by design of the test"}
+            }
+        },
+    }
     node.start(node.fastnet(finalize_plugins=[refuse]), failure_policy="fail")
     with pytest.raises(Exception) as err:
         node.run_pod("fin")
@@ -292,8 +332,13 @@ def test_net1_finalize_failure_fail_policy_rolls_net1_back(make_node):
     node.leaks.add_markers(pod)
     # eth0's FINALIZE ran (drop-in), then net1's own finalize plugin failed before the drop-in
     assert node.probe_calls(pod) == [("FINALIZE", "eth0", "eth0,lo,net1")]
-    rollback = [n for op in node.daemon.op_lines() if op["podId"] == pod for n in op["networks"]
-                if n["op"] == "rollback"]
+    rollback = [
+        n
+        for op in node.daemon.op_lines()
+        if op["podId"] == pod
+        for n in op["networks"]
+        if n["op"] == "rollback"
+    ]
     assert [n["network"] for n in rollback] == ["fastnet"]
     _assert_pod_gone_clean(node, [pod])
 
@@ -328,8 +373,10 @@ def test_pod_started_while_nri_cni_was_down_gets_net1_when_it_connects(make_node
     daemon.start()  # Synchronize lists the pod; repair attaches net1 and runs FINALIZE for both
     daemon.wait_idle()
     assert _links(st.netns_path) == ["eth0", "lo", "net1"]
-    assert node.probe_calls(pod) == [("FINALIZE", "eth0", "eth0,lo,net1"),
-                                     ("FINALIZE", "net1", "eth0,lo,net1")]
+    assert node.probe_calls(pod) == [
+        ("FINALIZE", "eth0", "eth0,lo,net1"),
+        ("FINALIZE", "net1", "eth0,lo,net1"),
+    ]
     node.leaks.learn()
     _remove(node.ctd, pod)
     _assert_pod_gone_clean(node, [pod])
@@ -343,8 +390,9 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     (node.setup.bin_dir / "nct-dns").write_text(
         "#!/bin/sh\n"
         f"exec {os.path.realpath(sys.executable)} -IS -c '"
-        "import json,sys; c=json.load(sys.stdin); r=c[\"prevResult\"]; "
-        "r[\"dns\"]={\"nameservers\":[\"10.246.140.53\"]}; print(json.dumps(r))'\n")
+        'import json,sys; c=json.load(sys.stdin); r=c["prevResult"]; '
+        'r["dns"]={"nameservers":["10.246.140.53"]}; print(json.dumps(r))\'\n'
+    )
     (node.setup.bin_dir / "nct-dns").chmod(0o755)
     (node.setup.finalize_dir / "60-dns.conf").write_text('{"type": "nct-dns"}')
     daemon = node.start()
@@ -359,6 +407,7 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     _remove(node.ctd, pod)
     _assert_pod_gone_clean(node, [pod])
     # nri-cni DELs its own network only; containerd's DEL is containerd's
-    deleted = {(n["network"], n["ifname"]) for op in daemon.op_lines() if op["op"] == "del"
-               for n in op["networks"]}
+    deleted = {
+        (n["network"], n["ifname"]) for op in daemon.op_lines() if op["op"] == "del" for n in op["networks"]
+    }
     assert deleted == {("fastnet", "net1")}

@@ -1,12 +1,11 @@
 """Shim mode through real containerd 2.1.9: nri-cni-shim is containerd's only CNI network; the
 daemon attaches the pod's whole plan (bridge eth0, macvlan net1 over a veth master the test made,
 FINALIZE), and containerd reports nri-cni's IP through CRI."""
+
 from __future__ import annotations
 
 import ipaddress
-import os
 import subprocess
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,33 +42,66 @@ def shim_node(tmp_path, make_containerd):
 
     def networks(*, net1_default=False, eth0_subnet="10.246.40.0/24", net1_subnet="10.246.41.0/24"):
         return [
-            {"name": "podnet", "default": True, "conflist": {
-                "cniVersion": "1.1.0", "name": "podnet", "plugins": [
-                    {"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
-                     "ipam": {"type": "host-local", "dataDir": str(setup.ipam_dir),
-                              "ranges": [[{"subnet": eth0_subnet}]]}},
-                    {"type": "portmap", "capabilities": {"portMappings": True}}]}},
-            {"name": "fastnet", "default": net1_default, "namespaces": ["nct-e2e"], "conflist": {
-                "cniVersion": "1.0.0", "name": "fastnet", "plugins": [
-                    {"type": "macvlan", "master": node.master, "mode": "bridge",
-                     "ipam": {"type": "host-local", "dataDir": str(setup.ipam_dir),
-                              "ranges": [[{"subnet": net1_subnet}]]}}]}},
+            {
+                "name": "podnet",
+                "default": True,
+                "conflist": {
+                    "cniVersion": "1.1.0",
+                    "name": "podnet",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": node.bridge,
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "ipam": {
+                                "type": "host-local",
+                                "dataDir": str(setup.ipam_dir),
+                                "ranges": [[{"subnet": eth0_subnet}]],
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                },
+            },
+            {
+                "name": "fastnet",
+                "default": net1_default,
+                "namespaces": ["nct-e2e"],
+                "conflist": {
+                    "cniVersion": "1.0.0",
+                    "name": "fastnet",
+                    "plugins": [
+                        {
+                            "type": "macvlan",
+                            "master": node.master,
+                            "mode": "bridge",
+                            "ipam": {
+                                "type": "host-local",
+                                "dataDir": str(setup.ipam_dir),
+                                "ranges": [[{"subnet": net1_subnet}]],
+                            },
+                        }
+                    ],
+                },
+            },
         ]
 
     def start(nets=None, *, containerd=True, **extra):
-        ctd = make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir]) \
-            if containerd else None
+        ctd = (
+            make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir]) if containerd else None
+        )
         node.ctd = ctd
-        cfg = setup.config(ctd.nri_socket if ctd else str(tmp_path / "nri.sock"),
-                           nets or networks(), **extra)
+        cfg = setup.config(ctd.nri_socket if ctd else str(tmp_path / "nri.sock"), nets or networks(), **extra)
         d = NriCni(tmp_path, cfg)
         daemons.append(d)
         node.daemon = d.start(wait_registered=containerd)
         return node.daemon
 
     node.networks, node.start = networks, start
-    node.leaks = LeakChecker(dirs=[setup.cache_dir, setup.ipam_dir, setup.state_dir],
-                             bridges=[node.bridge]).start()
+    node.leaks = LeakChecker(
+        dirs=[setup.cache_dir, setup.ipam_dir, setup.state_dir], bridges=[node.bridge]
+    ).start()
     yield node
     for d in daemons:
         if d.proc and d.proc.poll() is None:
@@ -85,8 +117,11 @@ def _run_pod(ctd, name, annotations=None):
 
 
 def _addrs(netns_path, ifname):
-    out = subprocess.run(["nsenter", f"--net={netns_path}", "ip", "-o", "-4", "addr", "show", "dev",
-                          ifname], capture_output=True, text=True)
+    out = subprocess.run(
+        ["nsenter", f"--net={netns_path}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
+        capture_output=True,
+        text=True,
+    )
     return [line.split()[3] for line in out.stdout.splitlines()]
 
 
@@ -107,8 +142,11 @@ def test_two_networks_finalize_cri_ip_reachability_and_clean_removal(shim_node):
         assert len(net1) == 1 and ipaddress.ip_interface(net1[0]) in ipaddress.ip_network("10.246.41.0/24")
     node.leaks.learn()
     # the two pods reach each other over nri-cni's bridge
-    ping = subprocess.run(["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2",
-                           statuses[1].ip], capture_output=True, text=True)
+    ping = subprocess.run(
+        ["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2", statuses[1].ip],
+        capture_output=True,
+        text=True,
+    )
     assert ping.returncode == 0, ping.stdout + ping.stderr
     # FINALIZE ran for both networks, after both ADDs: eth0 and net1 both existed each time
     lines = [ln.split() for ln in node.probe_log.read_text().splitlines()]
@@ -168,8 +206,7 @@ def test_annotation_outside_the_allow_list_refuses_the_pod(shim_node):
 
 def test_fifty_pods_eight_at_a_time(shim_node):
     node = shim_node
-    node.start(node.networks(net1_default=True, eth0_subnet="10.246.42.0/24",
-                             net1_subnet="10.246.43.0/24"))
+    node.start(node.networks(net1_default=True, eth0_subnet="10.246.42.0/24", net1_subnet="10.246.43.0/24"))
     ctd, daemon = node.ctd, node.daemon
     names = [f"churn-{i}-{uuid.uuid4().hex[:4]}" for i in range(50)]
     with ThreadPoolExecutor(8) as pool:

@@ -8,6 +8,7 @@ creations cut by the restart fail on the client's side (it retries under a new n
 would); what they attached is DELed by containerd when it gives up on them, or kept while
 containerd lists the pod (NOTREADY), or garbage for the GC after the reconnect.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,7 @@ def test_containerd_restart_in_the_middle_of_a_churn(rnode):
             try:
                 pod = rnode.run_pod(name, ports=i % 2 == 0)
                 break
-            except Exception as exc:  # noqa: BLE001 - containerd is restarting
+            except Exception as exc:
                 retries.append(f"run: {exc}")
                 name = f"churn-{i}-{uuid.uuid4().hex[:6]}"
                 time.sleep(0.25)
@@ -59,7 +60,7 @@ def test_containerd_restart_in_the_middle_of_a_churn(rnode):
             try:
                 rnode.remove_pod(pod)
                 break
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 retries.append(f"remove: {exc}")
                 time.sleep(0.25)
         else:
@@ -90,9 +91,11 @@ def test_containerd_restart_in_the_middle_of_a_churn(rnode):
     existing = {p.id for p in listed}
     ready = {p.id for p in listed if p.ready}
     attached = pod_ids_in(daemon)
-    print(f"restart hit {len(retries)} call(s); containerd lists {len(existing)} pod(s), "
-          f"{len(ready)} ready; gc deleted {len(report['deleted'])}, rolled back "
-          f"{len(report['rolledBack'])}")
+    print(
+        f"restart hit {len(retries)} call(s); containerd lists {len(existing)} pod(s), "
+        f"{len(ready)} ready; gc deleted {len(report['deleted'])}, rolled back "
+        f"{len(report['rolledBack'])}"
+    )
     assert set(kept) <= ready  # (a creation the restart cut may have finished unseen)
     # exactly the attachments of the pods that exist: every running pod whole, nothing else
     assert set(attached) <= existing, set(attached) - existing
@@ -104,12 +107,14 @@ def test_containerd_restart_in_the_middle_of_a_churn(rnode):
     # then GC collected what was left (there is no namespace to keep an interface in).
     torn_down = {op["podId"] for op in daemon.op_lines() if op["op"] == "del"}
     unattached = ready - set(attached)
-    no_netns = {pod for pod in unattached
-                if not os.path.exists(ctd.cri.pod_status(pod).netns_path or "/nonexistent")}
+    no_netns = {
+        pod for pod in unattached if not os.path.exists(ctd.cri.pod_status(pod).netns_path or "/nonexistent")
+    }
     print(f"unattached ready pods: {len(unattached)}, of which without a netns: {len(no_netns)}")
     assert unattached <= torn_down | no_netns, [
         (pod, [(op["op"], op["result"]) for op in daemon.op_lines() if op["podId"] == pod])
-        for pod in unattached - torn_down - no_netns]
+        for pod in unattached - torn_down - no_netns
+    ]
     print(f"ready pods whose network containerd itself tore down: {len(unattached)}")
     assert all(ifs == ["eth0"] for ifs in attached.values())
     assert {r.container_id for r in rnode.reservations()} == set(attached)

@@ -9,6 +9,7 @@ its CNI DEL through the shim, which finds the daemon down; the intent record is 
 start rolls back. Killed mid-DEL, containerd's StopPodSandbox fails until the daemon is back,
 and the cache entry (still there) is what the repeated stop deletes.
 """
+
 from __future__ import annotations
 
 import signal
@@ -23,12 +24,16 @@ from tests.e2e.test_recovery_node import pod_ids_in, rnode  # noqa: F401 (fixtur
 pytestmark = pytest.mark.e2e
 
 ADD_POINTS = [
-    "ADD:podnet:0:before", "ADD:podnet:0:after",      # bridge (+ host-local)
-    "ADD:podnet:1:before", "ADD:podnet:1:after",      # portmap
-    "cache:podnet",                                   # eth0's chain done, not cached yet
-    "ADD:fastnet:0:before", "ADD:fastnet:0:after",    # macvlan (+ host-local)
+    "ADD:podnet:0:before",
+    "ADD:podnet:0:after",  # bridge (+ host-local)
+    "ADD:podnet:1:before",
+    "ADD:podnet:1:after",  # portmap
+    "cache:podnet",  # eth0's chain done, not cached yet
+    "ADD:fastnet:0:before",
+    "ADD:fastnet:0:after",  # macvlan (+ host-local)
     "cache:fastnet",
-    "FINALIZE:podnet:0:before", "FINALIZE:podnet:0:after",  # both networks cached
+    "FINALIZE:podnet:0:before",
+    "FINALIZE:podnet:0:after",  # both networks cached
 ]
 DEL_POINTS = ["DEL:fastnet:0:before", "DEL:podnet:1:after"]
 

@@ -9,6 +9,7 @@ a real one: the rollback stops there (bridge's address stays held), the pod's er
 the intent record keeps what is left to undo, and every GC retries it (reporting the failure)
 until the DEL succeeds.
 """
+
 from __future__ import annotations
 
 import uuid

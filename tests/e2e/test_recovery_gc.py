@@ -9,6 +9,7 @@ failed or missed NRI event does not stop the removal.
 - The reaper: a pod that lived through a containerd restart gets no NRI stop/remove from it
   (containerd#8426); once containerd removed its netns, nri-cni detaches it on its own.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -72,8 +73,12 @@ def test_del_failure_is_reported_and_retried_by_gc(rnode):
     assert _net1_holders(rnode) == {pod}  # macvlan's DEL never ran (ctl is last: it goes first)
 
     # `nri-cni gc` retries the DEL and reports that it still fails (exit status 1)
-    cli = subprocess.run([sys.executable, "-m", "nri_cni.cli", "gc", "--socket", daemon.socket],
-                         capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "gc", "--socket", daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 1, cli
     assert "ctl: DEL fails as told" in cli.stderr and pod in cli.stderr
     assert _net1_holders(rnode) == {pod}

@@ -7,6 +7,7 @@
   pod is still attempted; with status.refuse_when_not_ready the pod is refused with the STATUS
   error (nothing is attached), and accepted again as soon as STATUS passes.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -86,8 +87,12 @@ def test_full_cache_dir_fails_the_add_cleanly(rnode):
 
 
 def _status_cli(daemon) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nri_cni.cli", "status", "--socket", daemon.socket],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "status", "--socket", daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_status_failure_readiness_and_refuse_when_not_ready(rnode):

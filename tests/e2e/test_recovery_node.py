@@ -12,6 +12,7 @@ dir decide: `add-code` (ADD fails with that CNI code), `del-fail` (DEL fails), `
 and the rest succeed. Every call is logged to `calls` as [command, container id, netns, time,
 the GC's valid container ids].
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ from tests.e2e.nricni import NriCni, ShimSetup
 from tests.support.jsonlines import read_json_lines
 from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
 
-CTL_PLUGIN = r'''
+CTL_PLUGIN = r"""
 import json, os, sys, time
 command = os.environ.get("CNI_COMMAND", "")
 raw = sys.stdin.buffer.read()
@@ -62,7 +63,7 @@ elif command == "STATUS" and flag("status-fail"):
     fail(50, "ctl: upstream agent unreachable")
 elif command == "VERSION":
     sys.stdout.write(json.dumps({"cniVersion": "1.1.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]}))
-'''
+"""
 
 
 def install_ctl(bin_dir: Path) -> None:
@@ -105,24 +106,52 @@ class RecoveryNode:
     # -- config ------------------------------------------------------------------------------
 
     def podnet(self, *, extra_plugins=(), finalize=True, version="1.1.0") -> dict:
-        conf = {"cniVersion": version, "name": "podnet", "plugins": [
-            # ipMasq stays off: the bridge plugin skips its masquerade teardown when DEL runs
-            # without a netns (docs/reliability.md, "Known limits")
-            {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
-             "ipam": {"type": "host-local", "dataDir": str(self.setup.ipam_dir),
-                      "ranges": [[{"subnet": self.eth0_subnet}]]}},
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-            *extra_plugins]}
+        conf = {
+            "cniVersion": version,
+            "name": "podnet",
+            "plugins": [
+                # ipMasq stays off: the bridge plugin skips its masquerade teardown when DEL runs
+                # without a netns (docs/reliability.md, "Known limits")
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.setup.ipam_dir),
+                        "ranges": [[{"subnet": self.eth0_subnet}]],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+                *extra_plugins,
+            ],
+        }
         if finalize:
             conf["finalize_plugins"] = [{"type": "fake-finalize", "log": str(self.finalize_log)}]
         return {"name": "podnet", "default": True, "conflist": conf}
 
     def fastnet(self) -> dict:
-        return {"name": "fastnet", "default": True, "conflist": {
-            "cniVersion": "1.0.0", "name": "fastnet", "plugins": [
-                {"type": "macvlan", "master": self.master, "mode": "bridge",
-                 "ipam": {"type": "host-local", "dataDir": str(self.setup.ipam_dir),
-                          "ranges": [[{"subnet": self.net1_subnet}]]}}]}}
+        return {
+            "name": "fastnet",
+            "default": True,
+            "conflist": {
+                "cniVersion": "1.0.0",
+                "name": "fastnet",
+                "plugins": [
+                    {
+                        "type": "macvlan",
+                        "master": self.master,
+                        "mode": "bridge",
+                        "ipam": {
+                            "type": "host-local",
+                            "dataDir": str(self.setup.ipam_dir),
+                            "ranges": [[{"subnet": self.net1_subnet}]],
+                        },
+                    }
+                ],
+            },
+        }
 
     def ctl_plugin(self) -> dict:
         return {"type": "ctl", "control": str(self.control)}
@@ -141,25 +170,26 @@ class RecoveryNode:
     # -- processes ---------------------------------------------------------------------------
 
     def start_containerd(self, **kw):
-        self.ctd = self._make_containerd(cni_conf_dir=self.setup.conf_dir,
-                                         cni_bin_dirs=[self.setup.bin_dir], **kw)
+        self.ctd = self._make_containerd(
+            cni_conf_dir=self.setup.conf_dir, cni_bin_dirs=[self.setup.bin_dir], **kw
+        )
         return self.ctd
 
     def start_secondary(self, net1: dict, **extra) -> NriCni:
         """containerd with its own bridge network (eth0) and nri-cni in secondary mode adding
         `net1` in NRI RunPodSandbox."""
-        self.primary = self._make_bridge_network(bridge=unique_name("cb"), subnet=self.eth0_subnet,
-                                                 name=f"cbr0-{uuid.uuid4().hex[:6]}")
+        self.primary = self._make_bridge_network(
+            bridge=unique_name("cb"), subnet=self.eth0_subnet, name=f"cbr0-{uuid.uuid4().hex[:6]}"
+        )
         # generous: a timed-out NRI request would make containerd run a pod without nri-cni
-        self.ctd = self._make_containerd(cni_conf_dir=self.primary.conf_dir,
-                                         nri_request_timeout="15s")
-        cfg = self.daemon_config([net1], mode="secondary", primary_network=self.primary.name,
-                                 **extra)
+        self.ctd = self._make_containerd(cni_conf_dir=self.primary.conf_dir, nri_request_timeout="15s")
+        cfg = self.daemon_config([net1], mode="secondary", primary_network=self.primary.name, **extra)
         cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's; it cannot be moved
         return self.start_daemon(cfg)
 
-    def daemon_config(self, networks: list[dict], *, mode: str = "shim", nri_socket: str | None = None,
-                      **extra) -> dict:
+    def daemon_config(
+        self, networks: list[dict], *, mode: str = "shim", nri_socket: str | None = None, **extra
+    ) -> dict:
         extra.setdefault("gc", {"interval": 0})
         extra.setdefault("status", {"interval": 0})
         return self.setup.config(nri_socket or self.ctd.nri_socket, networks, mode=mode, **extra)
@@ -205,12 +235,18 @@ class RecoveryNode:
             return []
 
     def leak_checker(self, *netns) -> LeakChecker:
-        return LeakChecker(dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir],
-                           bridges=[self.bridge], netns=list(netns))
+        return LeakChecker(
+            dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir],
+            bridges=[self.bridge],
+            netns=list(netns),
+        )
 
     def run_pod(self, name: str, *, ports: bool = True, **kw) -> str:
-        pm = [{"protocol": "tcp", "container_port": 80, "host_port": random.randrange(20000, 40000)}] \
-            if ports else []
+        pm = (
+            [{"protocol": "tcp", "container_port": 80, "host_port": random.randrange(20000, 40000)}]
+            if ports
+            else []
+        )
         return self.ctd.cri.run_pod(name, "nct-e2e", str(uuid.uuid4()), port_mappings=pm, **kw)
 
     def remove_pod(self, pod_id: str) -> None:
@@ -220,17 +256,16 @@ class RecoveryNode:
     def cleanup(self) -> list[str]:
         """Also after a failed test: the pods go through the daemon while it runs (their DELs
         release what they hold), then a GC finds nothing valid left."""
-        alive = self.daemon is not None and self.daemon.proc is not None \
-            and self.daemon.proc.poll() is None
+        alive = self.daemon is not None and self.daemon.proc is not None and self.daemon.proc.poll() is None
         if alive and self.ctd is not None and self.ctd.running:
             try:
                 for pod in self.ctd.cri.list_pods():
                     try:
                         self.remove_pod(pod.id)
-                    except Exception:  # noqa: BLE001 - best effort; containerd's cleanup retries
+                    except Exception:
                         pass
                 self.daemon.ask("gc")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         for d in self.daemons:
             if d.proc and d.proc.poll() is None:

@@ -8,6 +8,7 @@ pod in memory (`nri-cni status`: tracked). The figures are printed (pytest -s sh
 One network (bridge, host-local, portmap) keeps the 2-CPU run near a minute and a half: what a
 pod costs is containerd's and runc's work and the kernel's (netns, veth), not nri-cni's.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,10 +81,12 @@ def test_soak_500_pods_8_at_a_time(rnode):
     t2 = time.monotonic()
 
     growth = (at_end["rss"] - after_first["rss"]) / after_first["rss"]
-    print(f"\nsoak: nri-cni RSS at start {started['rss']} KiB, after {FIRST} pods "
-          f"{after_first['rss']} KiB, after {PODS} pods {at_end['rss']} KiB "
-          f"({growth:+.1%}); fds {after_first['fds']} -> {at_end['fds']}; "
-          f"{FIRST} pods in {t1 - t0:.1f}s, {PODS - FIRST} in {t2 - t1:.1f}s")
+    print(
+        f"\nsoak: nri-cni RSS at start {started['rss']} KiB, after {FIRST} pods "
+        f"{after_first['rss']} KiB, after {PODS} pods {at_end['rss']} KiB "
+        f"({growth:+.1%}); fds {after_first['fds']} -> {at_end['fds']}; "
+        f"{FIRST} pods in {t1 - t0:.1f}s, {PODS - FIRST} in {t2 - t1:.1f}s"
+    )
     assert at_end["rss"] <= after_first["rss"] * 1.10
     assert at_end["fds"] == after_first["fds"]
     assert at_end["children"] == 0

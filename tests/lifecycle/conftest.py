@@ -1,6 +1,7 @@
 """Fixtures for the network lifecycle tests: a bin dir with the lifecycle test plugin
 (tests/plugins/lifecycle_plugin.py), the fake plugin, and optionally the real plugins behind a
 spy that logs every CNI_COMMAND they are run with."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,7 @@ def spy_on_real_plugins(bin_dir: Path, log: Path) -> None:
             continue
         real = os.path.realpath(entry)
         entry.unlink()
-        entry.write_text(f'#!/bin/sh\necho "{entry.name} $CNI_COMMAND" >> "{log}"\n'
-                         f'exec "{real}" "$@"\n')
+        entry.write_text(f'#!/bin/sh\necho "{entry.name} $CNI_COMMAND" >> "{log}"\nexec "{real}" "$@"\n')
         entry.chmod(0o755)
 
 
@@ -54,8 +54,9 @@ class Calls:
         return read_json_lines(self.path)
 
     def verbs(self, *commands: str, network: str | None = None) -> list[dict]:
-        return [c for c in self.all() if c["command"] in commands
-                and (network is None or c["name"] == network)]
+        return [
+            c for c in self.all() if c["command"] in commands and (network is None or c["name"] == network)
+        ]
 
     def seq(self, network: str | None = None) -> list[tuple[str, str]]:
         """(command, generation) of each INIT/DEINIT, in order."""
@@ -97,6 +98,7 @@ def world(tmp_path) -> LcWorld:
 
 
 # -- a whole node: real plugins (spied on), the daemon, the NRI test double ---------------------
+
 
 @pytest.fixture
 def lnode(tmp_path):

@@ -1,6 +1,7 @@
 """The lifecycle and hot reload in a running daemon (NRI-native mode, the NRI test double), with
 the real bridge and host-local plugins and the lifecycle test plugin, which creates the host
 bridge at INIT and removes it at DEINIT."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,12 +22,31 @@ pytestmark = pytest.mark.netns
 def lifecycle_net(node, name: str, subnet: str, bridge: str, **plugin_keys) -> dict:
     """bridge + host-local, then the lifecycle plugin owning the bridge's existence."""
     node.jan.track_link(bridge)
-    return {"cniVersion": "1.1.0", "name": name, "plugins": [
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
-         "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir), "ranges": [[{"subnet": subnet}]]}},
-        {"type": "lifecycle-test", "bridge": bridge, "log": str(node.lc.path),
-         "counter": str(node.tmp / "counter"), "cni.dev/lifecycle": ["init", "deinit"], **plugin_keys},
-    ]}
+    return {
+        "cniVersion": "1.1.0",
+        "name": name,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(node.ipam_dir),
+                    "ranges": [[{"subnet": subnet}]],
+                },
+            },
+            {
+                "type": "lifecycle-test",
+                "bridge": bridge,
+                "log": str(node.lc.path),
+                "counter": str(node.tmp / "counter"),
+                "cni.dev/lifecycle": ["init", "deinit"],
+                **plugin_keys,
+            },
+        ],
+    }
 
 
 def node_config(node, networks: list[dict], **extra) -> dict:
@@ -61,6 +81,7 @@ async def reconfigure(h: DaemonHarness, node, cfg: dict) -> None:
 
 def gen_of(conflist: dict) -> str:
     from nri_cni.cni.config import parse_conflist
+
     return generation_id(parse_conflist(conflist).bytes)
 
 
@@ -83,8 +104,13 @@ def test_init_and_deinit_across_start_reload_pods_removal_and_restart(lnode):
     blue = lifecycle_net(node, "blue", "10.245.1.0/24", br_blue, tag="blue-1")
     green = lifecycle_net(node, "green", "10.245.2.0/24", br_green, tag="green-1")
     with_blue = node_config(node, [{"name": "blue", "default": True, "conflist": blue}])
-    with_green = node_config(node, [{"name": "blue", "default": True, "conflist": blue},
-                                    {"name": "green", "namespaces": ["default"], "conflist": green}])
+    with_green = node_config(
+        node,
+        [
+            {"name": "blue", "default": True, "conflist": blue},
+            {"name": "green", "namespaces": ["default"], "conflist": green},
+        ],
+    )
     write_config(node, with_blue)
     p1 = pod_message(new_pod_id(), ns1.path)
     p2 = pod_message(new_pod_id(), ns2.path, annotations={"k8s.v1.cni.cncf.io/networks": "green"})
@@ -114,8 +140,7 @@ def test_init_and_deinit_across_start_reload_pods_removal_and_restart(lnode):
             assert node.lc.seq() == [("INIT", gen_of(blue)), ("INIT", gen_of(green))]  # no repeat
             await h.runtime.stop_pod_sandbox(p2)  # DEL of green from the cache, then DEINIT
             await h.runtime.remove_pod_sandbox(p2)
-            await until(lambda: "green" not in h.daemon.status_report()["lifecycle"],
-                        what="DEINIT of green")
+            await until(lambda: "green" not in h.daemon.status_report()["lifecycle"], what="DEINIT of green")
             assert not await bridge_exists(br_green)
             await h.runtime.stop_pod_sandbox(p1)
             await h.runtime.remove_pod_sandbox(p1)
@@ -160,18 +185,19 @@ def test_a_changed_network_keeps_old_attachments_on_their_config_until_their_del
             await h.runtime.run_pod_sandbox(p2)  # the new generation
             await h.runtime.stop_pod_sandbox(p1)  # DEL with v1, from the cache
             await h.runtime.remove_pod_sandbox(p1)
-            await until(lambda: not h.daemon.status_report()["lifecycle"]["blue"]["retired"],
-                        what="DEINIT of v1")
+            await until(
+                lambda: not h.daemon.status_report()["lifecycle"]["blue"]["retired"], what="DEINIT of v1"
+            )
             assert await bridge_exists(bridge)  # v2 names the same bridge and is live: kept
             await h.runtime.stop_pod_sandbox(p2)
             await h.runtime.remove_pod_sandbox(p2)
 
     run(scenario())
     calls = node.lc.all()
-    by_pod = {(c["command"], c["env"]["CNI_CONTAINERID"]): c["tag"] for c in calls
-              if c["command"] in ("ADD", "DEL")}
-    assert by_pod == {("ADD", p1.id): "v1", ("DEL", p1.id): "v1",
-                      ("ADD", p2.id): "v2", ("DEL", p2.id): "v2"}
+    by_pod = {
+        (c["command"], c["env"]["CNI_CONTAINERID"]): c["tag"] for c in calls if c["command"] in ("ADD", "DEL")
+    }
+    assert by_pod == {("ADD", p1.id): "v1", ("DEL", p1.id): "v1", ("ADD", p2.id): "v2", ("DEL", p2.id): "v2"}
     deinit = calls[index_of(calls, "DEINIT", "blue")]
     assert deinit["tag"] == "v1" and deinit["others"] == [gen_of(v2)] and deinit.get("kept") is None
     assert any(c.get("kept") for c in calls)
@@ -183,8 +209,12 @@ def test_pods_fail_with_the_init_error_until_a_retry_succeeds_and_nothing_leaks(
     ns = node.jan.netns()
     bridge = unique_name("lb")
     blue = lifecycle_net(node, "blue", "10.245.4.0/24", bridge, fail_init=2)
-    cfg = node_config(node, [{"name": "blue", "default": True, "conflist": blue}],
-                      failure_policy="fail", lifecycle={"retry_initial": "1s", "retry_max": "2s"})
+    cfg = node_config(
+        node,
+        [{"name": "blue", "default": True, "conflist": blue}],
+        failure_policy="fail",
+        lifecycle={"retry_initial": "1s", "retry_max": "2s"},
+    )
     write_config(node, cfg)
     pod = pod_message(new_pod_id(), ns.path)
     checker = node.leak_checker(ns).start()
@@ -204,11 +234,15 @@ def test_pods_fail_with_the_init_error_until_a_retry_succeeds_and_nothing_leaks(
                 h.daemon.check_ready()
             assert st.value.code == CniCode.PLUGIN_NOT_AVAILABLE
             code, payload = await asyncio.to_thread(  # `nri-cni status` over the local socket
-                localproto.call, str(node.tmp / "daemon.sock"), {localproto.OP_KEY: "status"})
+                localproto.call, str(node.tmp / "daemon.sock"), {localproto.OP_KEY: "status"}
+            )
             assert code == 0 and b"INIT failed" in payload
 
-            await until(lambda: h.daemon.status_report()["networks"]["blue"]["ready"],
-                        timeout=15, what="INIT retried until it succeeds")
+            await until(
+                lambda: h.daemon.status_report()["networks"]["blue"]["ready"],
+                timeout=15,
+                what="INIT retried until it succeeds",
+            )
             h.daemon.check_ready()
             resp = await h.runtime.run_pod_sandbox(pod)  # the runtime's retry of the pod
             checker.add_markers(*resp.adjust.network.ips)
@@ -244,12 +278,20 @@ def test_a_malformed_config_written_while_pods_run_is_refused_and_pods_keep_work
             assert refused.startswith(f"{path}:") and "not valid YAML" in refused
             assert h.daemon.cfg is running
 
-            bad = node_config(node, [{"name": "blue", "default": True, "conflist": blue},
-                                     {"name": "nope", "conflist": {"cniVersion": "1.1.0", "name": "x",
-                                                                   "plugins": [{"type": "bridge"}]}}])
+            bad = node_config(
+                node,
+                [
+                    {"name": "blue", "default": True, "conflist": blue},
+                    {
+                        "name": "nope",
+                        "conflist": {"cniVersion": "1.1.0", "name": "x", "plugins": [{"type": "bridge"}]},
+                    },
+                ],
+            )
             write_config(node, bad)  # parses, does not validate: refused as a whole
-            await until(lambda: "networks[1].conflist" in h.daemon.reloader.state.refused,
-                        what="second refusal")
+            await until(
+                lambda: "networks[1].conflist" in h.daemon.reloader.state.refused, what="second refusal"
+            )
             assert h.daemon.cfg is running
 
             resp = await h.runtime.run_pod_sandbox(p2)  # pods keep working on the running config
@@ -271,8 +313,13 @@ def test_deinit_of_a_removed_network_follows_the_gc_of_a_pod_the_runtime_lost(ln
     br_blue, br_green = unique_name("lb"), unique_name("lg")
     blue = lifecycle_net(node, "blue", "10.245.6.0/24", br_blue)
     green = lifecycle_net(node, "green", "10.245.7.0/24", br_green)
-    both = node_config(node, [{"name": "blue", "default": True, "conflist": blue},
-                              {"name": "green", "namespaces": ["default"], "conflist": green}])
+    both = node_config(
+        node,
+        [
+            {"name": "blue", "default": True, "conflist": blue},
+            {"name": "green", "namespaces": ["default"], "conflist": green},
+        ],
+    )
     only_blue = node_config(node, [{"name": "blue", "default": True, "conflist": blue}])
     write_config(node, both)
     pod = pod_message(new_pod_id(), ns.path, annotations={"k8s.v1.cni.cncf.io/networks": "green"})
@@ -283,8 +330,7 @@ def test_deinit_of_a_removed_network_follows_the_gc_of_a_pod_the_runtime_lost(ln
         write_config(node, only_blue)  # changed while nri-cni is down
         # back up: the runtime lost the pod meanwhile, GC (on Synchronize) DELs it, then DEINIT
         async with DaemonHarness(node, only_blue, pods=[]) as h:
-            await until(lambda: "green" not in h.daemon.status_report()["lifecycle"],
-                        what="DEINIT of green")
+            await until(lambda: "green" not in h.daemon.status_report()["lifecycle"], what="DEINIT of green")
             assert not await bridge_exists(br_green)
 
     run(scenario())

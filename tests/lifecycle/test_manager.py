@@ -1,5 +1,6 @@
 """NetworkLifecycle against the real executor and the lifecycle test plugin (no namespaces):
 INIT once per generation, leases, retries, DEINIT after the last attachment, restarts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,7 @@ import pytest
 
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.errors import CniCode, CNIError
-from nri_cni.lifecycle import (GenerationRecord, NetworkLifecycle, RecordStore, VerbRunner,
-                               generation_id)
+from nri_cni.lifecycle import GenerationRecord, NetworkLifecycle, RecordStore, VerbRunner, generation_id
 
 
 class Attachments:
@@ -30,9 +30,13 @@ class Attachments:
 
 def manager(world, attachments=None, **kw) -> NetworkLifecycle:
     cni = CNIRuntime([str(world.bin_dir)], str(world.cache_dir), exec_timeout=20)
-    return NetworkLifecycle(VerbRunner(cni), RecordStore(str(world.state_dir)),
-                            attachments or Attachments(), retry_initial=kw.get("retry_initial", 0.05),
-                            retry_max=kw.get("retry_max", 0.2))
+    return NetworkLifecycle(
+        VerbRunner(cni),
+        RecordStore(str(world.state_dir)),
+        attachments or Attachments(),
+        retry_initial=kw.get("retry_initial", 0.05),
+        retry_max=kw.get("retry_max", 0.2),
+    )
 
 
 def gid(net) -> str:
@@ -65,8 +69,14 @@ def test_init_once_per_generation_with_the_network_config_and_survives_a_restart
         assert world.calls.seq() == [("INIT", gid(a))]
         call = world.calls.verbs("INIT")[0]
         assert call["name"] == "neta" and call["tag"] == 1 and call["others"] == []
-        assert call["env"] == {"CNI_COMMAND": "INIT", "CNI_CONTAINERID": "", "CNI_NETNS": "",
-                               "CNI_IFNAME": "", "CNI_ARGS": "", "CNI_PATH": str(world.bin_dir)}
+        assert call["env"] == {
+            "CNI_COMMAND": "INIT",
+            "CNI_CONTAINERID": "",
+            "CNI_NETNS": "",
+            "CNI_IFNAME": "",
+            "CNI_ARGS": "",
+            "CNI_PATH": str(world.bin_dir),
+        }
         assert records(world)[f"neta/{gid(a)}"]["phase"] == "ready"
 
         lc = manager(world)  # nri-cni restarted: INIT already ran for this generation
@@ -214,8 +224,9 @@ def test_a_failed_deinit_is_retried_and_blocks_no_other_network(world):
         await lc.start([gone])
         await lc.idle()
         lc.update([other])
-        await until(lambda: lc.report().get("gone", {}).get("retired", [{}])[0].get("state")
-                    == "deinit failed")
+        await until(
+            lambda: lc.report().get("gone", {}).get("retired", [{}])[0].get("state") == "deinit failed"
+        )
         await until(lambda: lc.report()["other"]["state"] == "ready")  # not held up
         report = lc.report()["gone"]["retired"][0]
         assert "fails on purpose" in report["error"] and report["failures"] >= 1
@@ -254,12 +265,15 @@ def test_networks_proceed_in_parallel_and_one_network_never_overlaps(world):
 
 
 def test_only_plugins_that_declare_a_verb_get_it_in_add_and_del_order(world):
-    net = world.net("mixed", world.fake(),
-                    world.plugin("lifecycle-test", tag="first"),
-                    world.plugin("lifecycle-test2", tag="second"),
-                    world.plugin("lifecycle-test", verbs=["init"], tag="init-only"),
-                    world.plugin("lifecycle-test2", verbs=["deinit"], tag="deinit-only"),
-                    world.plugin("lifecycle-test", verbs=None, tag="undeclared"))
+    net = world.net(
+        "mixed",
+        world.fake(),
+        world.plugin("lifecycle-test", tag="first"),
+        world.plugin("lifecycle-test2", tag="second"),
+        world.plugin("lifecycle-test", verbs=["init"], tag="init-only"),
+        world.plugin("lifecycle-test2", verbs=["deinit"], tag="deinit-only"),
+        world.plugin("lifecycle-test", verbs=None, tag="undeclared"),
+    )
 
     async def scenario():
         lc = manager(world)
@@ -269,8 +283,14 @@ def test_only_plugins_that_declare_a_verb_get_it_in_add_and_del_order(world):
         await lc.idle()
         await lc.close()
         tags = [(c["command"], c["tag"]) for c in world.calls.verbs("INIT", "DEINIT")]
-        assert tags == [("INIT", "first"), ("INIT", "second"), ("INIT", "init-only"),
-                        ("DEINIT", "deinit-only"), ("DEINIT", "second"), ("DEINIT", "first")]
+        assert tags == [
+            ("INIT", "first"),
+            ("INIT", "second"),
+            ("INIT", "init-only"),
+            ("DEINIT", "deinit-only"),
+            ("DEINIT", "second"),
+            ("DEINIT", "first"),
+        ]
         assert not world.fake_log.exists()  # the plugin without the key was never run
 
     asyncio.run(scenario())
@@ -324,8 +344,9 @@ def test_records_survive_torn_writes_and_keep_unreadable_files(world, caplog):
     (netdir / ".torn.123.0.tmp").write_text("{")  # a crash mid-write: the old record stands
     (netdir / "ffffffffffffffff.json").write_text("not json")
     loaded = store.load_all()
-    assert [(r.network, r.generation, r.phase, r.config) for r in loaded] == \
-        [("neta", gid(a), "ready", a.bytes)]
+    assert [(r.network, r.generation, r.phase, r.config) for r in loaded] == [
+        ("neta", gid(a), "ready", a.bytes)
+    ]
     assert not (netdir / ".torn.123.0.tmp").exists()
     assert (netdir / "ffffffffffffffff.json").exists()  # kept for a person: a DEINIT may be owed
     assert "unreadable" in caplog.text
@@ -338,7 +359,14 @@ def test_the_cache_counter_counts_attachments_per_generation(world):
     one, two = world.net("neta", world.plugin(tag=1)), world.net("neta", world.plugin(tag=2))
     cache = ResultCache(str(world.cache_dir))
     for cid, net in (("c1", one), ("c2", one), ("c3", two)):
-        cache.write(CacheEntry(container_id=cid, ifname="eth0", network_name="neta", config=net.bytes,
-                               result={"cniVersion": "1.1.0"}))
+        cache.write(
+            CacheEntry(
+                container_id=cid,
+                ifname="eth0",
+                network_name="neta",
+                config=net.bytes,
+                result={"cniVersion": "1.1.0"},
+            )
+        )
     counts = asyncio.run(cache_counter(cache)())
     assert counts == Counter({("neta", gid(one)): 2, ("neta", gid(two)): 1})

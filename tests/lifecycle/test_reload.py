@@ -1,5 +1,6 @@
 """Hot reload without a daemon: ConfigReloader with a recording `apply`, inotify and the rescan,
 refusals with locations, drop-in plugin directories (libcni 1.3) and `_finalize.d`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,11 @@ def base_config(tmp, networks, **extra) -> dict:
         "nri": {"socket": str(tmp / "nri.sock")},
         "daemon": {"socket": str(tmp / "daemon.sock")},
         "state_dir": str(tmp / "state"),
-        "cni": {"bin_dirs": [str(tmp / "bin")], "cache_dir": str(tmp / "cache"),
-                "finalize_dir": str(tmp / "net.d" / "_finalize.d")},
+        "cni": {
+            "bin_dirs": [str(tmp / "bin")],
+            "cache_dir": str(tmp / "cache"),
+            "finalize_dir": str(tmp / "net.d" / "_finalize.d"),
+        },
         "reload": {"watch": True, "rescan_interval": 0, "debounce": "50ms"},
         "networks": networks,
         **extra,
@@ -33,9 +37,11 @@ def base_config(tmp, networks, **extra) -> dict:
 
 
 def inline(name, *, default=False, plugin_type="fake-ok", **keys) -> dict:
-    return {"name": name, "default": default,
-            "conflist": {"cniVersion": "1.1.0", "name": name,
-                         "plugins": [{"type": plugin_type, **keys}]}}
+    return {
+        "name": name,
+        "default": default,
+        "conflist": {"cniVersion": "1.1.0", "name": name, "plugins": [{"type": plugin_type, **keys}]},
+    }
 
 
 def write(path, text: str) -> None:
@@ -143,8 +149,12 @@ def test_a_change_with_one_bad_network_is_refused_as_a_whole(tmp_path):
     async def scenario():
         reloader, applied = start(path)
         await reloader.start()
-        write(path, yaml.safe_dump(base_config(tmp_path, [inline("one", default=True), inline("two"),
-                                                          bad_lifecycle])))
+        write(
+            path,
+            yaml.safe_dump(
+                base_config(tmp_path, [inline("one", default=True), inline("two"), bad_lifecycle])
+            ),
+        )
         await quiet(reloader)
         assert applied.configs == [] and [n.name for n in reloader.cfg.networks] == ["one"]
         refused = reloader.report()["refused"]
@@ -179,8 +189,11 @@ def test_drop_in_plugins_are_appended_reloaded_and_turned_off_by_load_only_inlin
     base = {"cniVersion": "1.1.0", "name": "dropnet", "plugins": [{"type": "fake-ok", "n": 0}]}
     (conf_dir / "10-dropnet.conflist").write_text(json.dumps(base))
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(base_config(tmp_path, [
-        {"name": "dropnet", "default": True, "conf_dir": str(conf_dir)}])))
+    path.write_text(
+        yaml.safe_dump(
+            base_config(tmp_path, [{"name": "dropnet", "default": True, "conf_dir": str(conf_dir)}])
+        )
+    )
 
     async def scenario():
         reloader, applied = start(path)
@@ -259,10 +272,13 @@ def test_the_dir_watcher_reports_changes_and_skips_missing_dirs(tmp_path):
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("value, message", [
-    ("init", "must be a list"),
-    (["init", "start"], "unknown verb"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("init", "must be a list"),
+        (["init", "start"], "unknown verb"),
+    ],
+)
 def test_a_bad_lifecycle_key_is_a_config_error_with_its_location(tmp_path, value, message):
     from nri_cni.config import parse_config
     from nri_cni.errors import ConfigError

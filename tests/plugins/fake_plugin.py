@@ -32,8 +32,12 @@ if act is None:
         res.setdefault("interfaces", []).append({"name": conf.get("type")})
         act = {"result": res}
     elif command == "VERSION":
-        act = {"result": {"cniVersion": "1.1.0", "supportedVersions": [
-            "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}}
+        act = {
+            "result": {
+                "cniVersion": "1.1.0",
+                "supportedVersions": ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"],
+            }
+        }
     else:
         act = {}
 if "stderr" in act:

@@ -33,19 +33,24 @@ def log_call(**extra):
     path = conf.get("log")
     if not path:
         return
-    line = {"command": command, "generation": conf.get("cni.dev/generation"),
-            "others": [o["generation"] for o in conf.get("cni.dev/other-generations", [])],
-            "tag": conf.get("tag"), "bridge": bridge, "name": conf.get("name"),
-            "env": {k: v for k, v in os.environ.items() if k.startswith("CNI_")},
-            "t": time.time(), **extra}
+    line = {
+        "command": command,
+        "generation": conf.get("cni.dev/generation"),
+        "others": [o["generation"] for o in conf.get("cni.dev/other-generations", [])],
+        "tag": conf.get("tag"),
+        "bridge": bridge,
+        "name": conf.get("name"),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("CNI_")},
+        "t": time.time(),
+        **extra,
+    }
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.write(fd, json.dumps(line).encode() + b"\n")
     os.close(fd)
 
 
 def fail(code, msg):
-    sys.stdout.write(json.dumps({"cniVersion": conf.get("cniVersion", "1.1.0"), "code": code,
-                                 "msg": msg}))
+    sys.stdout.write(json.dumps({"cniVersion": conf.get("cniVersion", "1.1.0"), "code": code, "msg": msg}))
     sys.exit(1)
 
 
@@ -76,8 +81,10 @@ def ip(*args):
 
 
 def shares_bridge(other):
-    return any(p.get("type") == conf.get("type") and p.get("bridge") == bridge
-               for p in other["config"].get("plugins", []))
+    return any(
+        p.get("type") == conf.get("type") and p.get("bridge") == bridge
+        for p in other["config"].get("plugins", [])
+    )
 
 
 def hold_network():
@@ -96,6 +103,7 @@ def hold_network():
 if command in ("INIT", "DEINIT"):
     release = hold_network()
     import atexit
+
     atexit.register(release)  # also on sys.exit() from fail()
 
 if command == "VERSION":

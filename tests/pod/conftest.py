@@ -4,6 +4,7 @@
 from Debian sid plus the scriptable fake plugin (tests/plugins/fake_plugin.py) under a few names,
 and a DaemonHarness that runs `Daemon` in-process against the runtime-side NRI double.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +19,9 @@ import pytest
 from nri_cni.api import nri_pb2
 from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon
+from tests.support.jsonlines import read_json_lines
 from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
 from tests.support.nri_runtime import NriRuntime
-from tests.support.jsonlines import read_json_lines
 
 DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
 REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
@@ -42,10 +43,16 @@ def install_bin_dir(path: Path) -> Path:
     return path
 
 
-def pod_message(pod_id: str, netns: str, *, name: str = "", namespace: str = "default",
-                annotations: dict | None = None) -> nri_pb2.PodSandbox:
-    pod = nri_pb2.PodSandbox(id=pod_id, name=name or f"pod-{pod_id[:6]}", namespace=namespace,
-                             uid=str(uuid.uuid4()), annotations=annotations or {})
+def pod_message(
+    pod_id: str, netns: str, *, name: str = "", namespace: str = "default", annotations: dict | None = None
+) -> nri_pb2.PodSandbox:
+    pod = nri_pb2.PodSandbox(
+        id=pod_id,
+        name=name or f"pod-{pod_id[:6]}",
+        namespace=namespace,
+        uid=str(uuid.uuid4()),
+        annotations=annotations or {},
+    )
     if netns:
         pod.linux.namespaces.add(type="network", path=netns)
     return pod
@@ -72,18 +79,43 @@ class Node:
     def bridge_net(self, name: str, subnet: str, *, bridge: str | None = None, **extra) -> dict:
         bridge = bridge or unique_name("br")
         self.jan.track_link(bridge)
-        return {"cniVersion": "1.1.0", "name": name, **extra, "plugins": [
-            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
-             "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
-                      "ranges": [[{"subnet": subnet}]]}},
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-        ]}
+        return {
+            "cniVersion": "1.1.0",
+            "name": name,
+            **extra,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.ipam_dir),
+                        "ranges": [[{"subnet": subnet}]],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
 
     def macvlan_net(self, name: str, subnet: str, master: str) -> dict:
-        return {"cniVersion": "1.1.0", "name": name, "plugins": [
-            {"type": "macvlan", "master": master, "mode": "bridge",
-             "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
-                      "ranges": [[{"subnet": subnet}]]}}]}
+        return {
+            "cniVersion": "1.1.0",
+            "name": name,
+            "plugins": [
+                {
+                    "type": "macvlan",
+                    "master": master,
+                    "mode": "bridge",
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.ipam_dir),
+                        "ranges": [[{"subnet": subnet}]],
+                    },
+                }
+            ],
+        }
 
     def fake(self, name: str = "fake-finalize", **behaviour) -> dict:
         """A fake plugin config logging to self.log; behaviour as in fake_plugin.py ("fake")."""
@@ -101,16 +133,22 @@ class Node:
             "nri": {"socket": str(self.tmp / "nri.sock")},
             "daemon": {"socket": str(self.tmp / "daemon.sock")},
             "state_dir": str(self.state_dir),
-            "cni": {"bin_dirs": [str(self.bin_dir)], "cache_dir": str(self.cache_dir),
-                    "finalize_dir": str(self.finalize_dir), "plugin_timeout": "20s"},
+            "cni": {
+                "bin_dirs": [str(self.bin_dir)],
+                "cache_dir": str(self.cache_dir),
+                "finalize_dir": str(self.finalize_dir),
+                "plugin_timeout": "20s",
+            },
             "networks": networks,
-            "gc": {"interval": 0}, "status": {"interval": 0},
+            "gc": {"interval": 0},
+            "status": {"interval": 0},
             **extra,
         }
 
     def leak_checker(self, *netns) -> LeakChecker:
-        return LeakChecker(dirs=[self.cache_dir, self.ipam_dir, self.state_dir / "intents"],
-                           netns=list(netns))
+        return LeakChecker(
+            dirs=[self.cache_dir, self.ipam_dir, self.state_dir / "intents"], netns=list(netns)
+        )
 
     def reservations(self):
         return host_local_reservations(self.ipam_dir) if self.ipam_dir.exists() else []
@@ -119,17 +157,28 @@ class Node:
 class DaemonHarness:
     """`nri-cni run` in-process, connected to the runtime-side NRI double."""
 
-    def __init__(self, node: Node, cfg: dict, *, runtime_name: str = "nri-test-double",
-                 runtime_version: str = "1.0.0", pods=()) -> None:
+    def __init__(
+        self,
+        node: Node,
+        cfg: dict,
+        *,
+        runtime_name: str = "nri-test-double",
+        runtime_version: str = "1.0.0",
+        pods=(),
+    ) -> None:
         self.node = node
         self.cfg = parse_config(cfg, str(node.tmp / "config.yaml"))
-        self.runtime = NriRuntime(self.cfg.nri.socket, runtime_name=runtime_name,
-                                  runtime_version=runtime_version, request_timeout_ms=20000,
-                                  pods=pods)
+        self.runtime = NriRuntime(
+            self.cfg.nri.socket,
+            runtime_name=runtime_name,
+            runtime_version=runtime_version,
+            request_timeout_ms=20000,
+            pods=pods,
+        )
         self.daemon: Daemon | None = None
         self.task: asyncio.Task | None = None
 
-    async def start(self) -> "DaemonHarness":
+    async def start(self) -> DaemonHarness:
         await self.runtime.start()
         self.daemon = Daemon(self.cfg)
         self.task = asyncio.create_task(self.daemon.run(handle_signals=False))
@@ -152,7 +201,7 @@ class DaemonHarness:
             await asyncio.wait_for(self.task, 20)
         await self.runtime.stop()
 
-    async def __aenter__(self) -> "DaemonHarness":
+    async def __aenter__(self) -> DaemonHarness:
         return await self.start()
 
     async def __aexit__(self, *exc) -> None:

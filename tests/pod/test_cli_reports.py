@@ -1,4 +1,5 @@
 """`nri-cni status` and `nri-cni pods` against a running daemon, as an admin runs them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,17 +14,21 @@ pytestmark = pytest.mark.netns
 
 
 async def _cli(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "nri_cni.cli", *args,
-                                                stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nri_cni.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     return proc.returncode, out.decode()
 
 
 def test_status_and_pods_tables_and_json(node):
     ns = node.jan.netns()
-    nets = [{"name": "podnet", "default": True,
-             "conflist": node.bridge_net("podnet", "10.244.37.0/24")}]
+    nets = [{"name": "podnet", "default": True, "conflist": node.bridge_net("podnet", "10.244.37.0/24")}]
     cfg = node.config("native", nets)
     pod = pod_message(new_pod_id(), ns.path, name="web", namespace="default")
     sock = cfg["daemon"]["socket"]

@@ -1,5 +1,6 @@
 """The daemon serves its metrics when metrics.listen is set: a pod operation, a refused pod and
 the GC after Synchronize all show up on the endpoint."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,7 @@ async def _scrape(path: str) -> str:
 
 def test_metrics_endpoint_reports_operations_failures_and_gc(node):
     ns = node.jan.netns()
-    nets = [{"name": "podnet", "default": True,
-             "conflist": node.bridge_net("podnet", "10.244.36.0/24")}]
+    nets = [{"name": "podnet", "default": True, "conflist": node.bridge_net("podnet", "10.244.36.0/24")}]
     sock = str(node.tmp / "metrics.sock")
     cfg = node.config("native", nets, metrics={"listen": sock})
     good = pod_message(new_pod_id(), ns.path)
@@ -45,8 +45,7 @@ def test_metrics_endpoint_reports_operations_failures_and_gc(node):
     text = run(scenario())
     lines = text.splitlines()
     assert any(ln.startswith("nri_cni_gc_runs") and ln.split()[-1] == "1" for ln in lines), text
-    assert any('network="podnet"' in ln and "_count" in ln and ln.split()[-1] == "1"
-               for ln in lines), text
+    assert any('network="podnet"' in ln and "_count" in ln and ln.split()[-1] == "1" for ln in lines), text
     # the refused annotation: an add that failed with CNI code 7 (invalid config)
     assert any("failures" in ln and 'code="7"' in ln for ln in lines), text
     assert any(ln.startswith("nri_cni_attachments") and ln.split()[-1] == "1" for ln in lines), text

@@ -1,6 +1,7 @@
 """NRI-native mode: the daemon attaches every network in RunPodSandbox and answers with the IPs
 and interfaces, decoded here by the runtime-side NRI double from real bytes. Real plugins
 (bridge, portmap, macvlan over a veth master the test made) in namespaces the test made."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,10 @@ def _two_networks(node, *, finalize=None, second=None):
     if finalize is not None:
         eth0["finalize_plugins"] = finalize
     net1 = second or node.macvlan_net("fastnet", "10.244.32.0/24", master)
-    return [{"name": "podnet", "default": True, "conflist": eth0},
-            {"name": "fastnet", "namespaces": ["default"], "conflist": net1}]
+    return [
+        {"name": "podnet", "default": True, "conflist": eth0},
+        {"name": "fastnet", "namespaces": ["default"], "conflist": net1},
+    ]
 
 
 def test_run_pod_answers_ips_and_interfaces_that_netlink_shows(node):
@@ -39,8 +42,10 @@ def test_run_pod_answers_ips_and_interfaces_that_netlink_shows(node):
             await asyncio.to_thread(checker.learn)
             net = resp.adjust.network
             # PR #295's field: plain addresses, primary network first
-            assert [ipaddress.ip_address(ip) in ipaddress.ip_network(sub) for ip, sub in
-                    zip(net.ips, ("10.244.31.0/24", "10.244.32.0/24"))] == [True, True]
+            assert [
+                ipaddress.ip_address(ip) in ipaddress.ip_network(sub)
+                for ip, sub in zip(net.ips, ("10.244.31.0/24", "10.244.32.0/24"))
+            ] == [True, True]
             by_name = {i.name: i for i in net.interfaces}
             assert set(by_name) == {"eth0", "net1"}
             for iface in net.interfaces:
@@ -50,7 +55,8 @@ def test_run_pod_answers_ips_and_interfaces_that_netlink_shows(node):
                 assert iface.mtu == link.mtu and iface.mtu > 0
                 assert iface.sandbox == ns.path
                 assert [ip.address for ip in iface.ips] == [
-                    a for a in link.addrs if ipaddress.ip_interface(a).version == 4]
+                    a for a in link.addrs if ipaddress.ip_interface(a).version == 4
+                ]
             assert by_name["eth0"].network == "podnet" and by_name["net1"].network == "fastnet"
             assert by_name["eth0"].metadata["cni.dev/primary"] == "true"
             assert by_name["net1"].metadata["cni.dev/network"] == "fastnet"
@@ -112,18 +118,26 @@ def test_finalize_failure_rolls_back_every_network(node):
     assert checker.leaks() == []
 
 
-@pytest.mark.parametrize("annotation, reason", [
-    ("secretnet", "not allowed"),
-    ("../../etc/passwd", "not valid"),
-    ('[{"name": "fastnet", "interface": "eth0/../x"}]', "interface name"),
-    ('[{"name": "fastnet", "cni-args": {"x": "y"}}]', "unsupported key"),
-    ("kube-system/fastnet", "another namespace"),
-])
+@pytest.mark.parametrize(
+    "annotation, reason",
+    [
+        ("secretnet", "not allowed"),
+        ("../../etc/passwd", "not valid"),
+        ('[{"name": "fastnet", "interface": "eth0/../x"}]', "interface name"),
+        ('[{"name": "fastnet", "cni-args": {"x": "y"}}]', "unsupported key"),
+        ("kube-system/fastnet", "another namespace"),
+    ],
+)
 def test_annotation_outside_the_allow_list_is_refused(node, annotation, reason):
     ns = node.jan.netns()
     nets = _two_networks(node)
-    nets.append({"name": "secretnet", "namespaces": ["kube-system"],
-                 "conflist": node.bridge_net("secretnet", "10.244.35.0/24")})
+    nets.append(
+        {
+            "name": "secretnet",
+            "namespaces": ["kube-system"],
+            "conflist": node.bridge_net("secretnet", "10.244.35.0/24"),
+        }
+    )
     cfg = node.config("native", nets)
     pod = pod_message(new_pod_id(), ns.path, annotations={"k8s.v1.cni.cncf.io/networks": annotation})
 

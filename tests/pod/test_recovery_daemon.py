@@ -9,6 +9,7 @@
 - GC runs alone: it waits for the pod operation in flight, and one asked for meanwhile waits
   for it; the GC timer retries a DEL that failed until it succeeds.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -5,6 +5,7 @@ connection dies: it goes on without it (the pod is created anyway; a stopped pod
 removed and the pod forgotten). nri-cni is started again; after its Synchronize every pod the
 runtime has is fully attached and nothing else is left: reservations, host veths, bridge ports,
 cache files, intent records."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,9 +22,16 @@ from tests.support.nri_runtime import NriRuntime
 pytestmark = pytest.mark.netns
 
 ADD_POINTS = [
-    "ADD:podnet:0:before", "ADD:podnet:0:after", "ADD:podnet:1:before", "ADD:podnet:1:after",
-    "cache:podnet", "ADD:fastnet:0:before", "ADD:fastnet:0:after", "cache:fastnet",
-    "FINALIZE:podnet:0:before", "FINALIZE:podnet:0:after",
+    "ADD:podnet:0:before",
+    "ADD:podnet:0:after",
+    "ADD:podnet:1:before",
+    "ADD:podnet:1:after",
+    "cache:podnet",
+    "ADD:fastnet:0:before",
+    "ADD:fastnet:0:after",
+    "cache:fastnet",
+    "FINALIZE:podnet:0:before",
+    "FINALIZE:podnet:0:after",
 ]
 DEL_POINTS = ["DEL:fastnet:0:before", "DEL:podnet:1:after"]
 
@@ -32,9 +40,14 @@ def _networks(node):
     master, _ = node.jan.veth()
     eth0 = node.bridge_net("podnet", "10.244.70.0/24")
     eth0["finalize_plugins"] = [node.fake("fake-finalize")]
-    return [{"name": "podnet", "default": True, "conflist": eth0},
-            {"name": "fastnet", "default": True,
-             "conflist": node.macvlan_net("fastnet", "10.244.71.0/24", master)}]
+    return [
+        {"name": "podnet", "default": True, "conflist": eth0},
+        {
+            "name": "fastnet",
+            "default": True,
+            "conflist": node.macvlan_net("fastnet", "10.244.71.0/24", master),
+        },
+    ]
 
 
 async def _start(daemon: NriCni, runtime: NriRuntime, count: int, crash_at: str = "") -> None:
@@ -48,8 +61,7 @@ async def _wait_whole(node, daemon: NriCni, pod_ids, timeout: float = 20) -> Non
     want = {p: ["eth0", "net1"] for p in pod_ids}
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        got = {p["id"]: [n["interface"] for n in p["networks"]]
-               for p in await asyncio.to_thread(daemon.pods)}
+        got = {p["id"]: [n["interface"] for n in p["networks"]] for p in await asyncio.to_thread(daemon.pods)}
         st = await asyncio.to_thread(daemon.status)
         if got == want and not st["pendingRollback"] and not st["pendingRepair"]:
             return
@@ -73,8 +85,12 @@ def test_kill9_at_every_step_in_native_mode(node, point):
     victim = pod_message(new_pod_id(), ns_victim.path, name="victim")
 
     async def scenario():
-        runtime = NriRuntime(cfg["nri"]["socket"], runtime_name="nri-test-double",
-                             runtime_version="1.0.0", request_timeout_ms=20000)
+        runtime = NriRuntime(
+            cfg["nri"]["socket"],
+            runtime_name="nri-test-double",
+            runtime_version="1.0.0",
+            request_timeout_ms=20000,
+        )
         await runtime.start()
         daemon = NriCni(node.tmp, cfg)
         try:

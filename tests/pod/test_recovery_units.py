@@ -1,6 +1,7 @@
 """Unit tests of the recovery rules, without plugins or namespaces: which failed ADD counts as
 "nothing created", how a DEL is cut around a doomed plugin, the intent record of a rollback that
 failed, the hooks' bookkeeping, and when a netns counts as gone."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,17 @@ import pytest
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.config import parse_config
-from nri_cni.errors import CNIError, CniCode, PluginExecError, PluginRef, PluginTimeout
+from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import OpRecord, PodNetworker, netns_gone, nothing_created
 
-CHAIN = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [
-    {"type": "bridge"}, {"type": "tuning"}, {"type": "ctl"}, {"type": "portmap"}]}
+CHAIN = {
+    "cniVersion": "1.1.0",
+    "name": "podnet",
+    "plugins": [{"type": "bridge"}, {"type": "tuning"}, {"type": "ctl"}, {"type": "portmap"}],
+}
 POD = "0123456789abcdef" * 4
 
 
@@ -26,30 +30,43 @@ def _ref(plugin="ctl"):
     return PluginRef(network="podnet", plugin=plugin, command="ADD")
 
 
-@pytest.mark.parametrize("exc, doomed", [
-    (CNIError(CniCode.INCOMPATIBLE_VERSION, "x", ref=_ref()), True),
-    (CNIError(CniCode.UNSUPPORTED_FIELD, "x", ref=_ref()), True),
-    (CNIError(CniCode.UNKNOWN_CONTAINER, "x", ref=_ref()), True),
-    (CNIError(CniCode.INVALID_ENV, "x", ref=_ref()), True),
-    (CNIError(CniCode.DECODING_FAILURE, "x", ref=_ref()), True),
-    (CNIError(CniCode.INVALID_CONFIG, "x", ref=_ref()), True),
-    (CNIError(CniCode.IO_FAILURE, "x", ref=_ref()), False),
-    (CNIError(CniCode.INVALID_NETNS, "x", ref=_ref()), False),  # skel checks it after cmdAdd
-    (CNIError(CniCode.TRY_AGAIN_LATER, "x", ref=_ref()), False),
-    (CNIError(CniCode.INTERNAL, "x", ref=_ref()), False),
-    (CNIError(120, "plugin-specific", ref=_ref()), False),
-    # the runtime's own failure (a cache write): no plugin to blame
-    (CNIError(CniCode.IO_FAILURE, "cannot write CNI cache file"), False),
-    (CNIError(CniCode.INVALID_CONFIG, "no plugin named"), False),
-    (PluginExecError("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
-    (PluginExecError("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
-    # it ran: whatever it printed, it may have created things
-    (PluginExecError("plugin ctl failed (exit status 2) and its output is not a CNI error",
-                     ref=_ref(), code=CniCode.DECODING_FAILURE), False),
-    (PluginExecError("plugin ctl printed an unusable result: x", ref=_ref(),
-                     code=CniCode.DECODING_FAILURE), False),
-    (PluginTimeout("plugin ctl killed after 1s timeout", ref=_ref()), False),
-])
+@pytest.mark.parametrize(
+    "exc, doomed",
+    [
+        (CNIError(CniCode.INCOMPATIBLE_VERSION, "x", ref=_ref()), True),
+        (CNIError(CniCode.UNSUPPORTED_FIELD, "x", ref=_ref()), True),
+        (CNIError(CniCode.UNKNOWN_CONTAINER, "x", ref=_ref()), True),
+        (CNIError(CniCode.INVALID_ENV, "x", ref=_ref()), True),
+        (CNIError(CniCode.DECODING_FAILURE, "x", ref=_ref()), True),
+        (CNIError(CniCode.INVALID_CONFIG, "x", ref=_ref()), True),
+        (CNIError(CniCode.IO_FAILURE, "x", ref=_ref()), False),
+        (CNIError(CniCode.INVALID_NETNS, "x", ref=_ref()), False),  # skel checks it after cmdAdd
+        (CNIError(CniCode.TRY_AGAIN_LATER, "x", ref=_ref()), False),
+        (CNIError(CniCode.INTERNAL, "x", ref=_ref()), False),
+        (CNIError(120, "plugin-specific", ref=_ref()), False),
+        # the runtime's own failure (a cache write): no plugin to blame
+        (CNIError(CniCode.IO_FAILURE, "cannot write CNI cache file"), False),
+        (CNIError(CniCode.INVALID_CONFIG, "no plugin named"), False),
+        (PluginExecError("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
+        (PluginExecError("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
+        # it ran: whatever it printed, it may have created things
+        (
+            PluginExecError(
+                "plugin ctl failed (exit status 2) and its output is not a CNI error",
+                ref=_ref(),
+                code=CniCode.DECODING_FAILURE,
+            ),
+            False,
+        ),
+        (
+            PluginExecError(
+                "plugin ctl printed an unusable result: x", ref=_ref(), code=CniCode.DECODING_FAILURE
+            ),
+            False,
+        ),
+        (PluginTimeout("plugin ctl killed after 1s timeout", ref=_ref()), False),
+    ],
+)
 def test_nothing_created(exc, doomed):
     assert nothing_created(exc) is doomed
 
@@ -60,8 +77,11 @@ class FakeCNI:
     def __init__(self, fail: set[str]) -> None:
         self.fail = fail
         self.calls: list[list[str]] = []
-        self.cache = type("C", (), {"read": lambda *a, **k: None, "entries": lambda *a, **k: [],
-                                    "results_dir": "/nonexistent"})()
+        self.cache = type(
+            "C",
+            (),
+            {"read": lambda *a, **k: None, "entries": lambda *a, **k: [], "results_dir": "/nonexistent"},
+        )()
 
     async def delete(self, net, rt):
         types = [p.type for p in reversed(net.plugins)]
@@ -78,8 +98,10 @@ class FakeCNI:
 
 
 def _networker(tmp_path, fail):
-    cfg = parse_config({"state_dir": str(tmp_path), "networks": [
-        {"name": "podnet", "default": True, "conflist": CHAIN}]}, str(tmp_path / "c.yaml"))
+    cfg = parse_config(
+        {"state_dir": str(tmp_path), "networks": [{"name": "podnet", "default": True, "conflist": CHAIN}]},
+        str(tmp_path / "c.yaml"),
+    )
     return PodNetworker(cfg, FakeCNI(fail))
 
 
@@ -132,8 +154,9 @@ def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
 
 def test_intent_record_round_trip_with_doomed_plugins(tmp_path):
     store = IntentStore(str(tmp_path))
-    net = IntendedNetwork("podnet", "eth0", b"{}", [("K8S_POD_NAME", "web")], {"mac": "x"},
-                          doomed_plugins=["2:ctl"])
+    net = IntendedNetwork(
+        "podnet", "eth0", b"{}", [("K8S_POD_NAME", "web")], {"mac": "x"}, doomed_plugins=["2:ctl"]
+    )
     store.write(Intent(POD, "/run/netns/x", [net], rollback_error="boom"))
     [back] = store.load_all()
     assert back.networks[0].doomed_indexes() == {2}

@@ -1,5 +1,6 @@
 """Unit tests of the pod plan's pure parts: config, network selection, locks, intents, the local
 socket protocol and the shim program."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,11 @@ from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.select import select_networks
 from nri_cni.shim import install
 
-BRIDGE = {"cniVersion": "1.1.0", "name": "podnet",
-          "plugins": [{"type": "bridge", "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}]}
+BRIDGE = {
+    "cniVersion": "1.1.0",
+    "name": "podnet",
+    "plugins": [{"type": "bridge", "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}],
+}
 
 
 def _net(name, **kw):
@@ -33,21 +37,33 @@ def _cfg(networks, **extra):
 
 # -- config ------------------------------------------------------------------------------------
 
+
 def test_config_errors_are_located_and_all_reported():
     doc = {
         "mode": "sideways",
         "nri": {"plugin_index": "7", "socket": "relative/path"},
         "cni": {"plugin_timeout": "soon"},
-        "networks": [_net("podnet", default=True), _net("podnet"),
-                     {"name": "x", "file": "/nonexistent.conflist"},
-                     {"name": "bad/name", "conflist": BRIDGE}],
+        "networks": [
+            _net("podnet", default=True),
+            _net("podnet"),
+            {"name": "x", "file": "/nonexistent.conflist"},
+            {"name": "bad/name", "conflist": BRIDGE},
+        ],
         "colour": "blue",
     }
     with pytest.raises(ConfigErrors) as err:
         parse_config(doc, "/etc/nri-cni/config.yaml")
     text = str(err.value)
-    for where in ("mode", "nri.plugin_index", "nri.socket", "cni.plugin_timeout",
-                  "networks[1].name", "networks[2].file", "networks[3].name", "colour"):
+    for where in (
+        "mode",
+        "nri.plugin_index",
+        "nri.socket",
+        "cni.plugin_timeout",
+        "networks[1].name",
+        "networks[2].file",
+        "networks[3].name",
+        "colour",
+    ):
         assert f"config.yaml: {where}" in text, (where, text)
 
 
@@ -59,8 +75,15 @@ def test_yaml_syntax_error_names_line_and_column():
 
 def test_inline_conflist_must_match_its_name_and_have_bare_plugin_types():
     with pytest.raises(ConfigError) as err:
-        _cfg([{"name": "podnet", "default": True, "conflist": dict(BRIDGE, plugins=[
-            {"type": "../../bin/sh"}])}])
+        _cfg(
+            [
+                {
+                    "name": "podnet",
+                    "default": True,
+                    "conflist": dict(BRIDGE, plugins=[{"type": "../../bin/sh"}]),
+                }
+            ]
+        )
     assert "networks[0].conflist" in str(err.value)
     with pytest.raises(ConfigError) as err:
         _cfg([{"name": "other", "default": True, "conflist": BRIDGE}])
@@ -68,8 +91,11 @@ def test_inline_conflist_must_match_its_name_and_have_bare_plugin_types():
 
 
 def test_defaults_and_durations():
-    cfg = _cfg([_net("podnet", default=True)], gc={"interval": "2m"},
-               nri={"plugin_index": 5, "request_timeout": "1500ms"})
+    cfg = _cfg(
+        [_net("podnet", default=True)],
+        gc={"interval": "2m"},
+        nri={"plugin_index": 5, "request_timeout": "1500ms"},
+    )
     assert cfg.mode == "shim" and cfg.gc_interval == 120 and cfg.nri.plugin_index == "05"
     assert cfg.nri.request_timeout == 1.5
     assert cfg.primary.name == "podnet"
@@ -85,46 +111,69 @@ def test_metrics_listen_only_local():
 
 # -- selection ---------------------------------------------------------------------------------
 
+
 def _sel_cfg(mode="native"):
-    return _cfg([_net("podnet", default=True), _net("fast", namespaces=["default"]),
-                 _net("storage", namespaces=["*"], interface="stor0"),
-                 _net("admin", namespaces=["kube-system"])], mode=mode,
-                **({"primary_network": "cbr0"} if mode == "secondary" else {}))
+    return _cfg(
+        [
+            _net("podnet", default=True),
+            _net("fast", namespaces=["default"]),
+            _net("storage", namespaces=["*"], interface="stor0"),
+            _net("admin", namespaces=["kube-system"]),
+        ],
+        mode=mode,
+        **({"primary_network": "cbr0"} if mode == "secondary" else {}),
+    )
 
 
 def test_defaults_then_requests_with_interface_names():
     cfg = _sel_cfg()
     sel = select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast, storage, fast@fast2"})
     assert [(s.network.name, s.ifname) for s in sel] == [
-        ("podnet", "eth0"), ("fast", "net1"), ("storage", "stor0"), ("fast", "fast2")]
+        ("podnet", "eth0"),
+        ("fast", "net1"),
+        ("storage", "stor0"),
+        ("fast", "fast2"),
+    ]
 
 
 def test_json_form_with_ips_and_mac():
     cfg = _sel_cfg()
-    ann = json.dumps([{"name": "fast", "interface": "f0", "ips": ["10.244.9.9/24"],
-                       "mac": "02:00:00:00:00:01", "namespace": "default"}])
+    ann = json.dumps(
+        [
+            {
+                "name": "fast",
+                "interface": "f0",
+                "ips": ["10.244.9.9/24"],
+                "mac": "02:00:00:00:00:01",
+                "namespace": "default",
+            }
+        ]
+    )
     sel = select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": ann})
     assert sel[1].ifname == "f0"
     assert sel[1].capability_args == {"ips": ["10.244.9.9/24"], "mac": "02:00:00:00:00:01"}
 
 
-@pytest.mark.parametrize("value", [
-    "admin",                                   # allowed only in kube-system
-    "nosuchnet",
-    "../etc",
-    "/etc/cni/net.d/x.conflist",
-    "fast@eth0/x",
-    "fast@" + "x" * 16,
-    "podnet",                                  # default networks cannot be asked for again
-    "fast@eth0",                               # clashes with the primary's interface
-    "other/fast",                              # another namespace
-    '[{"name": "fast", "ips": ["not-an-ip"]}]',
-    '[{"name": "fast", "mac": "zz"}]',
-    '[{"name": "fast", "cni-args": {"a": "b"}}]',
-    '{"name": "fast"}',
-    "[not json",
-    ",".join(["fast"] * 40),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "admin",  # allowed only in kube-system
+        "nosuchnet",
+        "../etc",
+        "/etc/cni/net.d/x.conflist",
+        "fast@eth0/x",
+        "fast@" + "x" * 16,
+        "podnet",  # default networks cannot be asked for again
+        "fast@eth0",  # clashes with the primary's interface
+        "other/fast",  # another namespace
+        '[{"name": "fast", "ips": ["not-an-ip"]}]',
+        '[{"name": "fast", "mac": "zz"}]',
+        '[{"name": "fast", "cni-args": {"a": "b"}}]',
+        '{"name": "fast"}',
+        "[not json",
+        ",".join(["fast"] * 40),
+    ],
+)
 def test_untrusted_annotations_are_refused(value):
     with pytest.raises(AnnotationRefused):
         select_networks(_sel_cfg(), "default", {"k8s.v1.cni.cncf.io/networks": value})
@@ -139,6 +188,7 @@ def test_secondary_mode_leaves_eth0_to_the_runtime():
 
 
 # -- locks -------------------------------------------------------------------------------------
+
 
 def test_one_pod_serialized_pods_parallel_gc_exclusive():
     async def scenario():
@@ -174,10 +224,14 @@ def test_one_pod_serialized_pods_parallel_gc_exclusive():
 
 # -- intents -----------------------------------------------------------------------------------
 
+
 def test_intent_round_trip_and_damaged_records(tmp_path):
     store = IntentStore(str(tmp_path))
-    intent = Intent("pod1", "/var/run/netns/x", [
-        IntendedNetwork("podnet", "eth0", b'{"name":"podnet"}', [("K8S_POD_NAME", "web")], {"a": 1})])
+    intent = Intent(
+        "pod1",
+        "/var/run/netns/x",
+        [IntendedNetwork("podnet", "eth0", b'{"name":"podnet"}', [("K8S_POD_NAME", "web")], {"a": 1})],
+    )
     store.write(intent)
     assert oct(os.stat(tmp_path / "intents" / "pod1").st_mode & 0o777) == "0o600"
     (tmp_path / "intents" / "pod2").write_text("{garbage")
@@ -191,6 +245,7 @@ def test_intent_round_trip_and_damaged_records(tmp_path):
 
 
 # -- local protocol and the shim ---------------------------------------------------------------
+
 
 def test_local_protocol_round_trip_and_limits():
     async def scenario():
@@ -221,15 +276,25 @@ def _shim(tmp_path, sock, env, stdin: bytes, compiled: bool):
 
 @BUILDS
 def test_shim_answers_version_and_reports_a_missing_daemon(tmp_path, compiled):
-    out = _shim(tmp_path, tmp_path / "none.sock", {"CNI_COMMAND": "VERSION"},
-                b'{"cniVersion":"1.0.0"}', compiled)
+    out = _shim(
+        tmp_path, tmp_path / "none.sock", {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}', compiled
+    )
     assert out.returncode == 0 and "1.1.0" in json.loads(out.stdout)["supportedVersions"]
-    out = _shim(tmp_path, tmp_path / "none.sock", {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x"},
-                b'{"cniVersion":"0.4.0","name":"n","type":"nri-cni-shim"}', compiled)
+    out = _shim(
+        tmp_path,
+        tmp_path / "none.sock",
+        {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x"},
+        b'{"cniVersion":"0.4.0","name":"n","type":"nri-cni-shim"}',
+        compiled,
+    )
     err = json.loads(out.stdout)
     assert out.returncode == 1
-    assert err == {"cniVersion": "0.4.0", "code": 11, "details": "No such file or directory",
-                   "msg": f"nri-cni daemon is not reachable at {tmp_path / 'none.sock'}"}
+    assert err == {
+        "cniVersion": "0.4.0",
+        "code": 11,
+        "details": "No such file or directory",
+        "msg": f"nri-cni daemon is not reachable at {tmp_path / 'none.sock'}",
+    }
 
 
 @BUILDS
@@ -246,17 +311,27 @@ def test_shim_forwards_env_and_stdin_and_prints_the_answer(tmp_path, compiled):
 
         server = await asyncio.start_unix_server(serve, path=str(sock))
         conf = b'{"cniVersion":"1.0.0","name":"n","type":"nri-cni-shim","daemonSocket":"%s"}' % (
-            str(sock).encode())
-        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc", "CNI_ARGS": "K8S_POD_NAME=a;b=c",
-               "OTHER": "not forwarded"}
+            str(sock).encode()
+        )
+        env = {
+            "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": "abc",
+            "CNI_ARGS": "K8S_POD_NAME=a;b=c",
+            "OTHER": "not forwarded",
+        }
         path = install(str(tmp_path / "bin"), "/nonexistent/default.sock", compiled=compiled)
-        proc = await asyncio.create_subprocess_exec(path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                    env=env)
+        proc = await asyncio.create_subprocess_exec(
+            path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
         out, _ = await proc.communicate(conf)
         server.close()
         return proc.returncode, out, conf
 
     code, out, conf = asyncio.run(scenario())
     assert code == 0 and out == ANSWER
-    assert seen["header"] == {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc", "CNI_ARGS": "K8S_POD_NAME=a;b=c"}
+    assert seen["header"] == {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "abc",
+        "CNI_ARGS": "K8S_POD_NAME=a;b=c",
+    }
     assert seen["body"] == conf

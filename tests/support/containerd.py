@@ -142,13 +142,21 @@ class ContainerdError(RuntimeError):
 class Containerd:
     """One containerd process with private dirs. Not running until ``start()``."""
 
-    def __init__(self, tmpdir: str | os.PathLike[str], *, cni_conf_dir: str | os.PathLike[str],
-                 cni_bin_dirs: list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
-                 nri_plugin_path: str | os.PathLike[str] | None = None,
-                 nri_plugin_config_path: str | os.PathLike[str] | None = None,
-                 nri_request_timeout: str | float | None = None, max_conf_num: int = 1,
-                 extra: Mapping[str, Any] | None = None, pause: PauseImage | None = None,
-                 log_level: str = "info", start_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        tmpdir: str | os.PathLike[str],
+        *,
+        cni_conf_dir: str | os.PathLike[str],
+        cni_bin_dirs: list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
+        nri_plugin_path: str | os.PathLike[str] | None = None,
+        nri_plugin_config_path: str | os.PathLike[str] | None = None,
+        nri_request_timeout: str | float | None = None,
+        max_conf_num: int = 1,
+        extra: Mapping[str, Any] | None = None,
+        pause: PauseImage | None = None,
+        log_level: str = "info",
+        start_timeout: float = 20.0,
+    ) -> None:
         self.tmpdir = Path(tmpdir).resolve()
         self.tmpdir.mkdir(parents=True, exist_ok=True)
         self.tag = secrets.token_hex(4)
@@ -211,10 +219,12 @@ class Containerd:
                 NRI: nri,
                 CRI_IMG: {"pinned_images": {"sandbox": self.pause.ref}},
                 CRI_RT: {
-                    "containerd": {"runtimes": {"runc": {"options": {
-                        "Root": str(self.runc_root)}}}},
-                    "cni": {"conf_dir": str(self.cni_conf_dir), "bin_dirs": self.cni_bin_dirs,
-                            "max_conf_num": self.max_conf_num},
+                    "containerd": {"runtimes": {"runc": {"options": {"Root": str(self.runc_root)}}}},
+                    "cni": {
+                        "conf_dir": str(self.cni_conf_dir),
+                        "bin_dirs": self.cni_bin_dirs,
+                        "max_conf_num": self.max_conf_num,
+                    },
                 },
                 "io.containerd.internal.v1.opt": {"path": str(self.opt_dir)},
             },
@@ -223,8 +233,14 @@ class Containerd:
         return toml_write.deep_merge(cfg, self.extra)
 
     def write_config(self) -> Path:
-        for d in (self.root, self.state, self.runc_root, self.temp_dir, self.nri_plugin_path,
-                  self.nri_plugin_config_path):
+        for d in (
+            self.root,
+            self.state,
+            self.runc_root,
+            self.temp_dir,
+            self.nri_plugin_path,
+            self.nri_plugin_config_path,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(toml_write.dumps(self.config()))
         return self.config_path
@@ -242,8 +258,7 @@ class Containerd:
     @property
     def cri(self) -> CriClient:
         if self._cri is None:
-            self._cri = _RecordingCriClient(self, self.address,
-                                            cgroup_parent=self.cgroup_parent)
+            self._cri = _RecordingCriClient(self, self.address, cgroup_parent=self.cgroup_parent)
         return self._cri
 
     def env(self) -> dict[str, str]:
@@ -267,9 +282,14 @@ class Containerd:
         with open(self.log_path, "ab") as log:
             log.write(f"---- nri-cni test: starting containerd ({time.ctime()})\n".encode())
             log.flush()
-            self.proc = subprocess.Popen([str(exe), "--config", str(self.config_path)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=self.env(), start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(exe), "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.env(),
+                start_new_session=True,
+            )
         try:
             self._wait_ready(t0)
             self.start_seconds = time.monotonic() - t0
@@ -286,8 +306,9 @@ class Containerd:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
-                raise ContainerdError(f"containerd exited ({self.proc and self.proc.returncode})"
-                                      f"\n{self.log_tail()}")
+                raise ContainerdError(
+                    f"containerd exited ({self.proc and self.proc.returncode})\n{self.log_tail()}"
+                )
             if os.path.exists(self.address):
                 try:
                     self.cri.version(timeout=1.0)
@@ -295,16 +316,13 @@ class Containerd:
                 except Exception as exc:  # grpc.RpcError until the CRI plugin is up
                     last = exc
             time.sleep(0.02)
-        raise ContainerdError(f"containerd not ready after {self.start_timeout}s: {last}\n"
-                              f"{self.log_tail()}")
+        raise ContainerdError(f"containerd not ready after {self.start_timeout}s: {last}\n{self.log_tail()}")
 
     def ctr(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         cmd = [str(bin_dir() / "ctr"), "--address", self.address, "-n", K8S_NS, *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=self.env())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env())
         if proc.returncode != 0:
-            raise ContainerdError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                                  f"{proc.stdout}{proc.stderr}")
+            raise ContainerdError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
         return proc
 
     def import_image(self, archive: Path) -> None:
@@ -354,10 +372,12 @@ class Containerd:
 
     def pod_ids_on_disk(self) -> set[str]:
         ids: set[str] = set()
-        for d in (self.state / "io.containerd.runtime.v2.task" / K8S_NS,
-                  self.root / "io.containerd.grpc.v1.cri" / "sandboxes",
-                  self.state / "io.containerd.grpc.v1.cri" / "sandboxes",
-                  self.runc_root / K8S_NS):
+        for d in (
+            self.state / "io.containerd.runtime.v2.task" / K8S_NS,
+            self.root / "io.containerd.grpc.v1.cri" / "sandboxes",
+            self.state / "io.containerd.grpc.v1.cri" / "sandboxes",
+            self.runc_root / K8S_NS,
+        ):
             try:
                 ids.update(p.name for p in d.iterdir())
             except FileNotFoundError:
@@ -488,8 +508,7 @@ class Containerd:
                 except (OSError, ValueError):
                     pass
                 entry.unlink(missing_ok=True)
-            for sock in (self.shim_socket(pod_id),
-                         Path(str(self.shim_socket(pod_id)) + ".debug")):
+            for sock in (self.shim_socket(pod_id), Path(str(self.shim_socket(pod_id)) + ".debug")):
                 sock.unlink(missing_ok=True)
         # A pod creation cut by a restart leaves a netns the next containerd never knew of
         # (the sandbox was not yet stored): nobody lives in it and nobody removes it. Nor the
@@ -503,8 +522,9 @@ class Containerd:
             except (OSError, ValueError):
                 pass
         for netns in self._known_netns:
-            if Path(netns).parent in (NETNS_DIR, Path("/run/netns")) or \
-                    Path(netns).is_relative_to(self.tmpdir):
+            if Path(netns).parent in (NETNS_DIR, Path("/run/netns")) or Path(netns).is_relative_to(
+                self.tmpdir
+            ):
                 try:
                     remove_netns(netns)
                 except OSError as exc:

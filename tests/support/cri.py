@@ -79,17 +79,18 @@ def compile_cri(cache_dir: Path | None = None, proto: Path | None = None) -> Cri
     global _compiled
     if _compiled is not None:
         return _compiled
-    from grpc_tools import protoc  # imported late: only needed for the first compile
-
     import google.protobuf
+    from grpc_tools import protoc  # imported late: only needed for the first compile
 
     proto = Path(proto) if proto is not None else cri_proto_path()
     if not proto.is_file():
-        raise FileNotFoundError(f"CRI api.proto not found at {proto} (run .ci/install-deps, "
-                                f"or set NRI_CNI_DEPS)")
+        raise FileNotFoundError(
+            f"CRI api.proto not found at {proto} (run .ci/install-deps, or set NRI_CNI_DEPS)"
+        )
     source = preprocess_proto(proto.read_text())
-    key = hashlib.sha256("\0".join([source, grpc.__version__, google.protobuf.__version__])
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "\0".join([source, grpc.__version__, google.protobuf.__version__]).encode()
+    ).hexdigest()[:16]
     cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     final = cache_dir / "cri" / key
     pb2_path = final / f"{MODULE_STEM}_pb2.py"
@@ -100,9 +101,16 @@ def compile_cri(cache_dir: Path | None = None, proto: Path | None = None) -> Cri
         try:
             (work / f"{MODULE_STEM}.proto").write_text(source)
             include = Path(protoc.__file__).parent / "_proto"
-            rc = protoc.main(["grpc_tools.protoc", f"-I{work}", f"-I{include}",
-                              f"--python_out={work}", f"--grpc_python_out={work}",
-                              str(work / f"{MODULE_STEM}.proto")])
+            rc = protoc.main(
+                [
+                    "grpc_tools.protoc",
+                    f"-I{work}",
+                    f"-I{include}",
+                    f"--python_out={work}",
+                    f"--grpc_python_out={work}",
+                    str(work / f"{MODULE_STEM}.proto"),
+                ]
+            )
             if rc != 0:
                 raise RuntimeError(f"protoc failed ({rc}) on {proto}")
             (work / f"{MODULE_STEM}.proto").unlink()
@@ -188,8 +196,15 @@ def _netns_from_info(info: Mapping[str, Any]) -> str | None:
 class CriClient:
     """RuntimeService (plus the one ImageService call the fixture needs) with deadlines."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0, pod_timeout: float = 60.0,
-                 cgroup_parent: str = "", log_directory: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        pod_timeout: float = 60.0,
+        cgroup_parent: str = "",
+        log_directory: str = "",
+    ) -> None:
         self.address = address
         self.timeout = timeout  # for the quick calls
         self.pod_timeout = pod_timeout  # for run/stop/remove, which run CNI and NRI
@@ -213,27 +228,35 @@ class CriClient:
     # -- calls ---------------------------------------------------------------------------------
 
     def version(self, timeout: float | None = None) -> VersionInfo:
-        resp = self._rt.Version(self.pb.VersionRequest(version="v1"),
-                                timeout=timeout or self.timeout)
-        return VersionInfo(resp.version, resp.runtime_name, resp.runtime_version,
-                           resp.runtime_api_version)
+        resp = self._rt.Version(self.pb.VersionRequest(version="v1"), timeout=timeout or self.timeout)
+        return VersionInfo(resp.version, resp.runtime_name, resp.runtime_version, resp.runtime_api_version)
 
-    def pod_config(self, name: str, namespace: str, uid: str, *,
-                   annotations: Mapping[str, str] | None = None,
-                   labels: Mapping[str, str] | None = None,
-                   port_mappings: Iterable[PortMapping | Mapping[str, Any]] | None = None,
-                   attempt: int = 0) -> Any:
+    def pod_config(
+        self,
+        name: str,
+        namespace: str,
+        uid: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        port_mappings: Iterable[PortMapping | Mapping[str, Any]] | None = None,
+        attempt: int = 0,
+    ) -> Any:
         pb = self.pb
         ports = []
         for pm in port_mappings or ():
             if not isinstance(pm, PortMapping):
                 pm = PortMapping(**pm)
-            ports.append(pb.PortMapping(protocol=pb.Protocol.Value(pm.protocol.upper()),
-                                        container_port=pm.container_port,
-                                        host_port=pm.host_port, host_ip=pm.host_ip))
+            ports.append(
+                pb.PortMapping(
+                    protocol=pb.Protocol.Value(pm.protocol.upper()),
+                    container_port=pm.container_port,
+                    host_port=pm.host_port,
+                    host_ip=pm.host_ip,
+                )
+            )
         return pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid,
-                                           attempt=attempt),
+            metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=attempt),
             hostname=name[:63],
             log_directory=self.log_directory,
             port_mappings=ports,
@@ -242,29 +265,38 @@ class CriClient:
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=self.cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.NamespaceMode.POD,
-                                                         pid=pb.NamespaceMode.POD,
-                                                         ipc=pb.NamespaceMode.POD)),
+                    namespace_options=pb.NamespaceOption(
+                        network=pb.NamespaceMode.POD, pid=pb.NamespaceMode.POD, ipc=pb.NamespaceMode.POD
+                    )
+                ),
             ),
         )
 
-    def run_pod(self, name: str, namespace: str, uid: str,
-                annotations: Mapping[str, str] | None = None,
-                labels: Mapping[str, str] | None = None,
-                port_mappings: Iterable[PortMapping | Mapping[str, Any]] | None = None,
-                *, timeout: float | None = None) -> str:
+    def run_pod(
+        self,
+        name: str,
+        namespace: str,
+        uid: str,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        port_mappings: Iterable[PortMapping | Mapping[str, Any]] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> str:
         """RunPodSandbox; returns the pod (sandbox) id."""
-        config = self.pod_config(name, namespace, uid, annotations=annotations, labels=labels,
-                                 port_mappings=port_mappings)
-        resp = self._rt.RunPodSandbox(self.pb.RunPodSandboxRequest(config=config),
-                                      timeout=timeout or self.pod_timeout)
+        config = self.pod_config(
+            name, namespace, uid, annotations=annotations, labels=labels, port_mappings=port_mappings
+        )
+        resp = self._rt.RunPodSandbox(
+            self.pb.RunPodSandboxRequest(config=config), timeout=timeout or self.pod_timeout
+        )
         return str(resp.pod_sandbox_id)
 
-    def pod_status(self, pod_id: str, *, verbose: bool = True,
-                   timeout: float | None = None) -> PodStatus:
+    def pod_status(self, pod_id: str, *, verbose: bool = True, timeout: float | None = None) -> PodStatus:
         resp = self._rt.PodSandboxStatus(
             self.pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=verbose),
-            timeout=timeout or self.timeout)
+            timeout=timeout or self.timeout,
+        )
         st = resp.status
         info: dict[str, Any] = {}
         for key, value in resp.info.items():
@@ -273,29 +305,45 @@ class CriClient:
             except ValueError:
                 info[key] = value
         return PodStatus(
-            id=st.id, name=st.metadata.name, namespace=st.metadata.namespace,
-            uid=st.metadata.uid, state=self.pb.PodSandboxState.Name(st.state),
-            ip=st.network.ip, additional_ips=tuple(p.ip for p in st.network.additional_ips),
-            netns_path=_netns_from_info(info), info=info, annotations=dict(st.annotations))
+            id=st.id,
+            name=st.metadata.name,
+            namespace=st.metadata.namespace,
+            uid=st.metadata.uid,
+            state=self.pb.PodSandboxState.Name(st.state),
+            ip=st.network.ip,
+            additional_ips=tuple(p.ip for p in st.network.additional_ips),
+            netns_path=_netns_from_info(info),
+            info=info,
+            annotations=dict(st.annotations),
+        )
 
     def stop_pod(self, pod_id: str, *, timeout: float | None = None) -> None:
-        self._rt.StopPodSandbox(self.pb.StopPodSandboxRequest(pod_sandbox_id=pod_id),
-                                timeout=timeout or self.pod_timeout)
+        self._rt.StopPodSandbox(
+            self.pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=timeout or self.pod_timeout
+        )
 
     def remove_pod(self, pod_id: str, *, timeout: float | None = None) -> None:
-        self._rt.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
-                                  timeout=timeout or self.pod_timeout)
+        self._rt.RemovePodSandbox(
+            self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=timeout or self.pod_timeout
+        )
 
     def list_pods(self, *, timeout: float | None = None) -> list[PodInfo]:
-        resp = self._rt.ListPodSandbox(self.pb.ListPodSandboxRequest(),
-                                       timeout=timeout or self.timeout)
-        return [PodInfo(id=p.id, name=p.metadata.name, namespace=p.metadata.namespace,
-                        uid=p.metadata.uid, state=self.pb.PodSandboxState.Name(p.state),
-                        labels=dict(p.labels), annotations=dict(p.annotations))
-                for p in resp.items]
+        resp = self._rt.ListPodSandbox(self.pb.ListPodSandboxRequest(), timeout=timeout or self.timeout)
+        return [
+            PodInfo(
+                id=p.id,
+                name=p.metadata.name,
+                namespace=p.metadata.namespace,
+                uid=p.metadata.uid,
+                state=self.pb.PodSandboxState.Name(p.state),
+                labels=dict(p.labels),
+                annotations=dict(p.annotations),
+            )
+            for p in resp.items
+        ]
 
     def image_present(self, ref: str, *, timeout: float | None = None) -> bool:
         resp = self._img.ImageStatus(
-            self.pb.ImageStatusRequest(image=self.pb.ImageSpec(image=ref)),
-            timeout=timeout or self.timeout)
+            self.pb.ImageStatusRequest(image=self.pb.ImageSpec(image=ref)), timeout=timeout or self.timeout
+        )
         return bool(resp.image.id)

@@ -1,4 +1,5 @@
 """The call logs the test plugins write: one JSON object per line, appended per exec."""
+
 from __future__ import annotations
 
 import json

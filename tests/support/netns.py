@@ -25,6 +25,7 @@ new files in tracked directories (host-local dataDir, CNI cache dir, tuning data
 iptables / nft lines that mention one of the test's markers (container ID, pod IP, network name)
 or a chain that such a line jumps to.
 """
+
 from __future__ import annotations
 
 import errno
@@ -35,11 +36,12 @@ import random
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
-from pyroute2 import IPRoute, netns as _pr_netns
+from pyroute2 import IPRoute
+from pyroute2 import netns as _pr_netns
 
 NETNS_DIR = "/var/run/netns"
 NAME_PREFIX = "nct"
@@ -120,7 +122,7 @@ class LinkInfo:
         return any(ipaddress.ip_interface(a) == want for a in self.addrs)
 
 
-def _ipr(netns: "str | Netns | None") -> IPRoute:
+def _ipr(netns: str | Netns | None) -> IPRoute:
     if netns is None:
         return IPRoute()
     name = netns.name if isinstance(netns, Netns) else _netns_name(netns)
@@ -156,13 +158,13 @@ def _link_info(ipr: IPRoute, msg) -> LinkInfo:
     )
 
 
-def list_links(netns: "str | Netns | None" = None) -> list[LinkInfo]:
+def list_links(netns: str | Netns | None = None) -> list[LinkInfo]:
     """Every link of the host (netns None) or of a named namespace."""
     with _ipr(netns) as ipr:
         return [_link_info(ipr, m) for m in ipr.get_links()]
 
 
-def get_link(name: str, netns: "str | Netns | None" = None) -> LinkInfo | None:
+def get_link(name: str, netns: str | Netns | None = None) -> LinkInfo | None:
     """One link by name, or None if there is no such link."""
     with _ipr(netns) as ipr:
         idx = ipr.link_lookup(ifname=name)
@@ -176,12 +178,12 @@ def get_link(name: str, netns: "str | Netns | None" = None) -> LinkInfo | None:
             raise
 
 
-def link_exists(name: str, netns: "str | Netns | None" = None) -> bool:
+def link_exists(name: str, netns: str | Netns | None = None) -> bool:
     with _ipr(netns) as ipr:
         return bool(ipr.link_lookup(ifname=name))
 
 
-def delete_link(name: str, netns: "str | Netns | None" = None) -> bool:
+def delete_link(name: str, netns: str | Netns | None = None) -> bool:
     """Delete a link if it exists; True if something was deleted."""
     with _ipr(netns) as ipr:
         idx = ipr.link_lookup(ifname=name)
@@ -196,22 +198,24 @@ def delete_link(name: str, netns: "str | Netns | None" = None) -> bool:
         return True
 
 
-def list_routes(netns: "str | Netns | None" = None, family: int = 2) -> list[dict]:
+def list_routes(netns: str | Netns | None = None, family: int = 2) -> list[dict]:
     """Main-table routes as dicts {dst, gw, dev} (dst "default" for the default route)."""
     out = []
     with _ipr(netns) as ipr:
         names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in ipr.get_links()}
         for r in ipr.get_routes(family=family, table=254):
             dst = r.get_attr("RTA_DST")
-            out.append({
-                "dst": f"{dst}/{r['dst_len']}" if dst else "default",
-                "gw": r.get_attr("RTA_GATEWAY") or "",
-                "dev": names.get(r.get_attr("RTA_OIF"), ""),
-            })
+            out.append(
+                {
+                    "dst": f"{dst}/{r['dst_len']}" if dst else "default",
+                    "gw": r.get_attr("RTA_GATEWAY") or "",
+                    "dev": names.get(r.get_attr("RTA_OIF"), ""),
+                }
+            )
     return out
 
 
-def netnsid_of(ns: "Netns | str") -> int | None:
+def netnsid_of(ns: Netns | str) -> int | None:
     """The id the host namespace has assigned to a named namespace (None if none yet)."""
     path = ns.path if isinstance(ns, Netns) else os.path.join(NETNS_DIR, _netns_name(ns))
     fd = os.open(path, os.O_RDONLY)
@@ -252,8 +256,13 @@ class Netns:
 
     def run(self, *argv: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
         """Run a command inside the namespace (``ip netns exec``)."""
-        return subprocess.run(["ip", "netns", "exec", self.name, *argv], capture_output=True,
-                              text=True, check=check, timeout=timeout)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, *argv],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
 
     def sysctl(self, key: str) -> str:
         """Read a sysctl (dotted or slashed key) inside the namespace."""
@@ -270,7 +279,7 @@ def create_netns(name: str | None = None) -> Netns:
     return ns
 
 
-def delete_netns(ns: "Netns | str") -> bool:
+def delete_netns(ns: Netns | str) -> bool:
     """Remove a named namespace if it exists; True if something was removed."""
     name = ns.name if isinstance(ns, Netns) else _netns_name(ns)
     if not os.path.exists(os.path.join(NETNS_DIR, name)):
@@ -302,7 +311,7 @@ class Janitor:
         """Run `fn` at cleanup (last deferred runs first)."""
         self._undo.append((what, fn))
 
-    def track_link(self, name: str, netns: "Netns | str | None" = None) -> None:
+    def track_link(self, name: str, netns: Netns | str | None = None) -> None:
         """Delete link `name` at cleanup if it still exists (e.g. a bridge a CNI plugin made)."""
         self.defer(f"link {name}", lambda: delete_link(name, netns))
 
@@ -325,8 +334,9 @@ class Janitor:
         self.defer(f"netns {ns.name}", lambda: delete_netns(ns))
         return ns
 
-    def bridge(self, name: str | None = None, *, addr: str | None = None, up: bool = True,
-               mtu: int | None = None) -> str:
+    def bridge(
+        self, name: str | None = None, *, addr: str | None = None, up: bool = True, mtu: int | None = None
+    ) -> str:
         name = name or unique_name("br")
         with IPRoute() as ipr:
             kw = {"mtu": mtu} if mtu else {}
@@ -340,9 +350,16 @@ class Janitor:
                 ipr.link("set", index=idx, state="up")
         return name
 
-    def veth(self, host_name: str | None = None, peer_name: str | None = None, *,
-             peer_netns: Netns | None = None, master: str | None = None, up: bool = True,
-             mtu: int | None = None) -> tuple[str, str]:
+    def veth(
+        self,
+        host_name: str | None = None,
+        peer_name: str | None = None,
+        *,
+        peer_netns: Netns | None = None,
+        master: str | None = None,
+        up: bool = True,
+        mtu: int | None = None,
+    ) -> tuple[str, str]:
         """A veth pair: `host_name` stays on the host, `peer_name` goes to `peer_netns` if given."""
         host_name = host_name or unique_name("vh")
         peer_name = peer_name or unique_name("vp")
@@ -420,8 +437,14 @@ def host_local_reservations(data_dir: str | os.PathLike) -> list[Reservation]:
                 lines = f.read_text().splitlines()
             except FileNotFoundError:  # released while we looked (a DEL running now)
                 continue
-            out.append(Reservation(netdir.name, f.name, lines[0].strip() if lines else "",
-                                   lines[1].strip() if len(lines) > 1 else ""))
+            out.append(
+                Reservation(
+                    netdir.name,
+                    f.name,
+                    lines[0].strip() if lines else "",
+                    lines[1].strip() if len(lines) > 1 else "",
+                )
+            )
     return out
 
 
@@ -474,8 +497,9 @@ def nft_lines() -> list[str]:
     exe = shutil.which("nft")
     if exe is None:
         raise NetTestError("nft not found on PATH")
-    text = subprocess.run([exe, "-s", "list", "ruleset"], capture_output=True, text=True,
-                          check=True, timeout=30).stdout
+    text = subprocess.run(
+        [exe, "-s", "list", "ruleset"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     out: list[str] = []
     stack: list[str] = []
     for raw in text.splitlines():
@@ -529,11 +553,18 @@ class LeakChecker:
     bridges      host bridges whose new ports are tracked (a leftover port is a leak).
     """
 
-    def __init__(self, *, markers: Iterable[str] = (), dirs: Iterable[str | os.PathLike] = (),
-                 ignore_files: Iterable[str] = HOST_LOCAL_BOOKKEEPING,
-                 netns: Iterable[Netns] = (), netns_allowed: Iterable[str] = ("lo",),
-                 host_links: Iterable[str] = (), bridges: Iterable[str] = (),
-                 firewall: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        markers: Iterable[str] = (),
+        dirs: Iterable[str | os.PathLike] = (),
+        ignore_files: Iterable[str] = HOST_LOCAL_BOOKKEEPING,
+        netns: Iterable[Netns] = (),
+        netns_allowed: Iterable[str] = ("lo",),
+        host_links: Iterable[str] = (),
+        bridges: Iterable[str] = (),
+        firewall: bool = True,
+    ) -> None:
         self.markers: set[str] = set(markers)
         self.dirs = [str(d) for d in dirs]
         self.ignore_files = tuple(ignore_files)
@@ -561,7 +592,7 @@ class LeakChecker:
         base = os.path.basename(relpath)
         return any(fnmatch.fnmatch(base, pat) for pat in self.ignore_files)
 
-    def start(self) -> "LeakChecker":
+    def start(self) -> LeakChecker:
         """Take the baseline (before the ADD under test)."""
         self.base = self.snapshot()
         return self
@@ -659,8 +690,13 @@ class LeakChecker:
 
 #: Chains the reference plugins create once and never remove (firewall, portmap), which hold no
 #: per-pod rule once every attachment is gone.
-CNI_SCAFFOLD_CHAINS = ("CNI-FORWARD", "CNI-ADMIN", "CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK",
-                       "CNI-HOSTPORT-MASQ")
+CNI_SCAFFOLD_CHAINS = (
+    "CNI-FORWARD",
+    "CNI-ADMIN",
+    "CNI-HOSTPORT-DNAT",
+    "CNI-HOSTPORT-SETMARK",
+    "CNI-HOSTPORT-MASQ",
+)
 
 
 def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
@@ -674,10 +710,11 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
     tables = sorted({tuple(line.split(" ", 2)[:2]) for line in now})
     for fam, table in tables:
         prefix = f"{fam} {table} "
-        lines = [ln[len(prefix):] for ln in now if ln.startswith(prefix)]
+        lines = [ln[len(prefix) :] for ln in now if ln.startswith(prefix)]
         declared = {ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":")}
-        new_chains = {ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":")
-                      and prefix + ln not in baseline} & set(CNI_SCAFFOLD_CHAINS)
+        new_chains = {
+            ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":") and prefix + ln not in baseline
+        } & set(CNI_SCAFFOLD_CHAINS)
         if not new_chains:
             continue
         rules, in_use = [], False
@@ -695,11 +732,16 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
                 rules.append(ln)
         if in_use:
             continue
-        script = [f"*{table}"] + ["-D " + r[3:] for r in rules] + \
-                 [f"-X {c}" for c in sorted(new_chains)] + ["COMMIT", ""]
+        script = (
+            [f"*{table}"]
+            + ["-D " + r[3:] for r in rules]
+            + [f"-X {c}" for c in sorted(new_chains)]
+            + ["COMMIT", ""]
+        )
         tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
-        p = subprocess.run([tool, "--noflush"], input="\n".join(script), capture_output=True,
-                           text=True, timeout=30)
+        p = subprocess.run(
+            [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
+        )
         if p.returncode == 0:
             removed += [f"{fam} {table} {c}" for c in sorted(new_chains)]
     return removed
@@ -711,8 +753,11 @@ _CNI_CHAIN = re.compile(r"^(v4|v6) (\w+) :(CNI-[A-Za-z0-9_-]+) ")
 def pod_chains() -> set[tuple[str, str, str]]:
     """(family, table, chain) of every CNI chain that is not shared scaffolding: the per-pod
     ones (portmap's CNI-DN-/CNI-SN-<hash>, bridge ipMasq's CNI-<hash>)."""
-    return {m.groups() for ln in iptables_lines() if (m := _CNI_CHAIN.match(ln))
-            and m.group(3) not in CNI_SCAFFOLD_CHAINS}
+    return {
+        m.groups()
+        for ln in iptables_lines()
+        if (m := _CNI_CHAIN.match(ln)) and m.group(3) not in CNI_SCAFFOLD_CHAINS
+    }
 
 
 def remove_chains(chains: Iterable[tuple[str, str, str]]) -> list[str]:
@@ -724,15 +769,22 @@ def remove_chains(chains: Iterable[tuple[str, str, str]]) -> list[str]:
     for fam, table in sorted({(f, t) for f, t, _ in chains}):
         names = {c for f, t, c in chains if (f, t) == (fam, table)}
         prefix = f"{fam} {table} "
-        rules = [ln[len(prefix):] for ln in now if ln.startswith(prefix + "-A ")]
-        jumps = [r for r in rules if set(_IPT_TARGET.findall(" " + r)) & names
-                 and r.split(" ", 2)[1] not in names]
+        rules = [ln[len(prefix) :] for ln in now if ln.startswith(prefix + "-A ")]
+        jumps = [
+            r for r in rules if set(_IPT_TARGET.findall(" " + r)) & names and r.split(" ", 2)[1] not in names
+        ]
         own = [r for r in rules if r.split(" ", 2)[1] in names]
-        script = [f"*{table}"] + ["-D " + r[3:] for r in jumps] + [f"-F {c}" for c in sorted(names)] + \
-                 [f"-X {c}" for c in sorted(names)] + ["COMMIT", ""]
+        script = (
+            [f"*{table}"]
+            + ["-D " + r[3:] for r in jumps]
+            + [f"-F {c}" for c in sorted(names)]
+            + [f"-X {c}" for c in sorted(names)]
+            + ["COMMIT", ""]
+        )
         tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
-        subprocess.run([tool, "--noflush"], input="\n".join(script), capture_output=True, text=True,
-                       timeout=30)
+        subprocess.run(
+            [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
+        )
         report += [f"{fam} {table} {r}" for r in jumps + own]
     return report
 
@@ -749,7 +801,7 @@ def purge_firewall_rules(markers: Iterable[str]) -> list[str]:
     deleted: list[str] = []
     for fam, table in sorted({tuple(line.split(" ", 2)[:2]) for line in now}):
         prefix = f"{fam} {table} "
-        lines = [ln[len(prefix):] for ln in now if ln.startswith(prefix)]
+        lines = [ln[len(prefix) :] for ln in now if ln.startswith(prefix)]
         declared = {ln[1:].split(" ", 1)[0] for ln in lines if ln.startswith(":")}
         chains: set[str] = set()
         while True:  # chains jumped to from marked rules, transitively
@@ -762,15 +814,19 @@ def purge_firewall_rules(markers: Iterable[str]) -> list[str]:
                 break
             chains = grown
         crx = _marker_re(chains)
-        rules = [ln for ln in lines if ln.startswith("-A ")
-                 and (rx.search(ln) or (crx and crx.search(ln)))]
+        rules = [ln for ln in lines if ln.startswith("-A ") and (rx.search(ln) or (crx and crx.search(ln)))]
         if not rules and not chains:
             continue
-        script = [f"*{table}"] + ["-D " + r[3:] for r in rules] + \
-                 [f"-X {c}" for c in sorted(chains)] + ["COMMIT", ""]
+        script = (
+            [f"*{table}"]
+            + ["-D " + r[3:] for r in rules]
+            + [f"-X {c}" for c in sorted(chains)]
+            + ["COMMIT", ""]
+        )
         tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
-        p = subprocess.run([tool, "--noflush"], input="\n".join(script), capture_output=True,
-                           text=True, timeout=30)
+        p = subprocess.run(
+            [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
+        )
         if p.returncode != 0:
             raise NetTestError(f"{tool} could not purge {rules}: {p.stderr.strip()}")
         deleted += [f"{fam} {table} {r}" for r in rules]

@@ -9,6 +9,7 @@ request timeout; when it passes, the double closes the plugin's connection, as c
 
 Only the newest connection is "the plugin"; older ones are closed when a new one registers.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,12 +47,20 @@ class PluginConnection:
 
 
 class NriRuntime:
-    def __init__(self, socket_path: str | None = None, *, runtime_name: str = "containerd",
-                 runtime_version: str = "2.1.9+unknown", nri_version: str = "v0.8.0",
-                 config: str = "", registration_timeout_ms: int = 5000,
-                 request_timeout_ms: int = 2000, pods: Sequence[nri_pb2.PodSandbox] = (),
-                 containers: Sequence[nri_pb2.Container] = (),
-                 sync_page_size: int | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        runtime_name: str = "containerd",
+        runtime_version: str = "2.1.9+unknown",
+        nri_version: str = "v0.8.0",
+        config: str = "",
+        registration_timeout_ms: int = 5000,
+        request_timeout_ms: int = 2000,
+        pods: Sequence[nri_pb2.PodSandbox] = (),
+        containers: Sequence[nri_pb2.Container] = (),
+        sync_page_size: int | None = None,
+    ) -> None:
         self.socket_path = socket_path
         self.runtime_name = runtime_name
         self.runtime_version = runtime_version
@@ -86,9 +95,15 @@ class NriRuntime:
         if self.socket_path and os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 
-    async def launch(self, argv: Sequence[str], *, name: str | None = None,
-                     idx: str | None = None, env: Mapping[str, str] | None = None,
-                     **popen: object) -> asyncio.subprocess.Process:
+    async def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        idx: str | None = None,
+        env: Mapping[str, str] | None = None,
+        **popen: object,
+    ) -> asyncio.subprocess.Process:
         """Start a pre-registered plugin: argv with a connected socket as fd 3.
 
         NRI_PLUGIN_NAME / NRI_PLUGIN_IDX are set only when name / idx are given, so that a test
@@ -106,8 +121,8 @@ class NriRuntime:
             # fd 3 in the child, as containerd's ExtraFiles gives it. dup2 clears close-on-exec
             # on fd 3 only; every other fd of ours is close-on-exec, so close_fds can stay off.
             proc = await asyncio.create_subprocess_exec(
-                *argv, env=child_env, close_fds=False,
-                preexec_fn=lambda: os.dup2(child_fd, 3), **popen)  # type: ignore[arg-type]
+                *argv, env=child_env, close_fds=False, preexec_fn=lambda: os.dup2(child_fd, 3), **popen
+            )  # type: ignore[arg-type]
         finally:
             theirs.close()
         self._processes.append(proc)
@@ -141,8 +156,7 @@ class NriRuntime:
         out = await self.call("StopPodSandbox", nri_pb2.StopPodSandboxRequest(pod=pod))
         return nri_pb2.StopPodSandboxResponse.FromString(out)
 
-    async def remove_pod_sandbox(self,
-                                 pod: nri_pb2.PodSandbox) -> nri_pb2.RemovePodSandboxResponse:
+    async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RemovePodSandboxResponse:
         out = await self.call("RemovePodSandbox", nri_pb2.RemovePodSandboxRequest(pod=pod))
         return nri_pb2.RemovePodSandboxResponse.FromString(out)
 
@@ -157,9 +171,12 @@ class NriRuntime:
         """Call Plugin/method; on a timeout close the connection, as containerd does."""
         conn = conn or self.plugin
         try:
-            return await conn.client.call(PLUGIN_SERVICE, method,
-                                          msg.SerializeToString(),  # type: ignore[attr-defined]
-                                          timeout=self.request_timeout_ms / 1000)
+            return await conn.client.call(
+                PLUGIN_SERVICE,
+                method,
+                msg.SerializeToString(),  # type: ignore[attr-defined]
+                timeout=self.request_timeout_ms / 1000,
+            )
         except RPCError as exc:
             if exc.code == GrpcCode.DEADLINE_EXCEEDED:
                 conn.error = f"{method}: {exc}"
@@ -195,8 +212,9 @@ class NriRuntime:
         async def register(payload: bytes) -> bytes:
             req = nri_pb2.RegisterPluginRequest.FromString(payload)
             if not req.plugin_name or len(req.plugin_idx) != 2 or not req.plugin_idx.isdigit():
-                raise ProtocolError(f"invalid plugin {req.plugin_idx}-{req.plugin_name}",
-                                    grpc_code=GrpcCode.INVALID_ARGUMENT)
+                raise ProtocolError(
+                    f"invalid plugin {req.plugin_idx}-{req.plugin_name}", grpc_code=GrpcCode.INVALID_ARGUMENT
+                )
             conn = conns[0]
             conn.name, conn.idx, conn.nri_version = req.plugin_name, req.plugin_idx, req.NRI_version
             # Configure goes out after this answer, as in containerd
@@ -207,37 +225,45 @@ class NriRuntime:
             conns[0].update_requests.append(nri_pb2.UpdateContainersRequest.FromString(payload))
             return nri_pb2.UpdateContainersResponse().SerializeToString()
 
-        server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register,
-                                                "UpdateContainers": update_containers}},
-                             name="runtime service")
-        link = trunk.Trunk({mux.PLUGIN_SERVICE_CONN: client,
-                            mux.RUNTIME_SERVICE_CONN: server.protocol()}, name="runtime")
+        server = TtrpcServer(
+            {RUNTIME_SERVICE: {"RegisterPlugin": register, "UpdateContainers": update_containers}},
+            name="runtime service",
+        )
+        link = trunk.Trunk(
+            {mux.PLUGIN_SERVICE_CONN: client, mux.RUNTIME_SERVICE_CONN: server.protocol()}, name="runtime"
+        )
         conns.append(PluginConnection(trunk=link, client=client))
         self._trunks.add(link)
         link.closed.add_done_callback(lambda _: self._trunks.discard(link))
         # containerd drops a connection that does not register in time
         timer = asyncio.get_running_loop().call_later(
-            self.registration_timeout_ms / 1000, lambda: None if conns[0].name else link.close())
+            self.registration_timeout_ms / 1000, lambda: None if conns[0].name else link.close()
+        )
         link.closed.add_done_callback(lambda _: timer.cancel())
         return link
 
     async def _handshake(self, conn: PluginConnection) -> None:
         try:
             req = nri_pb2.ConfigureRequest(
-                config=self.config, runtime_name=self.runtime_name,
+                config=self.config,
+                runtime_name=self.runtime_name,
                 runtime_version=self.runtime_version,
                 registration_timeout=self.registration_timeout_ms,
-                request_timeout=self.request_timeout_ms, NRI_version=self.nri_version)
+                request_timeout=self.request_timeout_ms,
+                NRI_version=self.nri_version,
+            )
             conn.configure_response = nri_pb2.ConfigureResponse.FromString(
-                await self.call("Configure", req, conn))
+                await self.call("Configure", req, conn)
+            )
             for page in self._sync_pages():
-                resp = nri_pb2.SynchronizeResponse.FromString(
-                    await self.call("Synchronize", page, conn))
+                resp = nri_pb2.SynchronizeResponse.FromString(await self.call("Synchronize", page, conn))
                 conn.sync_responses.append(resp)
                 if page.more and (not resp.more or len(resp.update)):
-                    raise RPCError(GrpcCode.FAILED_PRECONDITION,
-                                   "plugin did not answer a partial Synchronize with more=true")
-        except Exception as exc:  # noqa: BLE001 - containerd drops a plugin failing its handshake
+                    raise RPCError(
+                        GrpcCode.FAILED_PRECONDITION,
+                        "plugin did not answer a partial Synchronize with more=true",
+                    )
+        except Exception as exc:
             conn.error = f"handshake: {exc}"
             log.warning("runtime double: dropping plugin %s-%s: %s", conn.idx, conn.name, exc)
             conn.trunk.close()
@@ -252,7 +278,7 @@ class NriRuntime:
 
     def _sync_pages(self) -> list[nri_pb2.SynchronizeRequest]:
         size = self.sync_page_size or max(len(self.pods), 1)
-        chunks = [self.pods[i:i + size] for i in range(0, len(self.pods), size)] or [[]]
+        chunks = [self.pods[i : i + size] for i in range(0, len(self.pods), size)] or [[]]
         pages = [nri_pb2.SynchronizeRequest(pods=chunk, more=True) for chunk in chunks]
         pages[-1].more = False
         pages[-1].containers.extend(self.containers)

@@ -1,4 +1,5 @@
 """Fixtures of the transport tests: running coroutines (no pytest-asyncio here) and sockets."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The ttrpc connection state machine in both roles."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,25 +24,25 @@ def feed(conn: Connection, data: bytes) -> list:
 
 
 def raw_request(sid: int, flags: int = 0, **fields) -> bytes:
-    req = ttrpc_pb2.Request(service=fields.pop("service", "svc"),
-                            method=fields.pop("method", "M"), **fields)
+    req = ttrpc_pb2.Request(service=fields.pop("service", "svc"), method=fields.pop("method", "M"), **fields)
     return encode_frame(sid, MessageType.REQUEST, flags, req.SerializeToString())
 
 
 def raw_response(sid: int, code: int = 0, message: str = "", payload: bytes = b"") -> bytes:
-    resp = ttrpc_pb2.Response(status=rpc_status_pb2.Status(code=code, message=message),
-                              payload=payload)
+    resp = ttrpc_pb2.Response(status=rpc_status_pb2.Status(code=code, message=message), payload=payload)
     return encode_frame(sid, MessageType.RESPONSE, 0, resp.SerializeToString())
 
 
 def test_request_and_response_round_trip():
     client, server = Connection(Role.CLIENT), Connection(Role.SERVER)
-    sid, wire = client.send_request("nri.Svc", "Do", b"\x01\x02", timeout_nano=2_000_000_000,
-                                    metadata=[("k", "v"), ("k", "w")])
+    sid, wire = client.send_request(
+        "nri.Svc", "Do", b"\x01\x02", timeout_nano=2_000_000_000, metadata=[("k", "v"), ("k", "w")]
+    )
     assert sid == 1
     [req] = feed(server, wire)
-    assert req == RequestReceived(1, "nri.Svc", "Do", b"\x01\x02", 2_000_000_000,
-                                  (("k", "v"), ("k", "w")), unary=True)
+    assert req == RequestReceived(
+        1, "nri.Svc", "Do", b"\x01\x02", 2_000_000_000, (("k", "v"), ("k", "w")), unary=True
+    )
     assert server.pending == 1 and client.pending == 1
     [resp] = feed(client, server.send_response(1, GrpcCode.OK, "", b"answer"))
     assert resp == ResponseReceived(1, 0, "", b"answer")
@@ -63,8 +64,7 @@ def test_error_status_is_reported():
 def test_response_without_status_means_ok():
     client = Connection(Role.CLIENT)
     sid, _ = client.send_request("s", "m", b"")
-    wire = encode_frame(sid, MessageType.RESPONSE, 0, ttrpc_pb2.Response(payload=b"p")
-                        .SerializeToString())
+    wire = encode_frame(sid, MessageType.RESPONSE, 0, ttrpc_pb2.Response(payload=b"p").SerializeToString())
     assert feed(client, wire) == [ResponseReceived(sid, 0, "", b"p")]
 
 
@@ -83,8 +83,7 @@ def test_streaming_request_is_reported_and_its_data_drained():
     [req] = feed(server, raw_request(1, FLAG_REMOTE_OPEN))
     assert not req.unary
     assert feed(server, encode_frame(1, MessageType.DATA, 0, b"chunk")) == []
-    assert feed(server, encode_frame(1, MessageType.DATA, FLAG_REMOTE_CLOSED | FLAG_NO_DATA,
-                                     b"")) == []
+    assert feed(server, encode_frame(1, MessageType.DATA, FLAG_REMOTE_CLOSED | FLAG_NO_DATA, b"")) == []
     with pytest.raises(TtrpcProtocolError, match="not sending"):
         feed(server, encode_frame(1, MessageType.DATA, 0, b"after close"))
 
@@ -112,8 +111,7 @@ SERVER_VIOLATIONS = {
     "data on unknown stream": [encode_frame(1, MessageType.DATA, FLAG_REMOTE_CLOSED, b"")],
     "data on unary stream": [raw_request(1), encode_frame(1, MessageType.DATA, 0, b"x")],
     "response sent to server": [raw_response(1)],
-    "truncated request protobuf": [encode_frame(1, MessageType.REQUEST, 0,
-                                                raw_request(1)[10:-1])],
+    "truncated request protobuf": [encode_frame(1, MessageType.REQUEST, 0, raw_request(1)[10:-1])],
     "garbage request protobuf": [encode_frame(1, MessageType.REQUEST, 0, b"\xff\xff\xff")],
     "invalid utf-8 in service": [encode_frame(1, MessageType.REQUEST, 0, b"\x0a\x02\xc3\x28")],
 }
@@ -166,5 +164,5 @@ def test_events_split_across_reads():
     wire = raw_request(1, payload=b"a" * 100) + raw_request(3, payload=b"b")
     events = []
     for i in range(len(wire)):
-        events += feed(server, wire[i:i + 1])
+        events += feed(server, wire[i : i + 1])
     assert [(e.stream_id, e.payload) for e in events] == [(1, b"a" * 100), (3, b"b")]

@@ -1,4 +1,5 @@
 """ttrpc framing: round trips, every split point, every malformed header."""
+
 from __future__ import annotations
 
 import struct
@@ -41,7 +42,8 @@ def decode_chunks(*chunks: bytes) -> list[Frame]:
 
 def test_header_layout_is_big_endian_length_id_type_flags():
     assert encode_frame(0x01020304, MessageType.DATA, FLAG_REMOTE_CLOSED, b"ab") == (
-        b"\x00\x00\x00\x02" b"\x01\x02\x03\x04" b"\x03" b"\x01" b"ab")
+        b"\x00\x00\x00\x02\x01\x02\x03\x04\x03\x01ab"
+    )
 
 
 def test_round_trip_all_in_one_read():
@@ -54,16 +56,16 @@ def test_every_split_point(cut):
 
 
 def test_byte_by_byte():
-    assert decode_chunks(*(STREAM[i:i + 1] for i in range(len(STREAM)))) == FRAMES
+    assert decode_chunks(*(STREAM[i : i + 1] for i in range(len(STREAM)))) == FRAMES
 
 
 def test_incomplete_frame_is_kept_until_complete():
     decoder = FrameDecoder()
     frame = encode_frame(5, MessageType.REQUEST, 0, b"payload")
-    decoder.feed(frame[:HEADER_SIZE + 3])
+    decoder.feed(frame[: HEADER_SIZE + 3])
     assert list(decoder) == []
     assert decoder.buffered == HEADER_SIZE + 3
-    decoder.feed(frame[HEADER_SIZE + 3:])
+    decoder.feed(frame[HEADER_SIZE + 3 :])
     assert list(decoder) == [Frame(5, MessageType.REQUEST, 0, b"payload")]
 
 

@@ -1,4 +1,5 @@
 """Property: whatever bytes arrive, the decoders raise nothing but their protocol error."""
+
 from __future__ import annotations
 
 import struct
@@ -12,22 +13,28 @@ from nri_cni.ttrpc.connection import Connection, Role
 from nri_cni.ttrpc.errors import TtrpcProtocolError
 from nri_cni.ttrpc.framing import FrameDecoder
 
-SETTINGS = settings(max_examples=300, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Plausible protobuf bodies (whole and cut short) as well as noise, so that decoding gets past
 # the frame headers.
 messages = st.one_of(
-    st.builds(lambda s, m, p, t: ttrpc_pb2.Request(service=s, method=m, payload=p,
-                                                   timeout_nano=t).SerializeToString(),
-              st.text(max_size=8), st.text(max_size=8), st.binary(max_size=16),
-              st.integers(-(2**63), 2**63 - 1)),
-    st.builds(lambda c, m, p: ttrpc_pb2.Response(payload=p, status={"code": c, "message": m})
-              .SerializeToString(),
-              st.integers(-(2**31), 2**31 - 1), st.text(max_size=8), st.binary(max_size=16)),
+    st.builds(
+        lambda s, m, p, t: ttrpc_pb2.Request(
+            service=s, method=m, payload=p, timeout_nano=t
+        ).SerializeToString(),
+        st.text(max_size=8),
+        st.text(max_size=8),
+        st.binary(max_size=16),
+        st.integers(-(2**63), 2**63 - 1),
+    ),
+    st.builds(
+        lambda c, m, p: ttrpc_pb2.Response(payload=p, status={"code": c, "message": m}).SerializeToString(),
+        st.integers(-(2**31), 2**31 - 1),
+        st.text(max_size=8),
+        st.binary(max_size=16),
+    ),
 )
-payloads = st.one_of(st.binary(max_size=64), messages,
-                     messages.filter(len).map(lambda body: body[:-1]))
+payloads = st.one_of(st.binary(max_size=64), messages, messages.filter(len).map(lambda body: body[:-1]))
 # Headers near the valid ones (client stream ids, known types, defined flags) more often than
 # not, so that most frames get as far as the stream bookkeeping and the protobuf decoding.
 frames = st.builds(
@@ -35,7 +42,8 @@ frames = st.builds(
     st.one_of(st.sampled_from([1, 3, 5, 7]), st.integers(0, 9)),
     st.one_of(st.sampled_from([1, 2]), st.integers(0, 4)),
     st.one_of(st.just(0), st.sampled_from([1, 2, 4, 5]), st.integers(0, 255)),
-    payloads)
+    payloads,
+)
 ttrpc_streams = st.one_of(
     st.binary(max_size=200),
     st.lists(frames, max_size=8).map(b"".join),
@@ -88,8 +96,9 @@ def test_server_connection(data, cuts):
         pass
 
 
-mux_chunks = st.builds(lambda cid, body: struct.pack(">II", cid, len(body)) + body,
-                       st.integers(0, 3), ttrpc_streams)
+mux_chunks = st.builds(
+    lambda cid, body: struct.pack(">II", cid, len(body)) + body, st.integers(0, 3), ttrpc_streams
+)
 mux_streams = st.one_of(st.binary(max_size=200), st.lists(mux_chunks, max_size=6).map(b"".join))
 
 

@@ -1,4 +1,5 @@
 """The NRI multiplexer codec: round trips, splits, chunking, malformed input, unknown ids."""
+
 from __future__ import annotations
 
 import struct
@@ -8,8 +9,12 @@ import pytest
 from nri_cni.errors import ProtocolError
 from nri_cni.nri import mux
 
-STREAM = (mux.encode(1, b"to the plugin") + mux.encode(2, b"to the runtime")
-          + mux.encode(1, b"\x00" * 300) + mux.encode(2, b"last"))
+STREAM = (
+    mux.encode(1, b"to the plugin")
+    + mux.encode(2, b"to the runtime")
+    + mux.encode(1, b"\x00" * 300)
+    + mux.encode(2, b"last")
+)
 EXPECTED = [(1, b"to the plugin"), (2, b"to the runtime"), (1, b"\x00" * 300), (2, b"last")]
 
 
@@ -36,15 +41,14 @@ def test_every_split_point(cut):
 
 
 def test_byte_by_byte():
-    assert decode(*(STREAM[i:i + 1] for i in range(len(STREAM)))) == EXPECTED
+    assert decode(*(STREAM[i : i + 1] for i in range(len(STREAM)))) == EXPECTED
 
 
 def test_large_writes_are_chunked_like_the_go_mux():
     data = bytes(range(256)) * ((mux.MAX_PAYLOAD * 2 + 1000) // 256)
     wire = mux.encode(1, data)
     chunks = decode(wire)
-    assert [len(c) for _, c in chunks] == [mux.MAX_PAYLOAD, mux.MAX_PAYLOAD,
-                                          len(data) - 2 * mux.MAX_PAYLOAD]
+    assert [len(c) for _, c in chunks] == [mux.MAX_PAYLOAD, mux.MAX_PAYLOAD, len(data) - 2 * mux.MAX_PAYLOAD]
     assert b"".join(c for _, c in chunks) == data
 
 
@@ -54,8 +58,13 @@ def test_max_payload_is_one_chunk():
 
 
 def test_unknown_and_reserved_ids_and_empty_chunks_are_dropped():
-    wire = (mux.encode(0, b"reserved") + mux.encode(7, b"unknown") + mux.encode(1, b"")
-            + mux.encode(2, b"kept") + mux.encode(0xFFFFFFFF, b"x"))
+    wire = (
+        mux.encode(0, b"reserved")
+        + mux.encode(7, b"unknown")
+        + mux.encode(1, b"")
+        + mux.encode(2, b"kept")
+        + mux.encode(0xFFFFFFFF, b"x")
+    )
     assert decode(wire) == [(2, b"kept")]
     assert decode(wire, ids=(0, 7)) == [(7, b"unknown")]  # 0 stays reserved
 

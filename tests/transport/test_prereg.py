@@ -1,4 +1,5 @@
 """Pre-registered launch: the runtime starts the plugin with a socketpair end as fd 3."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,7 @@ def plugin_file(tmp_path: Path, name: str) -> Path:
 
 
 async def launch_and_run(runtime: NriRuntime, argv, **kw):
-    proc = await runtime.launch(argv, stdout=asyncio.subprocess.PIPE,
-                                stderr=asyncio.subprocess.PIPE, **kw)
+    proc = await runtime.launch(argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **kw)
     conn = await runtime.wait_plugin(timeout=20)
     resp = await runtime.run_pod_sandbox(nri_pb2.PodSandbox(id="p", name="pod-17"))
     await runtime.close()  # the runtime goes away: a pre-registered plugin exits
@@ -51,13 +51,15 @@ def test_env_names_the_plugin(arun, tmp_path):
         runtime = NriRuntime(config="from /etc/nri/conf.d/05-cni.conf")
         try:
             conn, resp, rc, out, err = await launch_and_run(
-                runtime, [str(plugin_file(tmp_path, "70-ignored"))], name="cni", idx="05")
+                runtime, [str(plugin_file(tmp_path, "70-ignored"))], name="cni", idx="05"
+            )
         finally:
             await runtime.stop()
         assert (conn.name, conn.idx) == ("cni", "05"), err
         assert list(resp.adjust.network.ips) == ["10.245.0.17"]
         assert rc == 0, err
         assert "config: from /etc/nri/conf.d/05-cni.conf" in out
+
     arun(main(), timeout=40)
 
 
@@ -65,11 +67,11 @@ def test_argv0_names_the_plugin(arun, tmp_path):
     async def main():
         runtime = NriRuntime()
         try:
-            conn, resp, rc, _, err = await launch_and_run(
-                runtime, [str(plugin_file(tmp_path, "10-nct-cni"))])
+            conn, resp, rc, _, err = await launch_and_run(runtime, [str(plugin_file(tmp_path, "10-nct-cni"))])
         finally:
             await runtime.stop()
         assert (conn.name, conn.idx) == ("nct-cni", "10"), err
         assert list(resp.adjust.network.ips) == ["10.245.0.17"]
         assert rc == 0, err
+
     arun(main(), timeout=40)

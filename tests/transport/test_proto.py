@@ -1,4 +1,5 @@
 """The generated protobuf code: up to date, upstream's field numbers, wire compatibility."""
+
 from __future__ import annotations
 
 import shutil
@@ -13,8 +14,9 @@ from nri_cni.tools import genproto
 
 
 def test_checked_in_code_is_current():
-    proc = subprocess.run([sys.executable, "-m", "nri_cni.tools.genproto", "--check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nri_cni.tools.genproto", "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -32,15 +34,21 @@ def test_check_notices_stale_code(tmp_path, monkeypatch, capsys):
 def test_imports_between_our_modules_become_relative():
     text = "import rpc_status_pb2 as rpc__status__pb2\nimport os as x\n"
     assert genproto.rewrite_imports(text) == (
-        "from . import rpc_status_pb2 as rpc__status__pb2\nimport os as x\n")
+        "from . import rpc_status_pb2 as rpc__status__pb2\nimport os as x\n"
+    )
 
 
 # From containerd/nri pkg/api/api.proto (8ec8b28), PR #295, PR #304 and ttrpc request.proto.
 UPSTREAM_FIELDS = {
     nri_pb2.RegisterPluginRequest: {"plugin_name": 1, "plugin_idx": 2, "NRI_version": 3},
-    nri_pb2.ConfigureRequest: {"config": 1, "runtime_name": 2, "runtime_version": 3,
-                               "registration_timeout": 4, "request_timeout": 5,
-                               "NRI_version": 6},
+    nri_pb2.ConfigureRequest: {
+        "config": 1,
+        "runtime_name": 2,
+        "runtime_version": 3,
+        "registration_timeout": 4,
+        "request_timeout": 5,
+        "NRI_version": 6,
+    },
     nri_pb2.ConfigureResponse: {"events": 2, "request_timeout": 3},
     nri_pb2.SynchronizeRequest: {"pods": 1, "containers": 2, "more": 3},
     nri_pb2.SynchronizeResponse: {"update": 1, "more": 2},
@@ -50,25 +58,54 @@ UPSTREAM_FIELDS = {
     nri_pb2.StopPodSandboxRequest: {"pod": 1},
     nri_pb2.RemovePodSandboxRequest: {"pod": 1},
     nri_pb2.StateChangeEvent: {"event": 1, "pod": 2, "container": 3},
-    nri_pb2.PodSandbox: {"id": 1, "name": 2, "uid": 3, "namespace": 4, "labels": 5,
-                         "annotations": 6, "runtime_handler": 7, "linux": 8, "pid": 9,
-                         "ips": 10},
+    nri_pb2.PodSandbox: {
+        "id": 1,
+        "name": 2,
+        "uid": 3,
+        "namespace": 4,
+        "labels": 5,
+        "annotations": 6,
+        "runtime_handler": 7,
+        "linux": 8,
+        "pid": 9,
+        "ips": 10,
+    },
     nri_pb2.LinuxPodSandbox: {"cgroup_parent": 3, "cgroups_path": 4, "namespaces": 5},
     nri_pb2.LinuxNamespace: {"type": 1, "path": 2},
-    nri_pb2.Container: {"id": 1, "pod_sandbox_id": 2, "name": 3, "state": 4, "labels": 5,
-                        "annotations": 6, "args": 7, "env": 8, "pid": 12, "created_at": 14,
-                        "started_at": 15, "finished_at": 16, "exit_code": 17,
-                        "status_reason": 18, "status_message": 19},
+    nri_pb2.Container: {
+        "id": 1,
+        "pod_sandbox_id": 2,
+        "name": 3,
+        "state": 4,
+        "labels": 5,
+        "annotations": 6,
+        "args": 7,
+        "env": 8,
+        "pid": 12,
+        "created_at": 14,
+        "started_at": 15,
+        "finished_at": 16,
+        "exit_code": 17,
+        "status_reason": 18,
+        "status_message": 19,
+    },
     nri_pb2.ContainerUpdate: {"container_id": 1, "ignore_failure": 3},
     nri_pb2.PodSandboxNetwork: {"ips": 1, "interfaces": 1001, "routes": 1002, "dns": 1003},
-    nri_pb2.NetworkInterface: {"network": 1, "name": 2, "mac": 3, "mtu": 4, "sandbox": 5,
-                               "pci_id": 6, "socket_path": 7, "ips": 8, "metadata": 9},
+    nri_pb2.NetworkInterface: {
+        "network": 1,
+        "name": 2,
+        "mac": 3,
+        "mtu": 4,
+        "sandbox": 5,
+        "pci_id": 6,
+        "socket_path": 7,
+        "ips": 8,
+        "metadata": 9,
+    },
     nri_pb2.IPConfig: {"address": 1, "gateway": 2},
-    nri_pb2.NetworkRoute: {"network": 1, "dst": 2, "gw": 3, "mtu": 4, "table": 5, "scope": 6,
-                           "interface": 7},
+    nri_pb2.NetworkRoute: {"network": 1, "dst": 2, "gw": 3, "mtu": 4, "table": 5, "scope": 6, "interface": 7},
     nri_pb2.NetworkDNS: {"nameservers": 1, "domain": 2, "search": 3, "options": 4},
-    ttrpc_pb2.Request: {"service": 1, "method": 2, "payload": 3, "timeout_nano": 4,
-                        "metadata": 5},
+    ttrpc_pb2.Request: {"service": 1, "method": 2, "payload": 3, "timeout_nano": 4, "metadata": 5},
     ttrpc_pb2.Response: {"status": 1, "payload": 2},
     ttrpc_pb2.KeyValue: {"key": 1, "value": 2},
 }
@@ -88,16 +125,33 @@ def test_services_and_events():
     plugin = nri_pb2.DESCRIPTOR.services_by_name["Plugin"]
     assert plugin.full_name == "nri.pkg.api.v1alpha1.Plugin"
     assert [m.name for m in plugin.methods] == [
-        "Configure", "Synchronize", "Shutdown", "RunPodSandbox", "UpdatePodSandbox",
-        "PostUpdatePodSandbox", "StopPodSandbox", "RemovePodSandbox", "CreateContainer",
-        "PostCreateContainer", "StartContainer", "PostStartContainer", "UpdateContainer",
-        "PostUpdateContainer", "StopContainer", "RemoveContainer", "StateChange",
-        "ValidateContainerAdjustment"]
+        "Configure",
+        "Synchronize",
+        "Shutdown",
+        "RunPodSandbox",
+        "UpdatePodSandbox",
+        "PostUpdatePodSandbox",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+        "CreateContainer",
+        "PostCreateContainer",
+        "StartContainer",
+        "PostStartContainer",
+        "UpdateContainer",
+        "PostUpdateContainer",
+        "StopContainer",
+        "RemoveContainer",
+        "StateChange",
+        "ValidateContainerAdjustment",
+    ]
     runtime = nri_pb2.DESCRIPTOR.services_by_name["Runtime"]
     assert [m.name for m in runtime.methods] == ["RegisterPlugin", "UpdateContainers"]
     assert [(v.name, v.number) for v in nri_pb2.Event.DESCRIPTOR.values][:4] == [
-        ("UNKNOWN", 0), ("RUN_POD_SANDBOX", 1), ("STOP_POD_SANDBOX", 2),
-        ("REMOVE_POD_SANDBOX", 3)]
+        ("UNKNOWN", 0),
+        ("RUN_POD_SANDBOX", 1),
+        ("STOP_POD_SANDBOX", 2),
+        ("REMOVE_POD_SANDBOX", 3),
+    ]
     assert nri_pb2.LAST == 15 and nri_pb2.VALIDATE_CONTAINER_ADJUSTMENT == 14
 
 
@@ -123,20 +177,25 @@ def test_fields_left_out_survive_a_round_trip():
 def pr295_network_class():
     """PodSandboxNetwork as a runtime that only knows PR #295 sees it (ips = 1 only)."""
     pool = descriptor_pool.DescriptorPool()
-    fdp = descriptor_pb2.FileDescriptorProto(name="pr295.proto", package="pr295",
-                                             syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(name="pr295.proto", package="pr295", syntax="proto3")
     msg = fdp.message_type.add(name="PodSandboxNetwork")
-    msg.field.add(name="ips", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                  label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+    msg.field.add(
+        name="ips",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("pr295.PodSandboxNetwork"))
 
 
 def test_extension_is_invisible_to_a_pr295_runtime():
     ours = nri_pb2.PodSandboxNetwork(
-        ips=["10.244.1.2"], interfaces=[nri_pb2.NetworkInterface(name="eth0", mtu=1450)],
+        ips=["10.244.1.2"],
+        interfaces=[nri_pb2.NetworkInterface(name="eth0", mtu=1450)],
         routes=[nri_pb2.NetworkRoute(dst="0.0.0.0/0")],
-        dns=nri_pb2.NetworkDNS(nameservers=["10.244.0.10"]))
+        dns=nri_pb2.NetworkDNS(nameservers=["10.244.0.10"]),
+    )
     theirs = pr295_network_class().FromString(ours.SerializeToString())
     assert list(theirs.ips) == ["10.244.1.2"]
     # and what they pass on still carries our fields
@@ -184,18 +243,31 @@ print("ok", g.Status.DESCRIPTOR.full_name, ours.status.DESCRIPTOR.full_name)
 
 @pytest.mark.parametrize("order", ["ours-first", "googleapis-first"])
 def test_status_coexists_with_googleapis_and_grpcio(tmp_path, order):
-    from grpc_tools import protoc
     from importlib import resources
+
+    from grpc_tools import protoc
 
     (tmp_path / "google" / "rpc").mkdir(parents=True)
     (tmp_path / "google" / "rpc" / "status.proto").write_text(GOOGLEAPIS_STATUS)
     include = resources.files("grpc_tools") / "_proto"
-    assert protoc.main(["protoc", f"-I{tmp_path}", f"-I{include}", f"--python_out={tmp_path}",
-                        str(tmp_path / "google" / "rpc" / "status.proto")]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{tmp_path}",
+                f"-I{include}",
+                f"--python_out={tmp_path}",
+                str(tmp_path / "google" / "rpc" / "status.proto"),
+            ]
+        )
+        == 0
+    )
     script = tmp_path / "coexist.py"
     script.write_text(COEXIST)
-    proc = subprocess.run([sys.executable, str(script),
-                           str(tmp_path / "google" / "rpc" / "status_pb2.py"), order],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "google" / "rpc" / "status_pb2.py"), order],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "ok google.rpc.Status nri_cni.rpc.Status" in proc.stdout

@@ -1,4 +1,5 @@
 """The asyncio ttrpc client and server over real sockets."""
+
 from __future__ import annotations
 
 import asyncio
@@ -58,9 +59,20 @@ async def big(payload: bytes) -> bytes:
     return b"\0" * int(payload)
 
 
-SERVER = TtrpcServer({SVC: {"Echo": echo, "Slow": slow_echo, "Hang": hang,
-                            "ConfigError": config_error, "ValueError": value_error,
-                            "OwnTimeout": own_timeout, "Big": big, "Late": late}})
+SERVER = TtrpcServer(
+    {
+        SVC: {
+            "Echo": echo,
+            "Slow": slow_echo,
+            "Hang": hang,
+            "ConfigError": config_error,
+            "ValueError": value_error,
+            "OwnTimeout": own_timeout,
+            "Big": big,
+            "Late": late,
+        }
+    }
+)
 
 
 async def pair(server: TtrpcServer = SERVER):
@@ -97,6 +109,7 @@ def test_echo(arun):
         assert await client.call(SVC, "Echo", b"") == b""
         client.close()
         await client.closed
+
     arun(main())
 
 
@@ -109,6 +122,7 @@ def test_concurrent_calls_are_matched_and_run_in_parallel(arun):
         assert got == [str(d).encode() for d in delays]
         assert time.monotonic() - t0 < 1.0  # serially it would take ~3 s
         client.close()
+
     arun(main())
 
 
@@ -126,6 +140,7 @@ def test_big_payloads_round_trip(arun):
         assert info.value.code == GrpcCode.RESOURCE_EXHAUSTED
         assert await client.call(SVC, "Echo", b"still fine") == b"still fine"
         client.close()
+
     arun(main())
 
 
@@ -138,6 +153,7 @@ def test_unimplemented(arun, service, method):
         assert info.value.code == GrpcCode.UNIMPLEMENTED == 12
         assert method in info.value.msg
         client.close()
+
     arun(main())
 
 
@@ -149,6 +165,7 @@ def test_nri_cni_error_becomes_its_grpc_code(arun, caplog):
         assert info.value.code == GrpcCode.INVALID_ARGUMENT
         assert info.value.msg == "/etc/cni/net.d/10-x.conflist: bad network"
         client.close()
+
     arun(main())
     assert "bad network" in caplog.text
 
@@ -162,6 +179,7 @@ def test_other_exception_becomes_unknown_and_is_logged(arun, caplog):
             assert info.value.code == GrpcCode.UNKNOWN
         assert await client.call(SVC, "Echo", b"x") == b"x"
         client.close()
+
     with caplog.at_level(logging.ERROR, logger="nri_cni.ttrpc.server"):
         arun(main())
     assert "ValueError: boom" in caplog.text and "Traceback" in caplog.text
@@ -179,6 +197,7 @@ def test_client_timeout_and_late_answer_dropped(arun):
         await asyncio.sleep(0.4)  # the late answer arrives and is dropped
         assert await client.call(SVC, "Echo", b"after") == b"after"
         client.close()
+
     arun(main())
 
 
@@ -205,6 +224,7 @@ def test_server_answers_deadline_exceeded_and_lets_the_handler_finish(arun, capl
         sid3, resp = await read_response(reader)  # nothing from stream 1 came in between
         assert (sid3, resp.payload) == (5, b"last")
         writer.close()
+
     with caplog.at_level(logging.WARNING):
         arun(main())
     assert "answer dropped" in caplog.text
@@ -221,6 +241,7 @@ def test_handlers_finish_after_the_connection_is_gone(arun):
         await server_conn.closed
         await asyncio.sleep(0.3)
         assert b"200" in FINISHED
+
     arun(main())
 
 
@@ -228,16 +249,25 @@ def test_streaming_request_is_answered_unimplemented(arun):
     async def main():
         reader, writer, _ = await raw_pair()
         req = ttrpc_pb2.Request(service=SVC, method="Echo").SerializeToString()
-        writer.write(encode_frame(1, MessageType.REQUEST, FLAG_REMOTE_OPEN, req)
-                     + encode_frame(1, MessageType.DATA, 1, b"the stream's data"))
+        writer.write(
+            encode_frame(1, MessageType.REQUEST, FLAG_REMOTE_OPEN, req)
+            + encode_frame(1, MessageType.DATA, 1, b"the stream's data")
+        )
         sid, resp = await read_response(reader)
         assert (sid, resp.status.code) == (1, GrpcCode.UNIMPLEMENTED)
         # the connection is still good
-        writer.write(encode_frame(3, MessageType.REQUEST, 0, ttrpc_pb2.Request(
-            service=SVC, method="Echo", payload=b"ok").SerializeToString()))
+        writer.write(
+            encode_frame(
+                3,
+                MessageType.REQUEST,
+                0,
+                ttrpc_pb2.Request(service=SVC, method="Echo", payload=b"ok").SerializeToString(),
+            )
+        )
         sid, resp = await read_response(reader)
         assert (sid, resp.status.code, resp.payload) == (3, 0, b"ok")
         writer.close()
+
     arun(main())
 
 
@@ -250,16 +280,14 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("garbage", MALFORMED.values(), ids=MALFORMED.keys())
-def test_malformed_frame_closes_connection_and_server_keeps_serving(arun, sock_dir, caplog,
-                                                                    garbage):
+def test_malformed_frame_closes_connection_and_server_keeps_serving(arun, sock_dir, caplog, garbage):
     async def main():
         path = str(sock_dir / "ttrpc.sock")
         listener = await asyncio.get_running_loop().create_unix_server(SERVER.protocol, path)
         try:
             # a call in flight on the connection that goes bad is cancelled with it
             bad = TtrpcClient()
-            transport, _ = await asyncio.get_running_loop().create_unix_connection(
-                lambda: bad, path)
+            transport, _ = await asyncio.get_running_loop().create_unix_connection(lambda: bad, path)
             pending = asyncio.ensure_future(bad.call(SVC, "Hang", b""))
             await asyncio.sleep(0.05)
             transport.write(garbage)
@@ -274,6 +302,7 @@ def test_malformed_frame_closes_connection_and_server_keeps_serving(arun, sock_d
         finally:
             listener.close()
             await listener.wait_closed()
+
     with caplog.at_level(logging.ERROR):
         arun(main())
     assert "closing the connection" in caplog.text
@@ -290,6 +319,7 @@ def test_connection_lost_fails_calls_in_flight_and_later_calls(arun):
         await client.closed
         with pytest.raises(Unavailable):
             await client.call(SVC, "Echo", b"")
+
     arun(main())
 
 
@@ -309,6 +339,7 @@ def test_client_closes_on_malformed_answer(arun, caplog):
         await client.closed
         assert await reader.read() == b""  # the client hung up
         writer.close()
+
     arun(main())
     assert "response on stream 99" in caplog.text
 
@@ -317,4 +348,5 @@ def test_call_without_connection_is_unavailable(arun):
     async def main():
         with pytest.raises(Unavailable):
             await TtrpcClient().call(SVC, "Echo", b"")
+
     arun(main())

@@ -1,4 +1,5 @@
 """The plugin Stub against the runtime double, over a real unix socket."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,23 +18,35 @@ from tests.support.nri_runtime import NriRuntime
 
 
 def pod(name: str, **fields) -> nri_pb2.PodSandbox:
-    return nri_pb2.PodSandbox(id=f"id-{name}", name=name, namespace="default", uid=f"uid-{name}",
-                              **fields)
+    return nri_pb2.PodSandbox(id=f"id-{name}", name=name, namespace="default", uid=f"uid-{name}", **fields)
 
 
 def network_answer(pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse:
     netns = pod.linux.namespaces[0].path if pod.linux.namespaces else ""
-    return nri_pb2.RunPodSandboxResponse(adjust=nri_pb2.PodSandboxAdjustment(
-        network=nri_pb2.PodSandboxNetwork(
-            ips=["10.244.3.7", "fd00:10:244::7"],
-            interfaces=[nri_pb2.NetworkInterface(
-                network="nct-net", name="eth0", mac="0a:58:0a:f4:03:07", mtu=1500,
-                sandbox=netns, ips=[nri_pb2.IPConfig(address="10.244.3.7/24",
-                                                     gateway="10.244.3.1")],
-                metadata={"nri-cni.io/pod": pod.name})],
-            routes=[nri_pb2.NetworkRoute(network="nct-net", dst="0.0.0.0/0", gw="10.244.3.1",
-                                         interface="eth0")],
-            dns=nri_pb2.NetworkDNS(nameservers=["10.244.0.10"], search=["svc.local"]))))
+    return nri_pb2.RunPodSandboxResponse(
+        adjust=nri_pb2.PodSandboxAdjustment(
+            network=nri_pb2.PodSandboxNetwork(
+                ips=["10.244.3.7", "fd00:10:244::7"],
+                interfaces=[
+                    nri_pb2.NetworkInterface(
+                        network="nct-net",
+                        name="eth0",
+                        mac="0a:58:0a:f4:03:07",
+                        mtu=1500,
+                        sandbox=netns,
+                        ips=[nri_pb2.IPConfig(address="10.244.3.7/24", gateway="10.244.3.1")],
+                        metadata={"nri-cni.io/pod": pod.name},
+                    )
+                ],
+                routes=[
+                    nri_pb2.NetworkRoute(
+                        network="nct-net", dst="0.0.0.0/0", gw="10.244.3.1", interface="eth0"
+                    )
+                ],
+                dns=nri_pb2.NetworkDNS(nameservers=["10.244.0.10"], search=["svc.local"]),
+            )
+        )
+    )
 
 
 class Recorder:
@@ -104,8 +117,13 @@ class Harness:
 
 def test_handshake(arun, sock_dir):
     async def main():
-        kw = dict(runtime_name="containerd", runtime_version="2.1.9+unknown", config="cfg text",
-                  registration_timeout_ms=5000, request_timeout_ms=2000)
+        kw = dict(
+            runtime_name="containerd",
+            runtime_version="2.1.9+unknown",
+            config="cfg text",
+            registration_timeout_ms=5000,
+            request_timeout_ms=2000,
+        )
         async with Harness(sock_dir, Recorder(), kw) as h:
             conn = await h.runtime.wait_plugin()
             assert (conn.name, conn.idx) == ("nct-cni", "42")
@@ -115,10 +133,13 @@ def test_handshake(arun, sock_dir):
             await asyncio.wait_for(h.stub.synchronized.wait(), 5)
             assert h.stub.registered.is_set()
             assert (h.stub.runtime_name, h.stub.runtime_version, h.stub.config) == (
-                "containerd", "2.1.9+unknown", "cfg text")
+                "containerd",
+                "2.1.9+unknown",
+                "cfg text",
+            )
             assert (h.stub.request_timeout_ms, h.stub.registration_timeout_ms) == (2000, 5000)
-            assert h.plugin.calls == [("configure", "containerd", "cfg text"),
-                                      ("synchronize", [], [])]
+            assert h.plugin.calls == [("configure", "containerd", "cfg text"), ("synchronize", [], [])]
+
     arun(main())
 
 
@@ -132,6 +153,7 @@ def test_event_mask_follows_implemented_methods(arun, sock_dir):
             await h.runtime.stop_pod_sandbox(pod("a"))
             await h.runtime.state_change(nri_pb2.STOP_POD_SANDBOX, pod("a"))
             assert await h.runtime.run_pod_sandbox(pod("a")) == nri_pb2.RunPodSandboxResponse()
+
     arun(main())
 
 
@@ -145,6 +167,7 @@ def test_synchronize_pages_are_joined(arun, sock_dir):
             assert [r.more for r in conn.sync_responses] == [True, True, False]
             assert all(not r.update for r in conn.sync_responses)
             assert h.plugin.calls[1:] == [("synchronize", [p.id for p in pods], ["c1"])]
+
     arun(main())
 
 
@@ -152,8 +175,12 @@ def test_dedicated_rpcs_and_network_answer(arun, sock_dir):
     async def main():
         async with Harness(sock_dir, Recorder()) as h:
             await h.runtime.wait_plugin()
-            p = pod("web", linux=nri_pb2.LinuxPodSandbox(namespaces=[
-                nri_pb2.LinuxNamespace(type="network", path="/var/run/netns/nct-web")]))
+            p = pod(
+                "web",
+                linux=nri_pb2.LinuxPodSandbox(
+                    namespaces=[nri_pb2.LinuxNamespace(type="network", path="/var/run/netns/nct-web")]
+                ),
+            )
             resp = await h.runtime.run_pod_sandbox(p)
             assert resp == network_answer(p)
             net = resp.adjust.network
@@ -165,8 +192,13 @@ def test_dedicated_rpcs_and_network_answer(arun, sock_dir):
             await h.runtime.stop_pod_sandbox(p)
             await h.runtime.remove_pod_sandbox(p)
             await h.runtime.shutdown()
-            assert h.plugin.calls[2:] == [("run", "id-web"), ("stop", "id-web"),
-                                          ("remove", "id-web"), ("shutdown",)]
+            assert h.plugin.calls[2:] == [
+                ("run", "id-web"),
+                ("stop", "id-web"),
+                ("remove", "id-web"),
+                ("shutdown",),
+            ]
+
     arun(main())
 
 
@@ -174,11 +206,16 @@ def test_state_change_dispatches_pod_events(arun, sock_dir):
     async def main():
         async with Harness(sock_dir, Recorder()) as h:
             await h.runtime.wait_plugin()
-            for event in (nri_pb2.RUN_POD_SANDBOX, nri_pb2.STOP_POD_SANDBOX,
-                          nri_pb2.REMOVE_POD_SANDBOX, nri_pb2.CREATE_CONTAINER,
-                          nri_pb2.UPDATE_POD_SANDBOX):
+            for event in (
+                nri_pb2.RUN_POD_SANDBOX,
+                nri_pb2.STOP_POD_SANDBOX,
+                nri_pb2.REMOVE_POD_SANDBOX,
+                nri_pb2.CREATE_CONTAINER,
+                nri_pb2.UPDATE_POD_SANDBOX,
+            ):
                 assert await h.runtime.state_change(event, pod("s")) == nri_pb2.Empty()
             assert h.plugin.calls[2:] == [("run", "id-s"), ("stop", "id-s"), ("remove", "id-s")]
+
     arun(main())
 
 
@@ -195,6 +232,7 @@ def test_handler_errors_reach_the_runtime_and_the_connection_stays(arun, sock_di
             assert info.value.code == GrpcCode.UNKNOWN and "oops" in info.value.msg
             assert (await h.runtime.run_pod_sandbox(pod("ok"))).adjust.network.ips
             assert len(h.runtime.connections) == 1
+
     with caplog.at_level(logging.ERROR):
         arun(main())
     assert "ADD failed" in caplog.text and "KeyError" in caplog.text
@@ -207,6 +245,7 @@ def test_undecodable_request_is_invalid_argument(arun, sock_dir):
             with pytest.raises(RPCError) as info:
                 await conn.client.call("nri.pkg.api.v1alpha1.Plugin", "RunPodSandbox", b"\x0a\x05")
             assert info.value.code == GrpcCode.INVALID_ARGUMENT
+
     arun(main())
 
 
@@ -220,6 +259,7 @@ def test_reconnects_after_the_runtime_drops_the_connection(arun, sock_dir):
             await asyncio.wait_for(h.stub.synchronized.wait(), 5)
             assert h.plugin.calls.count(("disconnect",)) == 1
             assert (await h.runtime.run_pod_sandbox(pod("again"))).adjust.network.ips
+
     arun(main())
 
 
@@ -238,6 +278,7 @@ def test_request_timeout_drops_the_plugin_which_comes_back(arun, sock_dir):
             # the slow RunPodSandbox was not cut short by the dropped connection
             while ("run", "id-slow") not in plugin.calls:
                 await asyncio.sleep(0.05)
+
     arun(main())
 
 
@@ -258,6 +299,7 @@ def test_socket_removed_and_recreated(arun, sock_dir, caplog):
                 assert h.stub.runtime_name == "restarted"
             finally:
                 await second.stop()
+
     with caplog.at_level(logging.WARNING):
         arun(main())
     assert "not reachable" in caplog.text
@@ -271,26 +313,34 @@ def test_without_reconnect_run_returns_when_the_connection_goes(arun, sock_dir):
             await h.runtime.close()
             await asyncio.wait_for(h.task, 5)
             assert ("disconnect",) in h.plugin.calls
+
     arun(main())
 
 
 def test_without_reconnect_no_runtime_is_unavailable(arun, sock_dir):
     async def main():
-        stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"),
-                    reconnect=False)
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"), reconnect=False)
         with pytest.raises(Unavailable):
             await stub.run()
+
     arun(main())
 
 
 def test_stop_ends_run_while_retrying(arun, sock_dir):
     async def main():
-        stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"),
-                    backoff_initial=10, backoff_max=10)
+        stub = Stub(
+            Recorder(),
+            name="x",
+            idx="01",
+            socket_path=str(sock_dir / "none.sock"),
+            backoff_initial=10,
+            backoff_max=10,
+        )
         task = asyncio.create_task(stub.run())
         await asyncio.sleep(0.1)
         await stub.stop()
         await asyncio.wait_for(task, 1)
+
     arun(main())
 
 
@@ -310,9 +360,11 @@ def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir)
         server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
         path = str(sock_dir / "nri.sock")
         listener = await loop.create_unix_server(
-            lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path)
-        stub = Stub(Recorder(), name="x", idx="01", socket_path=path, backoff_initial=0.1,
-                    registration_timeout=0.2)
+            lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path
+        )
+        stub = Stub(
+            Recorder(), name="x", idx="01", socket_path=path, backoff_initial=0.1, registration_timeout=0.2
+        )
         task = asyncio.create_task(stub.run())
         try:
             while len(attempts) < 3:
@@ -325,11 +377,13 @@ def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir)
             await asyncio.wait_for(task, 5)
             listener.close()
             await listener.wait_closed()
+
     arun(main())
 
 
-@pytest.mark.parametrize("name, idx", [("", "01"), ("bad name", "01"), ("x/y", "01"),
-                                       ("ok", "1"), ("ok", "123"), ("ok", "a1")])
+@pytest.mark.parametrize(
+    "name, idx", [("", "01"), ("bad name", "01"), ("x/y", "01"), ("ok", "1"), ("ok", "123"), ("ok", "a1")]
+)
 def test_identity_is_checked(name, idx):
     with pytest.raises(ConfigError):
         check_identity(name, idx)
@@ -339,14 +393,17 @@ def test_identity_accepts_the_nri_alphabet():
     check_identity("a-Z_0.9+x", "00")
 
 
-@pytest.mark.parametrize("env, argv0, expected", [
-    ({"NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/20-x", ("cni", "10")),
-    ({"NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/nri-cni", ("nri-cni", "10")),
-    ({}, "/opt/nri/plugins/05-nri-cni", ("nri-cni", "05")),
-    ({"NRI_PLUGIN_NAME": "cni"}, "/opt/nri/plugins/05-nri-cni", ("cni", "05")),
-    ({}, "/usr/bin/nri-cni", ("given", "99")),
-    ({}, "/opt/nri/plugins/5-x", ("given", "99")),
-])
+@pytest.mark.parametrize(
+    "env, argv0, expected",
+    [
+        ({"NRI_PLUGIN_NAME": "cni", "NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/20-x", ("cni", "10")),
+        ({"NRI_PLUGIN_IDX": "10"}, "/opt/nri/plugins/nri-cni", ("nri-cni", "10")),
+        ({}, "/opt/nri/plugins/05-nri-cni", ("nri-cni", "05")),
+        ({"NRI_PLUGIN_NAME": "cni"}, "/opt/nri/plugins/05-nri-cni", ("cni", "05")),
+        ({}, "/usr/bin/nri-cni", ("given", "99")),
+        ({}, "/opt/nri/plugins/5-x", ("given", "99")),
+    ],
+)
 def test_launch_identity(env, argv0, expected):
     assert launch_identity(env, argv0, "given", "99") == expected
 
@@ -384,4 +441,5 @@ def test_a_handler_of_a_lost_connection_does_not_mark_the_next_one_synced(arun, 
             assert not h.stub.synchronized.is_set()
             await h.runtime.wait_plugin()
             await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+
     arun(main())

@@ -72,39 +72,46 @@ def pack_oci_archive(binary: bytes, ref: str, dest: Path, *, arch: str = "amd64"
     """Write a one-layer OCI image archive holding ``binary`` at /pause to ``dest``."""
     layer = _layer_tar(binary)
     layer_digest = _digest(layer)  # uncompressed layer: its diff_id is its digest
-    config = _json_bytes({
-        "architecture": arch,
-        "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created_by": "nri-cni tests/support/pause", "comment": "static pause"}],
-    })
+    config = _json_bytes(
+        {
+            "architecture": arch,
+            "os": "linux",
+            "config": {"Entrypoint": ["/pause"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            "history": [{"created_by": "nri-cni tests/support/pause", "comment": "static pause"}],
+        }
+    )
     config_digest = _digest(config)
-    manifest = _json_bytes({
-        "schemaVersion": 2,
-        "mediaType": MT_MANIFEST,
-        "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": MT_LAYER, "digest": layer_digest, "size": len(layer)}],
-    })
-    manifest_digest = _digest(manifest)
-    index = _json_bytes({
-        "schemaVersion": 2,
-        "mediaType": MT_LAYOUT_INDEX,
-        "manifests": [{
+    manifest = _json_bytes(
+        {
+            "schemaVersion": 2,
             "mediaType": MT_MANIFEST,
-            "digest": manifest_digest,
-            "size": len(manifest),
-            "platform": {"architecture": arch, "os": "linux"},
-            "annotations": {REF_NAME_ANNOTATION: ref},
-        }],
-    })
+            "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
+            "layers": [{"mediaType": MT_LAYER, "digest": layer_digest, "size": len(layer)}],
+        }
+    )
+    manifest_digest = _digest(manifest)
+    index = _json_bytes(
+        {
+            "schemaVersion": 2,
+            "mediaType": MT_LAYOUT_INDEX,
+            "manifests": [
+                {
+                    "mediaType": MT_MANIFEST,
+                    "digest": manifest_digest,
+                    "size": len(manifest),
+                    "platform": {"architecture": arch, "os": "linux"},
+                    "annotations": {REF_NAME_ANNOTATION: ref},
+                }
+            ],
+        }
+    )
     with tarfile.open(dest, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _tar_add(tar, "oci-layout", _json_bytes({"imageLayoutVersion": "1.0.0"}))
         _tar_add(tar, "index.json", index)
         for blob in (layer, config, manifest):
             _tar_add(tar, "blobs/sha256/" + _digest(blob).removeprefix("sha256:"), blob)
-    return PauseImage(archive=dest, ref=ref, manifest_digest=manifest_digest,
-                      config_digest=config_digest)
+    return PauseImage(archive=dest, ref=ref, manifest_digest=manifest_digest, config_digest=config_digest)
 
 
 def _go_arch() -> str:
@@ -116,29 +123,41 @@ def build_pause_image(cache_dir: Path | None = None, *, cc: str = "gcc") -> Paus
     """Compile pause.c and pack it, or return the cached archive for the same inputs."""
     cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + b"\0" + _gcc_version(cc).encode() + b"\0"
-                         + _go_arch().encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        source + b"\0" + _gcc_version(cc).encode() + b"\0" + _go_arch().encode()
+    ).hexdigest()[:16]
     ref = f"{IMAGE_NAME}:{key}"
     final = cache_dir / "pause" / key
     meta_path = final / "image.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        return PauseImage(archive=final / "pause.oci.tar", ref=meta["ref"],
-                          manifest_digest=meta["manifest_digest"],
-                          config_digest=meta["config_digest"])
+        return PauseImage(
+            archive=final / "pause.oci.tar",
+            ref=meta["ref"],
+            manifest_digest=meta["manifest_digest"],
+            config_digest=meta["config_digest"],
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
     try:
         binary = work / "pause"
-        proc = subprocess.run([cc, "-static", "-Os", "-Wall", "-Wextra", "-Werror", "-s",
-                               "-o", str(binary), str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [cc, "-static", "-Os", "-Wall", "-Wextra", "-Werror", "-s", "-o", str(binary), str(SOURCE)],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"compiling {SOURCE} failed:\n{proc.stderr}")
-        image = pack_oci_archive(binary.read_bytes(), ref, work / "pause.oci.tar",
-                                 arch=_go_arch())
-        (work / "image.json").write_text(json.dumps({
-            "ref": image.ref, "manifest_digest": image.manifest_digest,
-            "config_digest": image.config_digest}))
+        image = pack_oci_archive(binary.read_bytes(), ref, work / "pause.oci.tar", arch=_go_arch())
+        (work / "image.json").write_text(
+            json.dumps(
+                {
+                    "ref": image.ref,
+                    "manifest_digest": image.manifest_digest,
+                    "config_digest": image.config_digest,
+                }
+            )
+        )
         try:
             os.rename(work, final)
         except OSError:
