@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-from importlib import resources
 
 from nri_cni.config import DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_SOCKET, load_config, load_config_text
 
@@ -76,6 +75,8 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load(args):
+    from importlib import resources  # lazy: ~4 ms, for the embedded default config alone
+
     path = args.config
     if path is None and os.path.exists(DEFAULT_CONFIG_PATH):
         path = DEFAULT_CONFIG_PATH

@@ -23,10 +23,7 @@ prefixed "nri-cni: warning:"; --quiet drops them.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import hashlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -183,6 +180,8 @@ def _no_verb(parser: argparse.ArgumentParser) -> int:
 
 def default_container_id(netns: str) -> str:
     """cnitool's container ID: "cnitool-" and the first 10 bytes of SHA-512(netns path), in hex."""
+    import hashlib  # lazy: ~2 ms (OpenSSL) that every `nri-cni` command would pay at start
+
     return "cnitool-" + hashlib.sha512(netns.encode()).digest()[:10].hex()
 
 
@@ -274,6 +273,8 @@ def runtime_conf(args: argparse.Namespace) -> RuntimeConf:
 
 
 def _setup_logging(quiet: bool) -> None:
+    import logging  # lazy: ~2.5 ms that every `nri-cni` command would pay at start
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("nri-cni: %(levelname)s: %(message)s"))
     root = logging.getLogger()
@@ -299,7 +300,9 @@ def _handler(verb: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _run(verb: str, args: argparse.Namespace) -> int:
-    # lazy: the CNI runtime loads only for a verb that runs, not for --help
+    # lazy: the CNI runtime and asyncio (~45 ms) load only for a verb that runs, not for --help
+    import asyncio
+
     from nri_cni.cni.runtime import CNIRuntime
 
     if verb == "version":
