@@ -8,6 +8,7 @@ import os
 import sys
 
 from nri_cni.config import DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_SOCKET
+from nri_cni.errors import EXIT_FAILED
 
 EMBEDDED_DEFAULT = "embedded default"
 
@@ -120,7 +121,6 @@ def cmd_check_config(args) -> int:
 
 def _ask(args, op: str):
     from nri_cni import localproto
-    from nri_cni.cli import EXIT_FAILED
 
     status, payload = localproto.call(args.socket, {localproto.OP_KEY: op})
     data = json.loads(payload or b"null")
@@ -132,8 +132,6 @@ def _ask(args, op: str):
 
 def _report(args, op: str, show_table, ok=lambda data: True) -> int:
     """Asks the daemon; prints JSON (-o json) or `show_table(data)`; exit 1 unless ok(data)."""
-    from nri_cni.cli import EXIT_FAILED
-
     code, data = _ask(args, op)
     if code:
         return code

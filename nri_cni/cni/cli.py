@@ -26,7 +26,7 @@ import argparse
 import os
 import sys
 
-from nri_cni.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from nri_cni.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_code_for
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_BIN_DIR = "/opt/cni/bin"
@@ -334,7 +334,6 @@ def _report(exc: BaseException) -> int:
     """Print the CNI error object for `exc` on stderr; return the exit code for it."""
     import json
 
-    from nri_cni.cli import exit_code_for
     from nri_cni.cni.versions import CURRENT
     from nri_cni.errors import CNIError, NriCniError
 

@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING
 
 from nri_cni import localproto
-from nri_cni.errors import CniCode, ConfigError, NriCniError
+from nri_cni.errors import ConfigError, Kind, NriCniError
 from nri_cni.pod.model import PodInfo
 
 if TYPE_CHECKING:
@@ -81,12 +81,10 @@ class LocalServer:
                 raise NriCniError(
                     "the network config on stdin is not JSON",
                     details=str(exc),
-                    cni_code=CniCode.DECODING_FAILURE,
+                    kind=Kind.UNDECODABLE,
                 ) from None
             if not isinstance(conf, dict):
-                raise NriCniError(
-                    "the network config must be a JSON object", cni_code=CniCode.DECODING_FAILURE
-                )
+                raise NriCniError("the network config must be a JSON object", kind=Kind.UNDECODABLE)
             version = str(conf.get("cniVersion") or version)
             command = env.get("CNI_COMMAND", "")
             if command == "STATUS":
@@ -111,7 +109,7 @@ class LocalServer:
             if command == "CHECK":
                 await self.daemon.networker.check(pod)
                 return 0, b""
-            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", cni_code=CniCode.INVALID_ENV)
+            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", kind=Kind.BAD_ENV)
         except NriCniError as exc:
             log.error(
                 "shim %s for %s: %s", env.get("CNI_COMMAND", "?"), env.get("CNI_CONTAINERID", "?")[:12], exc
@@ -122,7 +120,7 @@ class LocalServer:
     def _pod_from_env(env: dict[str, str], conf: dict) -> PodInfo:
         cid = env.get("CNI_CONTAINERID", "")
         if not cid:
-            raise NriCniError("CNI_CONTAINERID is not set", cni_code=CniCode.INVALID_ENV)
+            raise NriCniError("CNI_CONTAINERID is not set", kind=Kind.BAD_ENV)
         args: dict[str, str] = {}
         for item in env.get("CNI_ARGS", "").split(";"):
             key, sep, value = item.partition("=")

@@ -26,7 +26,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from nri_cni.errors import CniCode, NriCniError
+from nri_cni.errors import Kind, NriCniError
 from nri_cni.fsutil import is_temporary, write_atomic
 
 log = logging.getLogger(__name__)
@@ -91,9 +91,7 @@ class IntentStore:
         try:
             write_atomic(path, data)
         except OSError as exc:
-            raise NriCniError(
-                f"cannot write the intent record {path}: {exc.strerror}", cni_code=CniCode.IO_FAILURE
-            ) from exc
+            raise NriCniError(f"cannot write the intent record {path}: {exc.strerror}", kind=Kind.IO) from exc
 
     def clear(self, pod_id: str) -> None:
         try:

@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_drop
 from nri_cni.cni.result import Result, parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, RuntimeConf
 from nri_cni.config import Config
-from nri_cni.errors import CniCode, CNIError, NriCniError, PluginExecError, PluginRef, PluginTimeout, PodError
+from nri_cni.errors import CniCode, CNIError, Kind, NriCniError, PluginRef, PodError
 from nri_cni.fsutil import is_temporary
 from nri_cni.lifecycle.spec import is_managed
 from nri_cni.pod import netlink
@@ -70,19 +70,21 @@ NOTHING_CREATED_CODES = frozenset(
         CniCode.INVALID_CONFIG,
     }
 )
-# PluginExecError messages for a plugin that was never exec'd (nri_cni/cni/exec.py, runtime.py)
-_NOT_EXECUTED = ("failed to find plugin", "cannot run plugin", "invalid plugin name")
 
 
 def nothing_created(exc: BaseException) -> bool:
-    """Whether a plugin's failed ADD cannot have created anything: it was never exec'd, or it
-    answered with one of NOTHING_CREATED_CODES."""
-    if isinstance(exc, PluginTimeout):
+    """Whether a plugin's failed ADD cannot have created anything: it was never run, or it
+    answered with one of NOTHING_CREATED_CODES. Read from the error's kind, never its text."""
+    if not isinstance(exc, NriCniError):
         return False
-    if isinstance(exc, PluginExecError):
-        # ran and crashed, printed garbage or an unusable result: it may have done anything
-        return exc.msg.startswith(_NOT_EXECUTED)
-    return isinstance(exc, CNIError) and bool(exc.ref.plugin) and exc.code in NOTHING_CREATED_CODES
+    if exc.kind is Kind.PLUGIN_NOT_RUN:
+        return True
+    return (
+        exc.kind is Kind.PLUGIN_ERROR
+        and isinstance(exc, CNIError)
+        and bool(exc.ref.plugin)
+        and exc.cni_code in NOTHING_CREATED_CODES
+    )
 
 
 def netns_gone(path: str) -> bool:
@@ -94,6 +96,17 @@ def netns_gone(path: str) -> bool:
     return not os.path.lexists(path) and os.path.isdir(os.path.dirname(path))
 
 
+@dataclass(frozen=True)
+class NetworkFailure:
+    """One network's DEL (or rollback) that failed: its state stays for the next try."""
+
+    network: str
+    error: NriCniError
+
+    def __str__(self) -> str:
+        return f"network {self.network!r}: {self.error}"
+
+
 @dataclass
 class OpRecord:
     """What one pod operation did, for the log line and the metrics."""
@@ -103,8 +116,14 @@ class OpRecord:
     started: float = field(default_factory=time.time)
     networks: list[dict] = field(default_factory=list)
     plugins: list[dict] = field(default_factory=list)
-    error: str = ""
-    error_code: int = 0  # the CNI code of the failure, for the metrics
+    error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
+    failures: int = 0
+
+    def fail(self, exc: NriCniError) -> None:
+        """One more failure of this operation; the first one is kept."""
+        if self.error is None:
+            self.error = exc
+        self.failures += 1
 
     def emit(self) -> None:
         ended = time.time()
@@ -119,8 +138,10 @@ class OpRecord:
             "plugins": self.plugins,
             "result": "error" if self.error else "ok",
         }
-        if self.error:
-            line["error"] = self.error
+        if self.error is not None:
+            line["error"] = str(self.error)
+            if self.failures > 1:
+                line["failures"] = self.failures
         oplog.info(json.dumps(line, separators=(",", ":")))
 
 
@@ -191,7 +212,7 @@ class PodNetworker:
             if pod.host_network:
                 raise PodError(f"pod {pod.label()} has no network namespace (host network?)")
         except NriCniError as exc:
-            record.error, record.error_code = str(exc), exc.cni_code
+            record.fail(exc)
             self._emit(record)
             raise
         if primary_ifname and selected and self.cfg.mode != "secondary":
@@ -208,7 +229,7 @@ class PodNetworker:
                     self.on_attached(pod)
                 return answer
             except NriCniError as exc:
-                record.error, record.error_code = str(exc), exc.cni_code
+                record.fail(exc)
                 raise
             finally:
                 if record.networks or record.error:  # not for a pod that was attached already
@@ -238,7 +259,8 @@ class PodNetworker:
         errors = await self._rollback_intent(intent, record, netns=pod.netns)
         if errors:
             raise PodError(
-                f"pod {pod.label()}: an earlier failed ADD still cannot be rolled back: " + "; ".join(errors),
+                f"pod {pod.label()}: an earlier failed ADD still cannot be rolled back: "
+                + "; ".join(map(str, errors)),
                 network=intent.networks[-1].network,
             )
 
@@ -435,7 +457,7 @@ class PodNetworker:
         else from the config the record holds), ignoring DEL failures of doomed plugins. The
         record goes when all succeeded; otherwise it keeps the networks still to undo, for the
         next try (the pod's DEL, GC, start-up). Returns the failures."""
-        errors: list[str] = []
+        errors: list[NetworkFailure] = []
         left: list[IntendedNetwork] = []
         for net in reversed(intent.networks):
             cached = self.cni.cache.read(net.network, intent.pod_id, net.ifname)
@@ -454,7 +476,7 @@ class PodNetworker:
             try:
                 await self._delete_entry(entry, netns=netns or intent.netns, doomed=net.doomed_indexes())
             except NriCniError as exc:
-                errors.append(f"network {net.network!r}: {exc}")
+                errors.append(NetworkFailure(net.network, exc))
                 left.insert(0, net)
                 if op == "recover":
                     log.error(
@@ -474,7 +496,7 @@ class PodNetworker:
         if not errors:
             self.intents.clear(intent.pod_id)
             return errors
-        intent = Intent(intent.pod_id, intent.netns, left, rollback_error="; ".join(errors))
+        intent = Intent(intent.pod_id, intent.netns, left, rollback_error="; ".join(map(str, errors)))
         try:
             self.intents.write(intent)
         except NriCniError as exc:  # the older record (a superset) is still on disk
@@ -534,18 +556,19 @@ class PodNetworker:
         record = OpRecord(op, pod)
         async with self.locks.pod(pod.id):
             errors = await self._detach_locked(pod, record)
-            if errors:
-                record.error = "; ".join(errors)
+            for failure in errors:
+                record.fail(failure.error)
             self._emit(record)
             if errors:
                 raise PodError(
-                    f"pod {pod.label()}: DEL failed for {len(errors)} network(s): " + "; ".join(errors)
+                    f"pod {pod.label()}: DEL failed for {len(errors)} network(s): "
+                    + "; ".join(map(str, errors))
                 )
 
     async def _detach_locked(self, pod: PodInfo, record: OpRecord) -> list[str]:
         """Under the pod's lock: roll back a left-over ADD, then DEL every cached network in
         reverse. Every DEL is tried; the failures are returned (their state stays for GC)."""
-        errors: list[str] = []
+        errors: list[NetworkFailure] = []
         intent = self.intents.load(pod.id)
         if intent is not None:
             errors += await self._rollback_intent(intent, record, netns=pod.netns)
@@ -554,7 +577,7 @@ class PodNetworker:
             try:
                 await self._delete_entry(entry, netns=pod.netns)
             except NriCniError as exc:
-                errors.append(f"network {entry.network_name!r}: {exc}")
+                errors.append(NetworkFailure(entry.network_name, exc))
             record.networks.append(
                 {"network": entry.network_name, "ifname": entry.ifname, "op": "del", "ms": _ms(t0)}
             )
@@ -608,7 +631,8 @@ class PodNetworker:
             for intent in self.intents.load_all():
                 record = OpRecord("gc-rollback", PodInfo(intent.pod_id))
                 errors = await self._rollback_intent(intent, record)
-                record.error = "; ".join(errors)
+                for failure in errors:
+                    record.fail(failure.error)
                 self._emit(record)
                 if errors:
                     report["errors"] += [f"rollback of pod {intent.pod_id}: {e}" for e in errors]
@@ -625,7 +649,7 @@ class PodNetworker:
                         report["deleted"].append(name)
                     except NriCniError as exc:
                         report["errors"].append(f"DEL {name}: {exc}")
-                        record.error, record.error_code = str(exc), exc.cni_code
+                        record.fail(exc)
                     record.networks.append(
                         {"network": entry.network_name, "ifname": entry.ifname, "op": "del"}
                     )
@@ -667,13 +691,14 @@ class PodNetworker:
                 if not entries or not self._netns_gone(entries):
                     continue  # attached again meanwhile, or already detached
                 errors = await self._detach_locked(record.pod, record)
-                record.error = "; ".join(errors)
+                for failure in errors:
+                    record.fail(failure.error)
                 self._emit(record)
             if errors:
                 log.error(
                     "reaper: pod %s (netns gone): DEL failed, GC retries: %s",
                     record.pod.label(),
-                    record.error,
+                    "; ".join(map(str, errors)),
                 )
             else:
                 log.info(
@@ -704,7 +729,8 @@ class PodNetworker:
             record = OpRecord("recover", PodInfo(intent.pod_id))
             async with self.locks.pod(intent.pod_id):
                 errors = await self._rollback_intent(intent, record, op="recover")
-            record.error = "; ".join(errors)
+            for failure in errors:
+                record.fail(failure.error)
             self._emit(record)
             if errors:
                 log.warning(
@@ -751,12 +777,12 @@ def _finalize_dropins(path: str) -> tuple[PluginConf, ...]:
     return plugins
 
 
-def _pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: list[str] = ()) -> PodError:
+def _pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: Sequence[NetworkFailure] = ()) -> PodError:
     where = ""
     if rollback_errors:
         where += (
             f"; undoing it failed too, retried later ({len(rollback_errors)} network(s): "
-            + "; ".join(rollback_errors)
+            + "; ".join(map(str, rollback_errors))
             + ")"
         )
     return PodError(

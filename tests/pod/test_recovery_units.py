@@ -12,7 +12,7 @@ import pytest
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.config import parse_config
-from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
+from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import PodInfo
@@ -47,8 +47,10 @@ def _ref(plugin="ctl"):
         # the runtime's own failure (a cache write): no plugin to blame
         (CNIError(CniCode.IO_FAILURE, "cannot write CNI cache file"), False),
         (CNIError(CniCode.INVALID_CONFIG, "no plugin named"), False),
-        (PluginExecError("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
-        (PluginExecError("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
+        (PluginNotRun("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
+        (PluginNotRun("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
+        # the kind decides, not the wording: a crash worded like a missing binary still ran
+        (PluginExecError("failed to find plugin 'ctl' (it said so, then crashed)", ref=_ref()), False),
         # it ran: whatever it printed, it may have created things
         (
             PluginExecError(
@@ -139,7 +141,7 @@ def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
     net.intents.write(intent)
     record = OpRecord("rollback", PodInfo(POD))
     errors = asyncio.run(net._rollback_intent(intent, record))
-    assert len(errors) == 1 and "ctl DEL failed" in errors[0]
+    assert len(errors) == 1 and "ctl DEL failed" in str(errors[0])
     kept = net.intents.load(POD)
     assert kept is not None and "ctl DEL failed" in kept.rollback_error
     assert [n.network for n in kept.networks] == ["podnet"]
