@@ -92,13 +92,13 @@ def load(args):
 def cmd_run(args) -> int:
     import asyncio
 
-    from nri_cni.daemon.app import Daemon
+    from nri_cni.daemon.app import build_daemon
     from nri_cni.gctune import tune_gc
     from nri_cni.logsetup import setup_logging
 
     cfg = load(args)
     setup_logging(cfg.log_level, cfg.log_format)
-    daemon = Daemon(cfg)
+    daemon = build_daemon(cfg)
     tune_gc()  # after the imports and the config: that heap is never collected again
     asyncio.run(daemon.run())
     return 0

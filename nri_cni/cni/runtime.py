@@ -56,9 +56,8 @@ class Attachment:
 class RuntimeHooks:
     """Optional callbacks around plugin calls (crash-safe intent records, fault injection).
 
-    Subclass and override what you need; CNIRuntime only looks up the methods an object
-    has, so any object with some of them works too. An exception raised here aborts the
-    operation as a plugin failure would.
+    Subclass and override what you need (the methods here do nothing). An exception raised
+    here aborts the operation as a plugin failure would.
     """
 
     async def before_plugin(
@@ -119,25 +118,36 @@ class CNIRuntime:
         *,
         exec_timeout: float = 60.0,
         executor: PluginExecutor | None = None,
-        hooks: object | None = None,
+        hooks: RuntimeHooks | None = None,
         durable_cache: bool = False,
+        cache: ResultCache | None = None,
     ) -> None:
         """durable_cache: ADD returns only once its cache entry is on disk. Off, the entry is
         written atomically before ADD returns and fsync'd right after, off the ADD's path: a
         journal commit waits for every dirty file on that file system (host-local's leases,
         containerd's writes), measured here at 0.5-3 ms, 10% of a bridge chain's ADD."""
         self.bin_dirs = list(bin_dirs)
-        self.cache = ResultCache(cache_dir)
+        self.cache = cache if cache is not None else ResultCache(cache_dir)
         self.durable_cache = durable_cache
         self.exec_timeout = exec_timeout
         self.executor = executor or PluginExecutor()
-        self._before_plugin = getattr(hooks, "before_plugin", None)
-        self._after_plugin = getattr(hooks, "after_plugin", None)
-        self._before_cache_write = getattr(hooks, "before_cache_write", None)
+        self.hooks = hooks if hooks is not None else RuntimeHooks()  # (PluginHooks has a len)
         # plugins inherit the daemon's environment (PATH at least: they exec iptables etc.)
         self._base_env = dict(os.environ)
         self._base_env.setdefault("PATH", _DEFAULT_PATH)
         self._cni_path = ":".join(self.bin_dirs)
+
+    def with_cache(self, cache: ResultCache) -> CNIRuntime:
+        """The same runtime (bin dirs, executor, hooks, timeout) keeping its results in `cache`
+        (NO_CACHE: nowhere, for an attachment nri-cni does not own)."""
+        return CNIRuntime(
+            self.bin_dirs,
+            exec_timeout=self.exec_timeout,
+            executor=self.executor,
+            hooks=self.hooks,
+            durable_cache=self.durable_cache,
+            cache=cache,
+        )
 
     # ---- verbs -----------------------------------------------------------------------------
 
@@ -155,16 +165,14 @@ class CNIRuntime:
         result: Result | None = None
         try:
             for i, plugin in enumerate(net.plugins):
-                if self._before_plugin:
-                    await self._before_plugin("ADD", net, i, rt)
+                await self.hooks.before_plugin("ADD", net, i, rt)
                 prev = result.to_dict(net.cni_version) if result is not None else None
                 if i == last:
                     # runs once the plugin is started: the cache file is made while it works
                     asyncio.get_running_loop().call_soon(prepared.prepare)
                 out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev), paths[i])
                 result = self._result(net, plugin, "ADD", out)
-                if self._after_plugin:
-                    await self._after_plugin("ADD", net, i, rt, result)
+                await self.hooks.after_plugin("ADD", net, i, rt, result)
             assert result is not None  # checked above: there was a plugin
             await self.cache_result(net, rt, result, prepared)
         finally:
@@ -185,11 +193,9 @@ class CNIRuntime:
         paths = self._find_all(net, net.plugins, "CHECK")
         prev = self._cached_prev(net, rt, "CHECK")
         for i, plugin in enumerate(net.plugins):
-            if self._before_plugin:
-                await self._before_plugin("CHECK", net, i, rt)
+            await self.hooks.before_plugin("CHECK", net, i, rt)
             await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev), paths[i])
-            if self._after_plugin:
-                await self._after_plugin("CHECK", net, i, rt, None)
+            await self.hooks.after_plugin("CHECK", net, i, rt, None)
 
     async def delete(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
         """DEL in reverse order with the cached result as prevResult (from 0.4.0 on); a
@@ -198,11 +204,9 @@ class CNIRuntime:
         env = self._env("DEL", rt)
         for i in range(len(net.plugins) - 1, -1, -1):
             plugin = net.plugins[i]
-            if self._before_plugin:
-                await self._before_plugin("DEL", net, i, rt)
+            await self.hooks.before_plugin("DEL", net, i, rt)
             await self._call(net, plugin, "DEL", env, self._stdin(net, plugin, rt, prev))
-            if self._after_plugin:
-                await self._after_plugin("DEL", net, i, rt, None)
+            await self.hooks.after_plugin("DEL", net, i, rt, None)
         self.cache.delete(net.name, rt.container_id, rt.ifname)
 
     async def delete_cached(self, entry: CacheEntry) -> None:
@@ -233,8 +237,7 @@ class CNIRuntime:
         paths = self._find_all(net, plugins, "FINALIZE")
         result, changed = prev_result, False
         for i, plugin in enumerate(plugins):
-            if self._before_plugin:
-                await self._before_plugin("FINALIZE", net, i, rt)
+            await self.hooks.before_plugin("FINALIZE", net, i, rt)
             out = await self._call(
                 net,
                 plugin,
@@ -245,8 +248,7 @@ class CNIRuntime:
             )
             if out.strip():
                 result, changed = self._result(net, plugin, "FINALIZE", out), True
-            if self._after_plugin:
-                await self._after_plugin("FINALIZE", net, i, rt, result)
+            await self.hooks.after_plugin("FINALIZE", net, i, rt, result)
         if changed:
             await self.cache_result(net, rt, result)
         return result
@@ -345,8 +347,7 @@ class CNIRuntime:
     ) -> None:
         """Writes the attachment's cache entry; a separate step so it can be overridden.
         `prepared`: the same write begun ahead by add() (PreparedWrite)."""
-        if self._before_cache_write:
-            await self._before_cache_write(net, rt, result)
+        await self.hooks.before_cache_write(net, rt, result)
         if prepared is None:
             prepared = self.cache.prepare(self._entry(net, rt))
         if self.durable_cache:

@@ -15,10 +15,14 @@ import signal
 import time
 from collections import defaultdict
 
+from nri_cni.cni.config import NetworkConfigList
+from nri_cni.cni.result import Result
+from nri_cni.cni.runtime import RuntimeConf, RuntimeHooks
+
 CRASH_ENV = "NRI_CNI_CRASH_AT"
 
 
-class PluginHooks:
+class PluginHooks(RuntimeHooks):
     def __init__(self) -> None:
         # container id -> {(network, command): (plugin index, start time)} of the plugin that is
         # running now; an entry left behind names the plugin that failed.
@@ -31,11 +35,20 @@ class PluginHooks:
         if self.crash_at and self.crash_at == point:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def before_plugin(self, command, net, index, rt) -> None:
+    async def before_plugin(
+        self, command: str, net: NetworkConfigList, index: int, rt: RuntimeConf | None
+    ) -> None:
         self._maybe_crash(f"{command}:{net.name}:{index}:before")
+        if rt is None:
+            return
         self._running.setdefault(rt.container_id, {})[(net.name, command)] = (index, time.perf_counter())
 
-    async def after_plugin(self, command, net, index, rt, result) -> None:
+    async def after_plugin(
+        self, command: str, net: NetworkConfigList, index: int, rt: RuntimeConf | None, result: Result | None
+    ) -> None:
+        if rt is None:
+            self._maybe_crash(f"{command}:{net.name}:{index}:after")
+            return
         running = self._running.get(rt.container_id, {})
         started = running.pop((net.name, command), None)
         if not running:
@@ -54,7 +67,7 @@ class PluginHooks:
             )
         self._maybe_crash(f"{command}:{net.name}:{index}:after")
 
-    async def before_cache_write(self, net, rt, result) -> None:
+    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
         self._maybe_crash(f"cache:{net.name}")
 
     def failed_index(self, container_id: str, network: str, command: str) -> int | None:

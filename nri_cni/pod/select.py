@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from nri_cni.config import Config, NetworkSpec
 from nri_cni.errors import AnnotationRefused
+from nri_cni.pod.model import PrimaryNetwork
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 MAX_ANNOTATION_BYTES = 64 * 1024
@@ -39,18 +40,29 @@ class Selected:
 
 
 def select_networks(
-    cfg: Config, namespace: str, annotations: dict[str, str], *, skip: tuple[str, ...] = ()
+    cfg: Config,
+    namespace: str,
+    annotations: dict[str, str],
+    *,
+    primary: PrimaryNetwork = PrimaryNetwork("", ours=True),
 ) -> list[Selected]:
-    """The pod's networks in order: default networks, then the annotation's requests.
+    """The pod's networks in order: default networks (the primary first), then the
+    annotation's requests.
 
-    `skip` names networks owned by someone else (secondary mode: the runtime's primary).
+    `primary` (from the mode): ours, it is attached first, as eth0; not ours (secondary mode),
+    it is the runtime's network, skipped, and eth0 is the runtime's too.
     Interface names are the network's configured one, else eth0 for the first, then net1, net2...
     """
     requests = parse_annotation(annotations.get(NETWORKS_ANNOTATION, ""))
     chosen: list[tuple[NetworkSpec, str, dict]] = []
-    for net in cfg.default_networks:
-        if net.name not in skip:
-            chosen.append((net, net.interface, {}))
+    for default in cfg.default_networks:
+        if default.name == primary.name and not primary.ours:
+            continue
+        entry: tuple[NetworkSpec, str, dict] = (default, default.interface, {})
+        if default.name == primary.name:
+            chosen.insert(0, entry)
+        else:
+            chosen.append(entry)
     for i, req in enumerate(requests):
         where = f"{NETWORKS_ANNOTATION}[{i}]"
         if req.namespace and req.namespace != namespace:
@@ -67,9 +79,9 @@ def select_networks(
             raise AnnotationRefused(f"{where}: network {req.name!r} is attached to every pod already")
         chosen.append((net, req.interface or net.interface, req.capability_args))
 
-    # The primary network (first, outside secondary mode) is eth0 unless the admin named its
+    # The primary network (first, when it is ours) is eth0 unless the admin named its
     # interface: reserve that name before any request can take it.
-    if chosen and not chosen[0][1] and cfg.mode != "secondary":
+    if chosen and not chosen[0][1] and primary.ours:
         chosen[0] = (chosen[0][0], "eth0", chosen[0][2])
     out: list[Selected] = []
     used = {ifname for _, ifname, _ in chosen if ifname}
@@ -87,7 +99,7 @@ def select_networks(
         if sel.ifname in seen:
             raise AnnotationRefused(f"{NETWORKS_ANNOTATION}: interface {sel.ifname!r} is requested twice")
         seen.add(sel.ifname)
-    if cfg.mode == "secondary" and "eth0" in seen:
+    if not primary.ours and "eth0" in seen:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION}: eth0 belongs to the runtime's own network")
     return out
 

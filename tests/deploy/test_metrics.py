@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_cni.errors import CNIError, NriCniError, PluginRef, PodError, Unavailable
 from nri_cni.metrics import LATENCY_BUCKETS, Metrics, error_code
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import OpRecord
+from nri_cni.pod.oprecord import OpRecord
 
 POD = PodInfo(id="a" * 64, name="web", namespace="default", netns="/var/run/netns/cni-1")
 
