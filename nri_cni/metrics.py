@@ -4,8 +4,8 @@ Off unless `metrics.listen` is set in the config. No client library: the exposit
 (text 0.0.4) is a few lines of text, and the server is a minimal HTTP/1.1 responder for
 `GET /metrics` (and HEAD) on asyncio, one request per connection.
 
-What is measured comes from the pod plan's OpRecord (nri_cni/pod/plan.py), handed over by
-the `PodNetworker.on_operation` callback, and from GC reports; the number of attachments is
+What is measured comes from the pod plan's OpRecord (nri_cni/pod/oprecord.py), handed over
+by the plan (Metrics is its OperationSink), and from GC reports; the number of attachments is
 read when scraped.
 """
 
@@ -129,9 +129,9 @@ def _number(value: float) -> str:
 class Metrics:
     """nri-cni's metrics. `attachments` is called on every scrape (number of attachments held).
 
-    Wiring (nri_cni/daemon/app.py): `networker.on_operation = metrics.observe_operation`,
-    `metrics.observe_gc(report)` after each GC, `await metrics.serve(cfg.metrics_listen)` at
-    start when set, `await metrics.close()` at stop.
+    Wiring (nri_cni/daemon/app.py build_daemon): the pod plan's OperationSink
+    (`observe_operation` per pod operation, `observe_gc(report)` after each GC);
+    `serve(cfg.metrics_listen)` at start when set, `close()` at stop.
     """
 
     def __init__(self, attachments: Callable[[], int] | None = None) -> None:
@@ -188,7 +188,7 @@ class Metrics:
             self.failures.inc((op, error_code(record)))
 
     def observe_gc(self, report: dict) -> None:
-        """One GC run's report: {"deleted": [...], "errors": [...]} (PodNetworker.gc)."""
+        """One GC run's report: {"deleted": [...], "errors": [...]} (PodPlan.collect_garbage)."""
         self.gc_runs.inc()
         self.gc_deleted.inc(amount=len(report.get("deleted") or ()))
         self.gc_errors.inc(amount=len(report.get("errors") or ()))

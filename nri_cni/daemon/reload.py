@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, load_finalize_dropins
-from nri_cni.config import Config, load_config
+from nri_cni.config import Config, ConfigErrors, load_config
 from nri_cni.errors import ConfigError
 from nri_cni.lifecycle.inotify import DirWatcher, InotifyUnavailable
 
@@ -174,8 +174,6 @@ class ConfigReloader:
         new = self._loader(self.cfg.path)
         dropins, errors = finalize_dropins(new)
         if errors:
-            from nri_cni.config import ConfigErrors
-
             raise ConfigErrors(errors)
         return new, dropins
 

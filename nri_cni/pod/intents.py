@@ -14,7 +14,7 @@ succeeds. Under the pod's lock (or GC's exclusive lock) a record found on disk i
 always one nobody is working on: an ADD in progress holds the lock until its record is gone.
 
 Doomed delete: a plugin whose ADD failed with an error meaning "nothing was created"
-(`nothing_created()` in plan.py) is recorded in the network's `doomed_plugins` as
+(`nothing_created()` in rollback.py) is recorded in the network's `doomed_plugins` as
 "<index>:<type>"; a DEL failure of exactly that plugin for this attachment does not count.
 """
 
