@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from nri_cni.cni.cache import NO_CACHE, CacheEntry
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.nocache import NO_CACHE
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
 from nri_cni.errors import NriCniError, PodError
