@@ -31,7 +31,6 @@ from nri_cni.localcodec import (
     decode_response_head,
     encode_response,
     header_length,
-    recv_exactly,
 )
 from nri_cni.localcodec import encode_request as _encode_pairs
 
@@ -55,7 +54,7 @@ STATUS_ERROR = 1
 
 
 def encode_request(header: dict[str, str], body: bytes = b"") -> bytes:
-    return bytes(_encode_pairs(header.items(), body))
+    return _encode_pairs(list(header.items()), body)
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], bytes]:
@@ -82,7 +81,17 @@ def call(
                 f"{exc.strerror or exc} (is `nri-cni run` running?)"
             ) from exc
         sock.sendall(encode_request(header, body))
-        status, length = decode_response_head(recv_exactly(sock, RESPONSE_HEAD))
-        return status, recv_exactly(sock, length)
+        status, length = decode_response_head(_recv_exactly(sock, RESPONSE_HEAD))
+        return status, _recv_exactly(sock, length)
     finally:
         sock.close()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise LocalProtocolError("the daemon closed the connection before answering")
+        buf += chunk
+    return bytes(buf)

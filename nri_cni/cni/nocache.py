@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nri_cni.cni.cache import CacheEntry, PreparedWrite, ResultCache
 
 
@@ -33,7 +35,7 @@ class _NoWrite(PreparedWrite):
     def prepare(self) -> None:
         return None
 
-    def commit(self, result: dict | None, *, durable: bool = True) -> None:
+    def commit(self, result: dict[str, Any] | None, *, durable: bool = True) -> None:
         self._done = True
 
 

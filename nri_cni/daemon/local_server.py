@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+from typing import Any
 
 from nri_cni import localproto
 from nri_cni.app.readiness import NetworkReadiness
@@ -118,7 +119,7 @@ class LocalServer:
             return 1, json.dumps(_cni_error(exc, version)).encode()
 
     @staticmethod
-    def _pod_from_env(env: dict[str, str], conf: dict) -> PodInfo:
+    def _pod_from_env(env: dict[str, str], conf: dict[str, Any]) -> PodInfo:
         cid = env.get("CNI_CONTAINERID", "")
         if not cid:
             raise NriCniError("CNI_CONTAINERID is not set", kind=Kind.BAD_ENV)
@@ -139,7 +140,7 @@ class LocalServer:
             annotations={str(k): str(v) for k, v in annotations.items()},
         )
 
-    async def _gc(self, conf: dict) -> None:
+    async def _gc(self, conf: dict[str, Any]) -> None:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
         pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
@@ -167,7 +168,7 @@ class LocalServer:
         return 0, json.dumps(payload).encode()
 
 
-def _cni_error(exc: NriCniError, version: str) -> dict:
+def _cni_error(exc: NriCniError, version: str) -> dict[str, Any]:
     out = exc.to_cni_error(version)
     # The message a kubelet event shows: the whole chain, not just the outer layer.
     if not out.get("details"):

@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, load_finalize_dropins
 from nri_cni.config import Config, ConfigErrors, load_config
@@ -98,7 +99,7 @@ class ConfigReloader:
         self._trigger = asyncio.Event()
         self._lock = asyncio.Lock()
         self._watcher: DirWatcher | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def enabled(self) -> bool:
@@ -198,7 +199,7 @@ class ConfigReloader:
             return set()
         return self._watcher.watch(watched_dirs(self.cfg))
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {
             "enabled": self.enabled,
             "inotify": self._watcher is not None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from nri_cni.app.readiness import NetworkReadiness
 from nri_cni.app.service import PodService
@@ -30,7 +31,7 @@ class DaemonReports:
         self.stub = stub
         self.started = time.time()
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         cfg, ledger, stub = self.service.cfg, self.service.ledger, self.stub
         # not ready: STATUS fails, or INIT failed (docs/lifecycle.md)
         errors = self.readiness.failing()
@@ -68,8 +69,8 @@ class DaemonReports:
             "reload": self.reloader.report(),
         }
 
-    def pods(self) -> list[dict]:
-        pods: dict[str, dict] = {}
+    def pods(self) -> list[dict[str, Any]]:
+        pods: dict[str, dict[str, Any]] = {}
         for entry in self.service.attachments():
             args = dict(entry.cni_args)
             pod = pods.setdefault(

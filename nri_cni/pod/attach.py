@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
@@ -105,7 +106,7 @@ class Attacher:
         self,
         pod: PodInfo,
         selected: list[Selected],
-        runtime_caps: dict,
+        runtime_caps: dict[str, Any],
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> PodNetworks:

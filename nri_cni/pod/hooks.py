@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections import defaultdict
+from typing import Any
 
 from nri_cni.cni.config import NetworkConfigList
 from nri_cni.cni.result import Result
@@ -28,7 +29,7 @@ class PluginHooks(RuntimeHooks):
         # running now; an entry left behind names the plugin that failed.
         self._running: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}
         # container id -> [{"network", "plugin", "command", "ms"}], drained by the pod plan
-        self.timings: dict[str, list[dict]] = defaultdict(list)
+        self.timings: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.crash_at = os.environ.get(CRASH_ENV, "")
 
     def _maybe_crash(self, point: str) -> None:
@@ -78,7 +79,7 @@ class PluginHooks(RuntimeHooks):
             self._running.pop(container_id, None)
         return None if started is None else started[0]
 
-    def drain(self, container_id: str) -> list[dict]:
+    def drain(self, container_id: str) -> list[dict[str, Any]]:
         """The timings of one pod operation; forgets whatever else is kept for the pod."""
         self._running.pop(container_id, None)
         return self.timings.pop(container_id, [])

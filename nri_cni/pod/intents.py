@@ -25,6 +25,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.fsutil import is_temporary, write_atomic
@@ -38,7 +39,7 @@ class IntendedNetwork:
     ifname: str
     config: bytes
     cni_args: list[tuple[str, str]] = field(default_factory=list)
-    capability_args: dict = field(default_factory=dict)
+    capability_args: dict[str, Any] = field(default_factory=dict)
     # A plugin whose ADD failed with a code meaning "nothing was created" (doomed delete):
     # its DEL failure for this attachment is not reported. "<index>:<type>" per plugin.
     doomed_plugins: list[str] = field(default_factory=list)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.result import Result
@@ -78,7 +79,7 @@ class PodNetworks:
 class AttachRequest:
     """What a caller adds to a pod's ADD (the shim: the runtime's CNI call)."""
 
-    runtime_caps: dict = field(default_factory=dict)  # port mappings, bandwidth...: to the primary
+    runtime_caps: dict[str, Any] = field(default_factory=dict)  # port mappings, bandwidth...: to the primary
     primary_ifname: str = ""  # the primary's interface name, as the runtime asked for it
 
 

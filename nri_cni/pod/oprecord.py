@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from nri_cni.errors import NriCniError
 from nri_cni.pod.hooks import PluginHooks
@@ -40,8 +40,8 @@ class OpRecord:
     op: str
     pod: PodInfo
     started: float = field(default_factory=time.time)
-    networks: list[dict] = field(default_factory=list)
-    plugins: list[dict] = field(default_factory=list)
+    networks: list[dict[str, Any]] = field(default_factory=list)
+    plugins: list[dict[str, Any]] = field(default_factory=list)
     error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
     failures: int = 0
 
@@ -53,14 +53,14 @@ class OpRecord:
 
     def step(self, network: str, ifname: str, op: str, t0: float | None = None) -> None:
         """One network's step; `t0` (time.perf_counter() at its start) adds its duration."""
-        entry: dict = {"network": network, "ifname": ifname, "op": op}
+        entry: dict[str, Any] = {"network": network, "ifname": ifname, "op": op}
         if t0 is not None:
             entry["ms"] = ms_since(t0)
         self.networks.append(entry)
 
     def emit(self) -> None:
         ended = time.time()
-        line: dict = {
+        line: dict[str, Any] = {
             "op": self.op,
             "pod": self.pod.label(),
             "podId": self.pod.id,

@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from nri_cni.config import Config, NetworkSpec
 from nri_cni.errors import AnnotationRefused
@@ -36,7 +37,7 @@ class Selected:
 
     network: NetworkSpec
     ifname: str
-    capability_args: dict = field(default_factory=dict)  # ips / mac asked for by the pod
+    capability_args: dict[str, Any] = field(default_factory=dict)  # ips / mac asked for by the pod
 
 
 def select_networks(
@@ -54,11 +55,11 @@ def select_networks(
     Interface names are the network's configured one, else eth0 for the first, then net1, net2...
     """
     requests = parse_annotation(annotations.get(NETWORKS_ANNOTATION, ""))
-    chosen: list[tuple[NetworkSpec, str, dict]] = []
+    chosen: list[tuple[NetworkSpec, str, dict[str, Any]]] = []
     for default in cfg.default_networks:
         if default.name == primary.name and not primary.ours:
             continue
-        entry: tuple[NetworkSpec, str, dict] = (default, default.interface, {})
+        entry: tuple[NetworkSpec, str, dict[str, Any]] = (default, default.interface, {})
         if default.name == primary.name:
             chosen.insert(0, entry)
         else:
@@ -109,7 +110,7 @@ class _Request:
     name: str
     namespace: str = ""
     interface: str = ""
-    capability_args: dict = field(default_factory=dict)
+    capability_args: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_annotation(value: str) -> list[_Request]:
@@ -170,7 +171,7 @@ def _parse_json(text: str) -> list[_Request]:
             _check_name(namespace, where, "namespace")
         if ifname:
             _check_ifname(ifname, where)
-        caps: dict = {}
+        caps: dict[str, Any] = {}
         if "ips" in obj:
             caps["ips"] = _check_ips(obj["ips"], where)
         if "mac" in obj:
@@ -196,7 +197,7 @@ def _check_ifname(ifname: str, where: str) -> None:
         )
 
 
-def _check_ips(value, where: str) -> list[str]:
+def _check_ips(value: object, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 16:
         raise AnnotationRefused(f"{where}: ips must be a list of at most 16 strings")
     for ip in value:

@@ -14,10 +14,8 @@ import sys
 # installed script imports nothing of the package.
 from nri_cni.localcodec import (  # @LOCAL_CODEC@
     RESPONSE_HEAD,
-    LocalProtocolError,
     decode_response_head,
     encode_request,
-    recv_exactly,
 )
 
 DEFAULT_SOCKET = "@DEFAULT_SOCKET@"
@@ -64,6 +62,16 @@ def fail(version, code, msg, details=""):
     return 1
 
 
+def recv_exactly(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise OSError("the daemon closed the connection before answering")
+        buf += chunk
+    return buf
+
+
 def main():
     conf = sys.stdin.buffer.read()
     version = string_field(conf, b"cniVersion") or "1.0.0"
@@ -82,9 +90,8 @@ def main():
         sock.sendall(request)
         status, length = decode_response_head(recv_exactly(sock, RESPONSE_HEAD))
         payload = recv_exactly(sock, length)
-    except (OSError, LocalProtocolError) as exc:
-        reason = str(getattr(exc, "strerror", None) or exc)
-        return fail(version, 11, "nri-cni daemon is not reachable at " + path, reason)
+    except OSError as exc:
+        return fail(version, 11, "nri-cni daemon is not reachable at " + path, str(exc.strerror or exc))
     finally:
         sock.close()
     sys.stdout.buffer.write(payload)
