@@ -14,7 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni.cni import config as cniconf
+from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.errors import ConfigError
+from nri_cni.lifecycle.spec import validate_list
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cni/config.yaml"
 DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
@@ -360,9 +363,6 @@ def _local_listen(value: str) -> bool:
 
 
 def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
-    from nri_cni.cni import config as cniconf
-    from nri_cni.cni.config import validate_ifname, validate_network_name
-
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -454,8 +454,6 @@ def _load_network_list(
         return None
     try:
         # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
-        from nri_cni.lifecycle.spec import validate_list
-
         validate_list(lst, lst.source)
     except ConfigError as exc:
         r.fail(_join(where, source), str(exc))
