@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nri_cni.cni import versions
@@ -108,6 +108,30 @@ def cni_args(pairs: Sequence[tuple[str, str]]) -> str:
             )
         parts.append(f"{key}={value}")
     return ";".join(parts)
+
+
+def cni_env(
+    base: Mapping[str, str],
+    command: str,
+    *,
+    container_id: str = "",
+    netns: str = "",
+    ifname: str = "",
+    args: str = "",
+    path: str = "",
+) -> dict[str, str]:
+    """The one place a plugin's environment is made: `base`, then all six CNI variables set
+    after it (libcni sets empty strings for what a verb does not use)."""
+    env = dict(base)
+    env.update(
+        CNI_COMMAND=command,
+        CNI_CONTAINERID=container_id,
+        CNI_NETNS=netns,
+        CNI_IFNAME=ifname,
+        CNI_ARGS=args,
+        CNI_PATH=path,
+    )
+    return env
 
 
 class CNIRuntime:
@@ -293,15 +317,8 @@ class CNIRuntime:
     async def version(self, plugin_type: str) -> dict:
         """The plugin's VERSION answer: {"cniVersion", "supportedVersions"}."""
         ref = PluginRef(plugin=plugin_type, command="VERSION")
-        env = dict(
-            self._base_env,
-            CNI_COMMAND="VERSION",
-            CNI_CONTAINERID="",
-            CNI_NETNS="dummy",
-            CNI_IFNAME="dummy",
-            CNI_ARGS="",
-            CNI_PATH="dummy",
-        )
+        # libcni's GetVersionInfo passes these placeholders
+        env = cni_env(self._base_env, "VERSION", netns="dummy", ifname="dummy", path="dummy")
         try:
             path = self.executor.find(plugin_type, self.bin_dirs)
             out = await self.executor.exec(
@@ -402,14 +419,17 @@ class CNIRuntime:
     def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
         """The inherited environment with all six CNI variables set after it (libcni sets
         empty strings for GC and STATUS)."""
-        env = dict(self._base_env)
-        env["CNI_COMMAND"] = command
-        env["CNI_CONTAINERID"] = rt.container_id if rt else ""
-        env["CNI_NETNS"] = rt.netns if rt else ""
-        env["CNI_IFNAME"] = rt.ifname if rt else ""
-        env["CNI_ARGS"] = cni_args(rt.args) if rt else ""
-        env["CNI_PATH"] = self._cni_path
-        return env
+        if rt is None:
+            return cni_env(self._base_env, command, path=self._cni_path)
+        return cni_env(
+            self._base_env,
+            command,
+            container_id=rt.container_id,
+            netns=rt.netns,
+            ifname=rt.ifname,
+            args=cni_args(rt.args),
+            path=self._cni_path,
+        )
 
     @staticmethod
     def _stdin(
