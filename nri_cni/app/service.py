@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nri_cni.app.ledger import PodLedger
@@ -139,7 +139,7 @@ class PodService:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid())
 
-    async def _collect(self, valid: Any) -> GcReport:
+    async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
         async with self.locks.exclusive():
             return await self.plan.collect_garbage(set(valid()))
 

@@ -60,7 +60,7 @@ class ConfigApplier:
         if cfg.log_level != self.pods.cfg.log_level:
             logging.getLogger().setLevel(cfg.log_level.upper())
         self.pods.reconfigure(cfg)
-        self.handlers.failure_policy = cfg.failure_policy
+        self.handlers.reconfigure(cfg.failure_policy)
         self.lifecycle.update(n.conflist for n in cfg.networks)
         self.readiness.reconfigure(cfg)
         await self.readiness.refresh()

@@ -91,6 +91,10 @@ class NriHandlers:
             return None
         return run_pod_response(answer) if self.mode.answers_run_pod else None
 
+    def reconfigure(self, failure_policy: str) -> None:
+        """A hot reload may change the failure policy (the mode needs a restart)."""
+        self.failure_policy = failure_policy
+
     def _fail_pods(self) -> bool:
         if self.failure_policy != "auto":
             return self.failure_policy == "fail"
