@@ -16,12 +16,27 @@ import argparse
 import importlib
 import sys
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
-EXIT_PLUGIN = 4
-EXIT_INTERRUPTED = 130
+from nri_cni.errors import (  # the exit codes live in the errors' WIRE table
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PLUGIN,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    NriCniError,
+    exit_code_for,
+)
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_PLUGIN",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+]
 
 # Command groups; each module has register(subparsers).
 COMMAND_MODULES = (
@@ -42,18 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_code_for(exc: BaseException) -> int:
-    from nri_cni.errors import CNIError, ConfigError, Unavailable
-
-    if isinstance(exc, ConfigError):
-        return EXIT_USAGE
-    if isinstance(exc, Unavailable):
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, CNIError):
-        return EXIT_PLUGIN
-    return EXIT_FAILED
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from nri_cni.errors import NriCniError
-
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

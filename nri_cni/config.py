@@ -17,6 +17,7 @@ from typing import Any
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.errors import ConfigError
+from nri_cni.lifecycle.spec import validate_list
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cni/config.yaml"
 DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
@@ -453,10 +454,6 @@ def _load_network_list(
         return None
     try:
         # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
-        # lazy: nri_cni.lifecycle's __init__ loads the manager (asyncio, the CNI runtime: ~40 ms),
-        # and every `nri-cni` command imports this module for its defaults
-        from nri_cni.lifecycle.spec import validate_list
-
         validate_list(lst, lst.source)
     except ConfigError as exc:
         r.fail(_join(where, source), str(exc))

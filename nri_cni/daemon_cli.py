@@ -8,6 +8,7 @@ import os
 import sys
 
 from nri_cni.config import DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_SOCKET, load_config, load_config_text
+from nri_cni.errors import EXIT_FAILED
 
 EMBEDDED_DEFAULT = "embedded default"
 
@@ -90,13 +91,13 @@ def cmd_run(args) -> int:
     # lazy: the daemon's whole tree (~100 ms) loads for `nri-cni run` alone
     import asyncio
 
-    from nri_cni.daemon.app import Daemon
+    from nri_cni.daemon.app import build_daemon
     from nri_cni.gctune import tune_gc
     from nri_cni.logsetup import setup_logging
 
     cfg = load(args)
     setup_logging(cfg.log_level, cfg.log_format)
-    daemon = Daemon(cfg)
+    daemon = build_daemon(cfg)
     tune_gc()  # after the imports and the config: that heap is never collected again
     asyncio.run(daemon.run())
     return 0
@@ -120,7 +121,6 @@ def cmd_check_config(args) -> int:
 def _ask(args, op: str):
     # lazy: the local protocol's asyncio (~25 ms) only for the commands that ask the daemon
     from nri_cni import localproto
-    from nri_cni.cli import EXIT_FAILED
 
     status, payload = localproto.call(args.socket, {localproto.OP_KEY: op})
     data = json.loads(payload or b"null")
@@ -132,8 +132,6 @@ def _ask(args, op: str):
 
 def _report(args, op: str, show_table, ok=lambda data: True) -> int:
     """Asks the daemon; prints JSON (-o json) or `show_table(data)`; exit 1 unless ok(data)."""
-    from nri_cni.cli import EXIT_FAILED
-
     code, data = _ask(args, op)
     if code:
         return code

@@ -1,14 +1,17 @@
-"""The error hierarchy of nri-cni.
+"""The error hierarchy of nri-cni, and how each error is reported.
 
-Every error nri-cni raises on purpose is a NriCniError. Each class knows the CNI error code it
-is reported with (to the shim's caller, in the CNI error JSON) and the gRPC status code it is
-reported with (to the runtime, in a ttrpc Response). Code that catches errors to report them
-never needs to know which module raised them.
+Every error nri-cni raises on purpose is a NriCniError with a `kind` (Kind). One table, WIRE,
+maps each kind to the CNI error code it is reported with (to the shim's caller, in the CNI
+error JSON), the gRPC status it is reported with (to the runtime, in a ttrpc Response) and the
+exit code of the `nri-cni` command. Decisions (doomed delete, metrics, exit codes) read the
+kind or the code, never the message. A code that comes from outside is kept per error: the CNI
+code a plugin printed, the status a remote call answered.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 
 class GrpcCode:
@@ -50,29 +53,94 @@ class CniCode:
     INTERNAL = 999  # libcni's ErrInternal
 
 
-class NriCniError(Exception):
-    """Base of every error nri-cni raises on purpose."""
+# Exit codes of the `nri-cni` command (distinct, as node tooling expects).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_PLUGIN = 4
+EXIT_INTERRUPTED = 130
 
-    cni_code: int = CniCode.INTERNAL
-    grpc_code: int = GrpcCode.UNKNOWN
+
+class Kind(Enum):
+    """What went wrong, as far as a decision needs to know."""
+
+    FAILED = "failed"  # an operation failed; nothing more specific to say
+    CONFIG = "config"  # a configuration (nri-cni's YAML, a conflist) is invalid
+    REFUSED = "refused"  # a pod annotation asked for what is not allowed
+    BAD_ENV = "bad-env"  # a CNI call's environment is incomplete or wrong
+    UNDECODABLE = "undecodable"  # a CNI call's stdin is not a JSON object
+    IO = "io"  # nri-cni's own state could not be written
+    UNAVAILABLE = "unavailable"  # the other side (runtime, daemon) is not there
+    PROTOCOL = "protocol"  # the peer broke the wire protocol
+    REMOTE = "remote"  # a remote call answered with an error status (kept per error)
+    PLUGIN_NOT_RUN = "plugin-not-run"  # not found, bad name, could not exec: it created nothing
+    PLUGIN_ERROR = "plugin-error"  # printed a CNI error: its own code is kept
+    PLUGIN_BROKEN = "plugin-broken"  # crashed or printed garbage: it may have done anything
+    PLUGIN_TIMEOUT = "plugin-timeout"  # killed at its deadline: it may have done anything
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one kind of error is reported on each channel."""
+
+    cni: int  # CNI error code (shim, CNI error JSON)
+    grpc: int  # gRPC status (ttrpc answer to the runtime)
+    exit: int  # exit code of the nri-cni command
+
+
+WIRE: dict[Kind, Wire] = {
+    Kind.FAILED: Wire(CniCode.INTERNAL, GrpcCode.UNKNOWN, EXIT_FAILED),
+    Kind.CONFIG: Wire(CniCode.INVALID_CONFIG, GrpcCode.INVALID_ARGUMENT, EXIT_USAGE),
+    Kind.REFUSED: Wire(CniCode.INVALID_CONFIG, GrpcCode.PERMISSION_DENIED, EXIT_USAGE),
+    Kind.BAD_ENV: Wire(CniCode.INVALID_ENV, GrpcCode.INVALID_ARGUMENT, EXIT_USAGE),
+    Kind.UNDECODABLE: Wire(CniCode.DECODING_FAILURE, GrpcCode.INVALID_ARGUMENT, EXIT_USAGE),
+    Kind.IO: Wire(CniCode.IO_FAILURE, GrpcCode.UNKNOWN, EXIT_FAILED),
+    Kind.UNAVAILABLE: Wire(CniCode.TRY_AGAIN_LATER, GrpcCode.UNAVAILABLE, EXIT_UNAVAILABLE),
+    Kind.PROTOCOL: Wire(CniCode.INTERNAL, GrpcCode.INTERNAL, EXIT_FAILED),
+    Kind.REMOTE: Wire(CniCode.INTERNAL, GrpcCode.UNKNOWN, EXIT_FAILED),
+    Kind.PLUGIN_NOT_RUN: Wire(CniCode.INTERNAL, GrpcCode.UNKNOWN, EXIT_PLUGIN),
+    Kind.PLUGIN_ERROR: Wire(CniCode.INTERNAL, GrpcCode.UNKNOWN, EXIT_PLUGIN),
+    Kind.PLUGIN_BROKEN: Wire(CniCode.INTERNAL, GrpcCode.UNKNOWN, EXIT_PLUGIN),
+    Kind.PLUGIN_TIMEOUT: Wire(CniCode.INTERNAL, GrpcCode.DEADLINE_EXCEEDED, EXIT_PLUGIN),
+}
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The `nri-cni` command's exit code for an error that ended it."""
+    return WIRE[exc.kind].exit if isinstance(exc, NriCniError) else EXIT_FAILED
+
+
+class NriCniError(Exception):
+    """Base of every error nri-cni raises on purpose. `kind` says what it is; the codes it is
+    reported with come from WIRE unless given (a code from outside: a plugin's, a peer's)."""
+
+    kind: Kind = Kind.FAILED
 
     def __init__(
-        self, msg: str, *, details: str = "", cni_code: int | None = None, grpc_code: int | None = None
+        self,
+        msg: str,
+        *,
+        details: str = "",
+        kind: Kind | None = None,
+        cni_code: int | None = None,
+        grpc_code: int | None = None,
     ) -> None:
         super().__init__(msg)
         self.msg = msg
         self.details = details
-        if cni_code is not None:
-            self.cni_code = cni_code
-        if grpc_code is not None:
-            self.grpc_code = grpc_code
+        if kind is not None:
+            self.kind = kind
+        wire = WIRE[self.kind]
+        self.cni_code: int = wire.cni if cni_code is None else cni_code
+        self.grpc_code: int = wire.grpc if grpc_code is None else grpc_code
 
     def __str__(self) -> str:
         return f"{self.msg}: {self.details}" if self.details else self.msg
 
-    def to_cni_error(self, cni_version: str = "1.1.0") -> dict:
+    def to_cni_error(self, cni_version: str = "1.1.0") -> dict[str, object]:
         """The CNI error object (SPEC.md "Error") a plugin prints for this error."""
-        out = {"cniVersion": cni_version, "code": self.cni_code, "msg": self.msg}
+        out: dict[str, object] = {"cniVersion": cni_version, "code": self.cni_code, "msg": self.msg}
         if self.details:
             out["details"] = self.details
         return out
@@ -84,8 +152,7 @@ class ConfigError(NriCniError):
     `location` names where: a file path, optionally with a key path or line.
     """
 
-    cni_code = CniCode.INVALID_CONFIG
-    grpc_code = GrpcCode.INVALID_ARGUMENT
+    kind = Kind.CONFIG
 
     def __init__(self, msg: str, *, location: str = "", details: str = "") -> None:
         super().__init__(msg, details=details)
@@ -99,11 +166,13 @@ class ConfigError(NriCniError):
 class ProtocolError(NriCniError):
     """The peer broke the wire protocol (ttrpc framing, NRI mux, shim socket)."""
 
-    grpc_code = GrpcCode.INTERNAL
+    kind = Kind.PROTOCOL
 
 
 class RPCError(NriCniError):
     """A remote call answered with a non-OK status (or could not be made)."""
+
+    kind = Kind.REMOTE
 
     def __init__(self, code: int, msg: str) -> None:
         super().__init__(msg, grpc_code=code)
@@ -116,8 +185,7 @@ class RPCError(NriCniError):
 class Unavailable(NriCniError):
     """The other side (runtime, daemon) is not there or went away."""
 
-    grpc_code = GrpcCode.UNAVAILABLE
-    cni_code = CniCode.TRY_AGAIN_LATER
+    kind = Kind.UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -140,9 +208,10 @@ class PluginRef:
 
 
 class CNIError(NriCniError):
-    """A CNI plugin reported an error (its stdout held a CNI error object)."""
+    """A CNI error object: a plugin printed it (its code kept), or nri-cni's CNI runtime made
+    one (cache, result decoding)."""
 
-    grpc_code = GrpcCode.UNKNOWN
+    kind = Kind.PLUGIN_ERROR
 
     def __init__(self, code: int, msg: str, *, details: str = "", ref: PluginRef | None = None) -> None:
         super().__init__(msg, details=details, cni_code=code)
@@ -155,7 +224,9 @@ class CNIError(NriCniError):
 
 
 class PluginExecError(CNIError):
-    """A plugin could not be run or misbehaved: missing binary, timeout, garbage output, crash."""
+    """A plugin ran and misbehaved: crash, garbage or unusable output; it may have done anything."""
+
+    kind = Kind.PLUGIN_BROKEN
 
     def __init__(
         self, msg: str, *, details: str = "", ref: PluginRef | None = None, code: int = CniCode.INTERNAL
@@ -163,17 +234,27 @@ class PluginExecError(CNIError):
         super().__init__(code, msg, details=details, ref=ref)
 
 
+class PluginNotRun(PluginExecError):
+    """A plugin could not be run at all (not found, invalid name, exec failed): it created nothing."""
+
+    kind = Kind.PLUGIN_NOT_RUN
+
+
 class PluginTimeout(PluginExecError):
-    grpc_code = GrpcCode.DEADLINE_EXCEEDED
+    """A plugin was killed at its deadline."""
+
+    kind = Kind.PLUGIN_TIMEOUT
 
 
 class PodError(NriCniError):
-    """A pod-level operation failed; wraps the first cause and names the network."""
+    """A pod-level operation failed; wraps the first cause (its kind and codes) and names the
+    network."""
 
     def __init__(self, msg: str, *, cause: NriCniError | None = None, network: str = "") -> None:
         super().__init__(
             msg,
             details=str(cause) if cause else "",
+            kind=cause.kind if cause else None,
             cni_code=cause.cni_code if cause else None,
             grpc_code=cause.grpc_code if cause else None,
         )
@@ -184,4 +265,4 @@ class PodError(NriCniError):
 class AnnotationRefused(ConfigError):
     """A pod annotation (untrusted, written by users) asked for something not allowed."""
 
-    grpc_code = GrpcCode.PERMISSION_DENIED
+    kind = Kind.REFUSED

@@ -1,7 +1,8 @@
 """The daemon's local socket: how `nri-cni-shim` and the `nri-cni` CLI talk to `nri-cni run`.
 
-Deliberately trivial, because the shim implements it by hand with nothing but `_socket` (it is
-exec'd for every CNI call and must start in a few ms):
+Deliberately trivial, because the shim implements it with nothing but `_socket` (it is exec'd
+for every CNI call and must start in a few ms). The framing is nri_cni/localcodec.py, shared by
+the server, this client and the Python shim:
 
     request  = u32 BE header length | header | u32 BE body length | body
     header   = "KEY=VALUE" entries separated by NUL bytes: the shim's CNI_* environment, or
@@ -18,53 +19,51 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 
 from nri_cni.errors import Unavailable
+from nri_cni.localcodec import (
+    MAX_BODY,
+    MAX_HEADER,
+    RESPONSE_HEAD,
+    LocalProtocolError,
+    body_length,
+    decode_header,
+    decode_response_head,
+    encode_response,
+    header_length,
+)
+from nri_cni.localcodec import encode_request as _encode_pairs
 
-MAX_HEADER = 64 * 1024
-MAX_BODY = 4 * 1024 * 1024
+__all__ = [
+    "MAX_BODY",
+    "MAX_HEADER",
+    "OP_KEY",
+    "STATUS_ERROR",
+    "STATUS_OK",
+    "LocalProtocolError",
+    "call",
+    "decode_header",
+    "encode_request",
+    "encode_response",
+    "read_request",
+]
+
 OP_KEY = "NRICNI_OP"
 STATUS_OK = 0
 STATUS_ERROR = 1
 
 
-class LocalProtocolError(Exception):
-    pass
-
-
 def encode_request(header: dict[str, str], body: bytes = b"") -> bytes:
-    head = b"\0".join(f"{k}={v}".encode() for k, v in header.items())
-    return struct.pack(">I", len(head)) + head + struct.pack(">I", len(body)) + body
-
-
-def decode_header(raw: bytes) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0") if raw else []:
-        key, sep, value = item.decode("utf-8", "replace").partition("=")
-        if not sep or not key:
-            raise LocalProtocolError(f"malformed header entry {item[:40]!r}")
-        out[key] = value
-    return out
+    return _encode_pairs(list(header.items()), body)
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], bytes]:
     try:
-        (hlen,) = struct.unpack(">I", await reader.readexactly(4))
-        if hlen > MAX_HEADER:
-            raise LocalProtocolError(f"header of {hlen} bytes is over the {MAX_HEADER} limit")
-        header = decode_header(await reader.readexactly(hlen))
-        (blen,) = struct.unpack(">I", await reader.readexactly(4))
-        if blen > MAX_BODY:
-            raise LocalProtocolError(f"body of {blen} bytes is over the {MAX_BODY} limit")
-        body = await reader.readexactly(blen)
+        header = decode_header(await reader.readexactly(header_length(await reader.readexactly(4))))
+        body = await reader.readexactly(body_length(await reader.readexactly(4)))
     except asyncio.IncompleteReadError as exc:
         raise LocalProtocolError("the request ended early") from exc
     return header, body
-
-
-def encode_response(status: int, payload: bytes) -> bytes:
-    return struct.pack(">BI", status, len(payload)) + payload
 
 
 def call(
@@ -82,14 +81,13 @@ def call(
                 f"{exc.strerror or exc} (is `nri-cni run` running?)"
             ) from exc
         sock.sendall(encode_request(header, body))
-        head = _recv_exactly(sock, 5)
-        status, length = struct.unpack(">BI", head)
+        status, length = decode_response_head(_recv_exactly(sock, RESPONSE_HEAD))
         return status, _recv_exactly(sock, length)
     finally:
         sock.close()
 
 
-def _recv_exactly(sock, n: int) -> bytes:
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))

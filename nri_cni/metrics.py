@@ -4,8 +4,8 @@ Off unless `metrics.listen` is set in the config. No client library: the exposit
 (text 0.0.4) is a few lines of text, and the server is a minimal HTTP/1.1 responder for
 `GET /metrics` (and HEAD) on asyncio, one request per connection.
 
-What is measured comes from the pod plan's OpRecord (nri_cni/pod/plan.py), handed over by
-the `PodNetworker.on_operation` callback, and from GC reports; the number of attachments is
+What is measured comes from the pod plan's OpRecord (nri_cni/pod/oprecord.py), handed over
+by the plan (Metrics is its OperationSink), and from GC reports; the number of attachments is
 read when scraped.
 """
 
@@ -15,12 +15,23 @@ import asyncio
 import logging
 import math
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from nri_cni import __version__
+from nri_cni.errors import NriCniError
+
+
+class Operation(Protocol):
+    """What the metrics read of one pod operation (the pod plan's OpRecord)."""
+
+    op: str
+    started: float
+    networks: list[dict]
+    error: NriCniError | None
+
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +42,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_TIMEOUT = 10.0
 MAX_HEADER_LINES = 100
 
-# CNIError's text ends with "(CNI code N)" (nri_cni/errors.py); a PodError carries its
-# cause's text. Used when the record itself carries no code.
-_CNI_CODE = re.compile(r"\(CNI code (\d+)\)")
 
-
-def error_code(record) -> str:
-    """The CNI error code of a failed operation, as a label value ("unknown" if none)."""
-    code = getattr(record, "error_code", None)
-    if isinstance(code, int) and not isinstance(code, bool) and code > 0:
-        return str(code)
-    match = _CNI_CODE.search(record.error or "")
-    return match.group(1) if match else "unknown"
+def error_code(record: Operation) -> str:
+    """The CNI error code of a failed operation's first error, as a label value ("unknown"
+    if it has none). Read from the error object, never from its text."""
+    return str(record.error.cni_code) if record.error is not None else "unknown"
 
 
 class _Histogram:
@@ -125,9 +129,9 @@ def _number(value: float) -> str:
 class Metrics:
     """nri-cni's metrics. `attachments` is called on every scrape (number of attachments held).
 
-    Wiring (nri_cni/daemon/app.py): `networker.on_operation = metrics.observe_operation`,
-    `metrics.observe_gc(report)` after each GC, `await metrics.serve(cfg.metrics_listen)` at
-    start when set, `await metrics.close()` at stop.
+    Wiring (nri_cni/daemon/app.py build_daemon): the pod plan's OperationSink
+    (`observe_operation` per pod operation, `observe_gc(report)` after each GC);
+    `serve(cfg.metrics_listen)` at start when set, `close()` at stop.
     """
 
     def __init__(self, attachments: Callable[[], int] | None = None) -> None:
@@ -168,7 +172,7 @@ class Metrics:
 
     # -- observations ------------------------------------------------------------------------
 
-    def observe_operation(self, record) -> None:
+    def observe_operation(self, record: Operation) -> None:
         """One pod operation (an OpRecord), called when it ended."""
         op = record.op
         self.pod_duration.observe((op,), max(0.0, time.time() - record.started))
@@ -179,12 +183,12 @@ class Metrics:
             ms = step.get("ms")
             if isinstance(ms, (int, float)) and not isinstance(ms, bool):
                 self.network_duration.observe((str(step.get("op", op)), name), ms / 1000.0)
-        self.operations.inc((op, "error" if record.error else "ok"))
-        if record.error:
+        self.operations.inc((op, "error" if record.error is not None else "ok"))
+        if record.error is not None:
             self.failures.inc((op, error_code(record)))
 
     def observe_gc(self, report: dict) -> None:
-        """One GC run's report: {"deleted": [...], "errors": [...]} (PodNetworker.gc)."""
+        """One GC run's report: {"deleted": [...], "errors": [...]} (PodPlan.collect_garbage)."""
         self.gc_runs.inc()
         self.gc_deleted.inc(amount=len(report.get("deleted") or ()))
         self.gc_errors.inc(amount=len(report.get("errors") or ()))

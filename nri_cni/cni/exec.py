@@ -28,7 +28,7 @@ import stat
 from collections.abc import Iterable
 from typing import NoReturn
 
-from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
+from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class PluginExecutor:
     def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
         if not plugin_type or "/" in plugin_type or "\0" in plugin_type or plugin_type in (".", ".."):
-            raise PluginExecError(f"invalid plugin name {plugin_type!r}", ref=PluginRef(plugin=plugin_type))
+            raise PluginNotRun(f"invalid plugin name {plugin_type!r}", ref=PluginRef(plugin=plugin_type))
         dirs = list(bin_dirs)
         for d in dirs:
             path = os.path.join(d, plugin_type)
@@ -64,7 +64,7 @@ class PluginExecutor:
                     return path
             except OSError:
                 continue
-        raise PluginExecError(
+        raise PluginNotRun(
             f"failed to find plugin {plugin_type!r} in path {dirs}", ref=PluginRef(plugin=plugin_type)
         )
 
@@ -86,7 +86,7 @@ class PluginExecutor:
                 except OSError as exc:
                     # a plugin binary being replaced right now; libcni retries the same way
                     if exc.errno != errno.ETXTBSY or attempt == ETXTBSY_RETRIES:
-                        raise PluginExecError(
+                        raise PluginNotRun(
                             f"cannot run plugin {plugin_path}: {exc.strerror}", ref=_ref(plugin_path, env)
                         ) from None
                     await asyncio.sleep(min(0.05 * 2**attempt, max(0.0, deadline - loop.time())))
@@ -96,7 +96,7 @@ class PluginExecutor:
                             ref=_ref(plugin_path, env),
                         ) from None
                 except ValueError as exc:  # NUL in an env value or argument
-                    raise PluginExecError(
+                    raise PluginNotRun(
                         f"cannot run plugin {plugin_path}: {exc}", ref=_ref(plugin_path, env)
                     ) from None
             run.start_timer(deadline)

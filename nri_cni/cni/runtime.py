@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +59,8 @@ class Attachment:
 class RuntimeHooks:
     """Optional callbacks around plugin calls (crash-safe intent records, fault injection).
 
-    Subclass and override what you need; CNIRuntime only looks up the methods an object
-    has, so any object with some of them works too. An exception raised here aborts the
-    operation as a plugin failure would.
+    Subclass and override what you need (the methods here do nothing). An exception raised
+    here aborts the operation as a plugin failure would.
     """
 
     async def before_plugin(
@@ -114,6 +113,30 @@ def cni_args(pairs: Sequence[tuple[str, str]]) -> str:
     return ";".join(parts)
 
 
+def cni_env(
+    base: Mapping[str, str],
+    command: str,
+    *,
+    container_id: str = "",
+    netns: str = "",
+    ifname: str = "",
+    args: str = "",
+    path: str = "",
+) -> dict[str, str]:
+    """The one place a plugin's environment is made: `base`, then all six CNI variables set
+    after it (libcni sets empty strings for what a verb does not use)."""
+    env = dict(base)
+    env.update(
+        CNI_COMMAND=command,
+        CNI_CONTAINERID=container_id,
+        CNI_NETNS=netns,
+        CNI_IFNAME=ifname,
+        CNI_ARGS=args,
+        CNI_PATH=path,
+    )
+    return env
+
+
 class CNIRuntime:
     def __init__(
         self,
@@ -122,25 +145,36 @@ class CNIRuntime:
         *,
         exec_timeout: float = 60.0,
         executor: PluginExecutor | None = None,
-        hooks: object | None = None,
+        hooks: RuntimeHooks | None = None,
         durable_cache: bool = False,
+        cache: ResultCache | None = None,
     ) -> None:
         """durable_cache: ADD returns only once its cache entry is on disk. Off, the entry is
         written atomically before ADD returns and fsync'd right after, off the ADD's path: a
         journal commit waits for every dirty file on that file system (host-local's leases,
         containerd's writes), measured here at 0.5-3 ms, 10% of a bridge chain's ADD."""
         self.bin_dirs = list(bin_dirs)
-        self.cache = ResultCache(cache_dir)
+        self.cache = cache if cache is not None else ResultCache(cache_dir)
         self.durable_cache = durable_cache
         self.exec_timeout = exec_timeout
         self.executor = executor or PluginExecutor()
-        self._before_plugin = getattr(hooks, "before_plugin", None)
-        self._after_plugin = getattr(hooks, "after_plugin", None)
-        self._before_cache_write = getattr(hooks, "before_cache_write", None)
+        self.hooks = hooks if hooks is not None else RuntimeHooks()  # (PluginHooks has a len)
         # plugins inherit the daemon's environment (PATH at least: they exec iptables etc.)
         self._base_env = dict(os.environ)
         self._base_env.setdefault("PATH", _DEFAULT_PATH)
         self._cni_path = ":".join(self.bin_dirs)
+
+    def with_cache(self, cache: ResultCache) -> CNIRuntime:
+        """The same runtime (bin dirs, executor, hooks, timeout) keeping its results in `cache`
+        (NO_CACHE: nowhere, for an attachment nri-cni does not own)."""
+        return CNIRuntime(
+            self.bin_dirs,
+            exec_timeout=self.exec_timeout,
+            executor=self.executor,
+            hooks=self.hooks,
+            durable_cache=self.durable_cache,
+            cache=cache,
+        )
 
     # ---- verbs -----------------------------------------------------------------------------
 
@@ -158,16 +192,14 @@ class CNIRuntime:
         result: Result | None = None
         try:
             for i, plugin in enumerate(net.plugins):
-                if self._before_plugin:
-                    await self._before_plugin("ADD", net, i, rt)
+                await self.hooks.before_plugin("ADD", net, i, rt)
                 prev = result.to_dict(net.cni_version) if result is not None else None
                 if i == last:
                     # runs once the plugin is started: the cache file is made while it works
                     asyncio.get_running_loop().call_soon(prepared.prepare)
                 out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev), paths[i])
                 result = self._result(net, plugin, "ADD", out)
-                if self._after_plugin:
-                    await self._after_plugin("ADD", net, i, rt, result)
+                await self.hooks.after_plugin("ADD", net, i, rt, result)
             assert result is not None  # checked above: there was a plugin
             await self.cache_result(net, rt, result, prepared)
         finally:
@@ -188,11 +220,9 @@ class CNIRuntime:
         paths = self._find_all(net, net.plugins, "CHECK")
         prev = self._cached_prev(net, rt, "CHECK")
         for i, plugin in enumerate(net.plugins):
-            if self._before_plugin:
-                await self._before_plugin("CHECK", net, i, rt)
+            await self.hooks.before_plugin("CHECK", net, i, rt)
             await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev), paths[i])
-            if self._after_plugin:
-                await self._after_plugin("CHECK", net, i, rt, None)
+            await self.hooks.after_plugin("CHECK", net, i, rt, None)
 
     async def delete(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
         """DEL in reverse order with the cached result as prevResult (from 0.4.0 on); a
@@ -201,11 +231,9 @@ class CNIRuntime:
         env = self._env("DEL", rt)
         for i in range(len(net.plugins) - 1, -1, -1):
             plugin = net.plugins[i]
-            if self._before_plugin:
-                await self._before_plugin("DEL", net, i, rt)
+            await self.hooks.before_plugin("DEL", net, i, rt)
             await self._call(net, plugin, "DEL", env, self._stdin(net, plugin, rt, prev))
-            if self._after_plugin:
-                await self._after_plugin("DEL", net, i, rt, None)
+            await self.hooks.after_plugin("DEL", net, i, rt, None)
         self.cache.delete(net.name, rt.container_id, rt.ifname)
 
     async def delete_cached(self, entry: CacheEntry) -> None:
@@ -236,8 +264,7 @@ class CNIRuntime:
         paths = self._find_all(net, plugins, "FINALIZE")
         result, changed = prev_result, False
         for i, plugin in enumerate(plugins):
-            if self._before_plugin:
-                await self._before_plugin("FINALIZE", net, i, rt)
+            await self.hooks.before_plugin("FINALIZE", net, i, rt)
             out = await self._call(
                 net,
                 plugin,
@@ -248,8 +275,7 @@ class CNIRuntime:
             )
             if out.strip():
                 result, changed = self._result(net, plugin, "FINALIZE", out), True
-            if self._after_plugin:
-                await self._after_plugin("FINALIZE", net, i, rt, result)
+            await self.hooks.after_plugin("FINALIZE", net, i, rt, result)
         if changed:
             await self.cache_result(net, rt, result)
         return result
@@ -294,15 +320,8 @@ class CNIRuntime:
     async def version(self, plugin_type: str) -> dict[str, Any]:
         """The plugin's VERSION answer: {"cniVersion", "supportedVersions"}."""
         ref = PluginRef(plugin=plugin_type, command="VERSION")
-        env = dict(
-            self._base_env,
-            CNI_COMMAND="VERSION",
-            CNI_CONTAINERID="",
-            CNI_NETNS="dummy",
-            CNI_IFNAME="dummy",
-            CNI_ARGS="",
-            CNI_PATH="dummy",
-        )
+        # libcni's GetVersionInfo passes these placeholders
+        env = cni_env(self._base_env, "VERSION", netns="dummy", ifname="dummy", path="dummy")
         try:
             path = self.executor.find(plugin_type, self.bin_dirs)
             out = await self.executor.exec(
@@ -348,8 +367,7 @@ class CNIRuntime:
     ) -> None:
         """Writes the attachment's cache entry; a separate step so it can be overridden.
         `prepared`: the same write begun ahead by add() (PreparedWrite)."""
-        if self._before_cache_write:
-            await self._before_cache_write(net, rt, result)
+        await self.hooks.before_cache_write(net, rt, result)
         if prepared is None:
             prepared = self.cache.prepare(self._entry(net, rt))
         if self.durable_cache:
@@ -404,14 +422,17 @@ class CNIRuntime:
     def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
         """The inherited environment with all six CNI variables set after it (libcni sets
         empty strings for GC and STATUS)."""
-        env = dict(self._base_env)
-        env["CNI_COMMAND"] = command
-        env["CNI_CONTAINERID"] = rt.container_id if rt else ""
-        env["CNI_NETNS"] = rt.netns if rt else ""
-        env["CNI_IFNAME"] = rt.ifname if rt else ""
-        env["CNI_ARGS"] = cni_args(rt.args) if rt else ""
-        env["CNI_PATH"] = self._cni_path
-        return env
+        if rt is None:
+            return cni_env(self._base_env, command, path=self._cni_path)
+        return cni_env(
+            self._base_env,
+            command,
+            container_id=rt.container_id,
+            netns=rt.netns,
+            ifname=rt.ifname,
+            args=cni_args(rt.args),
+            path=self._cni_path,
+        )
 
     @staticmethod
     def _stdin(

@@ -13,14 +13,14 @@ import asyncio
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 from nri_cni import localproto
-from nri_cni.errors import CniCode, ConfigError, NriCniError
-from nri_cni.pod.model import PodInfo
-
-if TYPE_CHECKING:
-    from nri_cni.daemon.app import Daemon
+from nri_cni.app.readiness import NetworkReadiness
+from nri_cni.app.service import PodService
+from nri_cni.daemon.reports import DaemonReports
+from nri_cni.errors import ConfigError, Kind, NriCniError
+from nri_cni.pod.model import AttachRequest, PodInfo
 
 log = logging.getLogger("nri_cni.local")
 
@@ -28,8 +28,12 @@ POD_ANNOTATIONS_CAP = "io.kubernetes.cri.pod-annotations"
 
 
 class LocalServer:
-    def __init__(self, daemon: Daemon, path: str) -> None:
-        self.daemon = daemon
+    def __init__(
+        self, path: str, *, pods: PodService, readiness: NetworkReadiness, reports: DaemonReports
+    ) -> None:
+        self.pods = pods
+        self.readiness = readiness
+        self.reports = reports
         self.path = path
         self._server: asyncio.base_events.Server | None = None
 
@@ -81,16 +85,14 @@ class LocalServer:
                 raise NriCniError(
                     "the network config on stdin is not JSON",
                     details=str(exc),
-                    cni_code=CniCode.DECODING_FAILURE,
+                    kind=Kind.UNDECODABLE,
                 ) from None
             if not isinstance(conf, dict):
-                raise NriCniError(
-                    "the network config must be a JSON object", cni_code=CniCode.DECODING_FAILURE
-                )
+                raise NriCniError("the network config must be a JSON object", kind=Kind.UNDECODABLE)
             version = str(conf.get("cniVersion") or version)
             command = env.get("CNI_COMMAND", "")
             if command == "STATUS":
-                self.daemon.check_ready()
+                self.readiness.check()
                 return 0, b""
             if command == "GC":
                 await self._gc(conf)
@@ -99,19 +101,17 @@ class LocalServer:
             if command == "ADD":
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
-                answer = await self.daemon.networker.attach(
-                    pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0")
-                )
+                request = AttachRequest(runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0"))
+                answer = await self.pods.attach(pod, request)
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":
-                await self.daemon.networker.detach(pod)
-                self.daemon.pod_detached(pod.id)
+                await self.pods.detach(pod)
                 return 0, b""
             if command == "CHECK":
-                await self.daemon.networker.check(pod)
+                await self.pods.check(pod)
                 return 0, b""
-            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", cni_code=CniCode.INVALID_ENV)
+            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", kind=Kind.BAD_ENV)
         except NriCniError as exc:
             log.error(
                 "shim %s for %s: %s", env.get("CNI_COMMAND", "?"), env.get("CNI_CONTAINERID", "?")[:12], exc
@@ -119,10 +119,10 @@ class LocalServer:
             return 1, json.dumps(_cni_error(exc, version)).encode()
 
     @staticmethod
-    def _pod_from_env(env: dict[str, str], conf: dict) -> PodInfo:
+    def _pod_from_env(env: dict[str, str], conf: dict[str, Any]) -> PodInfo:
         cid = env.get("CNI_CONTAINERID", "")
         if not cid:
-            raise NriCniError("CNI_CONTAINERID is not set", cni_code=CniCode.INVALID_ENV)
+            raise NriCniError("CNI_CONTAINERID is not set", kind=Kind.BAD_ENV)
         args: dict[str, str] = {}
         for item in env.get("CNI_ARGS", "").split(";"):
             key, sep, value = item.partition("=")
@@ -140,13 +140,11 @@ class LocalServer:
             annotations={str(k): str(v) for k, v in annotations.items()},
         )
 
-    async def _gc(self, conf: dict) -> None:
+    async def _gc(self, conf: dict[str, Any]) -> None:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
         pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
-        report = await self.daemon.networker.gc(
-            lambda: pod_ids | self.daemon.pods_in_flight() | self.daemon.unconfirmed_valid()
-        )
+        report = await self.pods.gc_listed(pod_ids)
         if report["errors"]:
             raise NriCniError(
                 f"GC left {len(report['errors'])} error(s), retried by the next GC",
@@ -158,11 +156,11 @@ class LocalServer:
     async def _cli_call(self, op: str, body: bytes) -> tuple[int, bytes]:
         try:
             if op == "status":
-                payload = self.daemon.status_report()
+                payload: object = self.reports.status()
             elif op == "pods":
-                payload = self.daemon.pods_report()
+                payload = self.reports.pods()
             elif op == "gc":
-                payload = await self.daemon.gc_now(reason="requested by the CLI")
+                payload = await self.pods.gc(reason="requested by the CLI")
             else:
                 return 1, json.dumps({"error": f"unknown operation {op!r}"}).encode()
         except NriCniError as exc:
@@ -170,7 +168,7 @@ class LocalServer:
         return 0, json.dumps(payload).encode()
 
 
-def _cni_error(exc: NriCniError, version: str) -> dict:
+def _cni_error(exc: NriCniError, version: str) -> dict[str, Any]:
     out = exc.to_cni_error(version)
     # The message a kubelet event shows: the whole chain, not just the outer layer.
     if not out.get("details"):

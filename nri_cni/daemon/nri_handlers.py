@@ -1,4 +1,4 @@
-"""What nri-cni does with each NRI pod event, per mode.
+"""What nri-cni does with each NRI pod event: the NRI side of the pod service.
 
 | event  | native                      | shim                         | secondary                        |
 |--------|-----------------------------|------------------------------|----------------------------------|
@@ -8,24 +8,23 @@
 | remove | detach again if needed (netns gone: DEL still runs so IPAM releases), forget the pod      |
 | sync   | the runtime's pod list: GC everything else, repair pods missing an attachment              |
 
-A failed attach in RunPodSandbox fails the pod, except where the runtime would then leak the
-sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error logged, and
-the attachment retried by the repair loop. `failure_policy` in the config overrides this.
+Which column applies is the mode's answer (nri_cni/app/modes.py). A failed attach in
+RunPodSandbox fails the pod, except where the runtime would then leak the sandbox (containerd
+before 2.2.6, containerd#13355): there the pod is kept, the error logged, and the attachment
+retried by the repair loop. `failure_policy` in the config overrides this.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING
 
 from nri_cni.api import nri_pb2
+from nri_cni.app.modes import Mode
+from nri_cni.app.service import PodService
+from nri_cni.daemon.nri_answer import pod_info, run_pod_response
 from nri_cni.errors import NriCniError
-from nri_cni.pod.answer import run_pod_response
 from nri_cni.pod.model import PodInfo
-
-if TYPE_CHECKING:
-    from nri_cni.daemon.app import Daemon
 
 log = logging.getLogger("nri_cni.nri")
 
@@ -46,14 +45,13 @@ def runtime_fails_cleanly(runtime_name: str, runtime_version: str) -> bool:
 class NriHandlers:
     """The plugin object the NRI stub dispatches to."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, pods: PodService, mode: Mode, *, failure_policy: str, request_timeout: float) -> None:
+        self.pods = pods
+        self.mode = mode
+        self.failure_policy = failure_policy  # "auto", "fail" or "keep"; a reload may change it
+        self.requested_timeout_ms = int(request_timeout * 1000)
         self.runtime_name = ""
         self.runtime_version = ""
-
-    @property
-    def requested_timeout_ms(self) -> int:
-        return int(self.daemon.cfg.nri.request_timeout * 1000)
 
     async def configure(self, req: nri_pb2.ConfigureRequest) -> None:
         self.runtime_name = req.runtime_name
@@ -64,24 +62,22 @@ class NriHandlers:
                 len(req.config),
             )
 
-    async def synchronize(self, pods, containers) -> None:
-        infos = [PodInfo.from_nri(p) for p in pods]
+    async def synchronize(self, pods: list[nri_pb2.PodSandbox], containers: list[nri_pb2.Container]) -> None:
+        infos = [pod_info(p) for p in pods]
         for info in infos:
             log.info("Synchronize: pod %s id=%s netns=%s", info.label(), info.id, info.netns or "-")
-        await self.daemon.synchronized(infos)
+        self.pods.synchronized(infos)
 
     async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse | None:
         info = _event("RunPodSandbox", pod)
-        daemon = self.daemon
-        daemon.pod_seen(info)
-        mode = daemon.cfg.mode
-        if mode == "shim" or info.host_network:
+        self.pods.seen(info)
+        if not self.mode.attaches_on_run or info.host_network:
             return None
         try:
             # Past the runtime's request timeout the runtime gives up on us (and creates the
             # pod anyway); the attach goes on regardless (a shielded task), its state is kept,
             # and the Synchronize after the reconnect (GC, repair) makes the pod whole.
-            answer = await daemon.networker.attach(info)
+            answer = await self.pods.attach(info)
         except NriCniError as exc:
             if self._fail_pods():
                 raise
@@ -91,27 +87,24 @@ class NriHandlers:
                 self.runtime_name,
                 self.runtime_version,
             )
-            daemon.needs_repair(info)
+            self.pods.needs_repair(info)
             return None
-        return run_pod_response(answer) if mode == "native" else None
+        return run_pod_response(answer) if self.mode.answers_run_pod else None
+
+    def reconfigure(self, failure_policy: str) -> None:
+        """A hot reload may change the failure policy (the mode needs a restart)."""
+        self.failure_policy = failure_policy
 
     def _fail_pods(self) -> bool:
-        policy = self.daemon.cfg.failure_policy
-        if policy != "auto":
-            return policy == "fail"
+        if self.failure_policy != "auto":
+            return self.failure_policy == "fail"
         return runtime_fails_cleanly(self.runtime_name, self.runtime_version)
 
     async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        info = _event("StopPodSandbox", pod)
-        await self.daemon.networker.detach(info)
-        self.daemon.pod_detached(info.id)
+        await self.pods.detach(_event("StopPodSandbox", pod))
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        info = _event("RemovePodSandbox", pod)
-        try:
-            await self.daemon.networker.detach(info)
-        finally:
-            self.daemon.pod_gone(info.id)
+        await self.pods.remove(_event("RemovePodSandbox", pod))
 
     async def on_disconnect(self) -> None:
         log.warning("disconnected from the runtime; pod events wait for the reconnect")
@@ -119,6 +112,6 @@ class NriHandlers:
 
 def _event(name: str, pod: nri_pb2.PodSandbox) -> PodInfo:
     """Every pod event is logged as it arrives, before any work: what the runtime asked for."""
-    info = PodInfo.from_nri(pod)
+    info = pod_info(pod)
     log.info("%s: pod %s id=%s netns=%s", name, info.label(), info.id, info.netns or "-")
     return info

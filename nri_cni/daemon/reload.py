@@ -22,9 +22,10 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, load_finalize_dropins
-from nri_cni.config import Config, load_config
+from nri_cni.config import Config, ConfigErrors, load_config
 from nri_cni.errors import ConfigError
 from nri_cni.lifecycle.inotify import DirWatcher, InotifyUnavailable
 
@@ -98,7 +99,7 @@ class ConfigReloader:
         self._trigger = asyncio.Event()
         self._lock = asyncio.Lock()
         self._watcher: DirWatcher | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def enabled(self) -> bool:
@@ -174,8 +175,6 @@ class ConfigReloader:
         new = self._loader(self.cfg.path)
         dropins, errors = finalize_dropins(new)
         if errors:
-            from nri_cni.config import ConfigErrors
-
             raise ConfigErrors(errors)
         return new, dropins
 
@@ -200,7 +199,7 @@ class ConfigReloader:
             return set()
         return self._watcher.watch(watched_dirs(self.cfg))
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {
             "enabled": self.enabled,
             "inotify": self._watcher is not None,

@@ -14,28 +14,42 @@ import os
 import signal
 import time
 from collections import defaultdict
+from typing import Any
+
+from nri_cni.cni.config import NetworkConfigList
+from nri_cni.cni.result import Result
+from nri_cni.cni.runtime import RuntimeConf, RuntimeHooks
 
 CRASH_ENV = "NRI_CNI_CRASH_AT"
 
 
-class PluginHooks:
+class PluginHooks(RuntimeHooks):
     def __init__(self) -> None:
         # container id -> {(network, command): (plugin index, start time)} of the plugin that is
         # running now; an entry left behind names the plugin that failed.
         self._running: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}
         # container id -> [{"network", "plugin", "command", "ms"}], drained by the pod plan
-        self.timings: dict[str, list[dict]] = defaultdict(list)
+        self.timings: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.crash_at = os.environ.get(CRASH_ENV, "")
 
     def _maybe_crash(self, point: str) -> None:
         if self.crash_at and self.crash_at == point:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def before_plugin(self, command, net, index, rt) -> None:
+    async def before_plugin(
+        self, command: str, net: NetworkConfigList, index: int, rt: RuntimeConf | None
+    ) -> None:
         self._maybe_crash(f"{command}:{net.name}:{index}:before")
+        if rt is None:
+            return
         self._running.setdefault(rt.container_id, {})[(net.name, command)] = (index, time.perf_counter())
 
-    async def after_plugin(self, command, net, index, rt, result) -> None:
+    async def after_plugin(
+        self, command: str, net: NetworkConfigList, index: int, rt: RuntimeConf | None, result: Result | None
+    ) -> None:
+        if rt is None:
+            self._maybe_crash(f"{command}:{net.name}:{index}:after")
+            return
         running = self._running.get(rt.container_id, {})
         started = running.pop((net.name, command), None)
         if not running:
@@ -54,7 +68,7 @@ class PluginHooks:
             )
         self._maybe_crash(f"{command}:{net.name}:{index}:after")
 
-    async def before_cache_write(self, net, rt, result) -> None:
+    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
         self._maybe_crash(f"cache:{net.name}")
 
     def failed_index(self, container_id: str, network: str, command: str) -> int | None:
@@ -65,7 +79,7 @@ class PluginHooks:
             self._running.pop(container_id, None)
         return None if started is None else started[0]
 
-    def drain(self, container_id: str) -> list[dict]:
+    def drain(self, container_id: str) -> list[dict[str, Any]]:
         """The timings of one pod operation; forgets whatever else is kept for the pod."""
         self._running.pop(container_id, None)
         return self.timings.pop(container_id, [])

@@ -14,7 +14,7 @@ succeeds. Under the pod's lock (or GC's exclusive lock) a record found on disk i
 always one nobody is working on: an ADD in progress holds the lock until its record is gone.
 
 Doomed delete: a plugin whose ADD failed with an error meaning "nothing was created"
-(`nothing_created()` in plan.py) is recorded in the network's `doomed_plugins` as
+(`nothing_created()` in rollback.py) is recorded in the network's `doomed_plugins` as
 "<index>:<type>"; a DEL failure of exactly that plugin for this attachment does not count.
 """
 
@@ -25,8 +25,9 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
-from nri_cni.errors import CniCode, NriCniError
+from nri_cni.errors import Kind, NriCniError
 from nri_cni.fsutil import is_temporary, write_atomic
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class IntendedNetwork:
     ifname: str
     config: bytes
     cni_args: list[tuple[str, str]] = field(default_factory=list)
-    capability_args: dict = field(default_factory=dict)
+    capability_args: dict[str, Any] = field(default_factory=dict)
     # A plugin whose ADD failed with a code meaning "nothing was created" (doomed delete):
     # its DEL failure for this attachment is not reported. "<index>:<type>" per plugin.
     doomed_plugins: list[str] = field(default_factory=list)
@@ -91,9 +92,7 @@ class IntentStore:
         try:
             write_atomic(path, data)
         except OSError as exc:
-            raise NriCniError(
-                f"cannot write the intent record {path}: {exc.strerror}", cni_code=CniCode.IO_FAILURE
-            ) from exc
+            raise NriCniError(f"cannot write the intent record {path}: {exc.strerror}", kind=Kind.IO) from exc
 
     def clear(self, pod_id: str) -> None:
         try:

@@ -62,6 +62,10 @@ class PodLocks:
                 self._gc_running = False
                 self._cond.notify_all()
 
+    def pod_ids(self) -> set[str]:
+        """Pods with an operation in flight (or waiting for one)."""
+        return set(self._pod_locks)
+
     def busy(self, pod_id: str) -> bool:
         return pod_id in self._pod_locks
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.result import Result
+
 # CNI_ARGS keys Kubernetes runtimes pass (containerd, CRI-O); plugins like portmap and
 # host-local read them, and the cache keeps them so `nri-cni pods` can name the pod later.
 K8S_POD_NAMESPACE = "K8S_POD_NAMESPACE"
@@ -23,21 +26,6 @@ class PodInfo:
     uid: str = ""
     netns: str = ""  # "" for host-network pods, or once the runtime removed it
     annotations: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_nri(cls, pod: Any) -> PodInfo:
-        netns = ""
-        for ns in pod.linux.namespaces:
-            if ns.type == "network":
-                netns = ns.path
-        return cls(
-            id=pod.id,
-            name=pod.name,
-            namespace=pod.namespace,
-            uid=pod.uid,
-            netns=netns,
-            annotations=dict(pod.annotations),
-        )
 
     @property
     def host_network(self) -> bool:
@@ -64,7 +52,7 @@ class NetworkAttachment:
 
     network: str
     ifname: str
-    result: Any  # nri_cni.cni.result.Result
+    result: Result
     add_ms: float = 0.0
     finalize_ms: float = 0.0
 
@@ -85,3 +73,28 @@ class PodNetworks:
                 if addr not in out:
                     out.append(addr)
         return out
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    """What a caller adds to a pod's ADD (the shim: the runtime's CNI call)."""
+
+    runtime_caps: dict[str, Any] = field(default_factory=dict)  # port mappings, bandwidth...: to the primary
+    primary_ifname: str = ""  # the primary's interface name, as the runtime asked for it
+
+
+@dataclass(frozen=True)
+class PrimaryNetwork:
+    """The pod's primary network (eth0) and who attaches it, as the mode says."""
+
+    name: str  # config's primary_network; "" = the first default network
+    ours: bool  # True: nri-cni attaches it first, as eth0; False: the runtime's own network
+
+
+@dataclass(frozen=True)
+class RuntimePrimary:
+    """The runtime's own primary network of one pod (secondary mode), as the runtime's libcni
+    cache has it: FINALIZE runs for it too. `entry` None: the runtime cached no result."""
+
+    network: str
+    entry: CacheEntry | None

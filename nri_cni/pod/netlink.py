@@ -17,6 +17,9 @@ import os
 import socket
 import struct
 import threading
+from typing import Any
+
+from nri_cni.cni.result import Result
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ def _setns(fd: int) -> None:
 
 def _socket_in_netns(netns: str) -> socket.socket:
     """A UDP socket that lives in `netns`, made on a throw-away thread."""
-    box: dict = {}
+    box: dict[str, Any] = {}
 
     def work() -> None:
         try:
@@ -61,7 +64,8 @@ def _socket_in_netns(netns: str) -> socket.socket:
         if "sock" in box:
             box["sock"].close()
         raise box["error"]
-    return box["sock"]
+    sock: socket.socket = box["sock"]
+    return sock
 
 
 def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, int]]:
@@ -84,7 +88,7 @@ def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, in
     return out
 
 
-async def fill_interface_details(netns: str, result):
+async def fill_interface_details(netns: str, result: Result) -> Result:
     """Returns `result` with MAC and MTU set on its in-pod interfaces where the plugin left
     them out. Best effort: a netns that is gone leaves the result unchanged."""
     missing = [i for i in result.interfaces if i.sandbox and (not i.mac or not i.mtu)]

@@ -13,9 +13,11 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from nri_cni.config import Config, NetworkSpec
 from nri_cni.errors import AnnotationRefused
+from nri_cni.pod.model import PrimaryNetwork
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 MAX_ANNOTATION_BYTES = 64 * 1024
@@ -35,22 +37,33 @@ class Selected:
 
     network: NetworkSpec
     ifname: str
-    capability_args: dict = field(default_factory=dict)  # ips / mac asked for by the pod
+    capability_args: dict[str, Any] = field(default_factory=dict)  # ips / mac asked for by the pod
 
 
 def select_networks(
-    cfg: Config, namespace: str, annotations: dict[str, str], *, skip: tuple[str, ...] = ()
+    cfg: Config,
+    namespace: str,
+    annotations: dict[str, str],
+    *,
+    primary: PrimaryNetwork = PrimaryNetwork("", ours=True),
 ) -> list[Selected]:
-    """The pod's networks in order: default networks, then the annotation's requests.
+    """The pod's networks in order: default networks (the primary first), then the
+    annotation's requests.
 
-    `skip` names networks owned by someone else (secondary mode: the runtime's primary).
+    `primary` (from the mode): ours, it is attached first, as eth0; not ours (secondary mode),
+    it is the runtime's network, skipped, and eth0 is the runtime's too.
     Interface names are the network's configured one, else eth0 for the first, then net1, net2...
     """
     requests = parse_annotation(annotations.get(NETWORKS_ANNOTATION, ""))
-    chosen: list[tuple[NetworkSpec, str, dict]] = []
-    for net in cfg.default_networks:
-        if net.name not in skip:
-            chosen.append((net, net.interface, {}))
+    chosen: list[tuple[NetworkSpec, str, dict[str, Any]]] = []
+    for default in cfg.default_networks:
+        if default.name == primary.name and not primary.ours:
+            continue
+        entry: tuple[NetworkSpec, str, dict[str, Any]] = (default, default.interface, {})
+        if default.name == primary.name:
+            chosen.insert(0, entry)
+        else:
+            chosen.append(entry)
     for i, req in enumerate(requests):
         where = f"{NETWORKS_ANNOTATION}[{i}]"
         if req.namespace and req.namespace != namespace:
@@ -67,9 +80,9 @@ def select_networks(
             raise AnnotationRefused(f"{where}: network {req.name!r} is attached to every pod already")
         chosen.append((net, req.interface or net.interface, req.capability_args))
 
-    # The primary network (first, outside secondary mode) is eth0 unless the admin named its
+    # The primary network (first, when it is ours) is eth0 unless the admin named its
     # interface: reserve that name before any request can take it.
-    if chosen and not chosen[0][1] and cfg.mode != "secondary":
+    if chosen and not chosen[0][1] and primary.ours:
         chosen[0] = (chosen[0][0], "eth0", chosen[0][2])
     out: list[Selected] = []
     used = {ifname for _, ifname, _ in chosen if ifname}
@@ -87,7 +100,7 @@ def select_networks(
         if sel.ifname in seen:
             raise AnnotationRefused(f"{NETWORKS_ANNOTATION}: interface {sel.ifname!r} is requested twice")
         seen.add(sel.ifname)
-    if cfg.mode == "secondary" and "eth0" in seen:
+    if not primary.ours and "eth0" in seen:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION}: eth0 belongs to the runtime's own network")
     return out
 
@@ -97,7 +110,7 @@ class _Request:
     name: str
     namespace: str = ""
     interface: str = ""
-    capability_args: dict = field(default_factory=dict)
+    capability_args: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_annotation(value: str) -> list[_Request]:
@@ -158,7 +171,7 @@ def _parse_json(text: str) -> list[_Request]:
             _check_name(namespace, where, "namespace")
         if ifname:
             _check_ifname(ifname, where)
-        caps: dict = {}
+        caps: dict[str, Any] = {}
         if "ips" in obj:
             caps["ips"] = _check_ips(obj["ips"], where)
         if "mac" in obj:
@@ -184,7 +197,7 @@ def _check_ifname(ifname: str, where: str) -> None:
         )
 
 
-def _check_ips(value, where: str) -> list[str]:
+def _check_ips(value: object, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 16:
         raise AnnotationRefused(f"{where}: ips must be a list of at most 16 strings")
     for ip in value:

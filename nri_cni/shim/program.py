@@ -10,6 +10,14 @@ import _socket
 import os
 import sys
 
+# `nri-cni install-shim` replaces this import with the text of nri_cni/localcodec.py: the
+# installed script imports nothing of the package.
+from nri_cni.localcodec import (  # @LOCAL_CODEC@
+    RESPONSE_HEAD,
+    decode_response_head,
+    encode_request,
+)
+
 DEFAULT_SOCKET = "@DEFAULT_SOCKET@"
 SUPPORTED = '["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]'
 TIMEOUT = 600.0
@@ -74,21 +82,20 @@ def main():
     if not command:
         return fail(version, 4, "CNI_COMMAND is not set")
     path = os.environ.get("NRI_CNI_SOCKET") or string_field(conf, b"daemonSocket") or DEFAULT_SOCKET
-    head = "\0".join(k + "=" + v for k, v in os.environ.items() if k.startswith("CNI_")).encode()
-    request = len(head).to_bytes(4, "big") + head + len(conf).to_bytes(4, "big") + conf
+    request = encode_request([(k, v) for k, v in os.environ.items() if k.startswith("CNI_")], conf)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect(path)
         sock.sendall(request)
-        answer = recv_exactly(sock, 5)
-        payload = recv_exactly(sock, int.from_bytes(answer[1:5], "big"))
+        status, length = decode_response_head(recv_exactly(sock, RESPONSE_HEAD))
+        payload = recv_exactly(sock, length)
     except OSError as exc:
         return fail(version, 11, "nri-cni daemon is not reachable at " + path, str(exc.strerror or exc))
     finally:
         sock.close()
     sys.stdout.buffer.write(payload)
-    return answer[0]
+    return status
 
 
 sys.exit(main())

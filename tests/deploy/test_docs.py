@@ -13,8 +13,8 @@ from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.config import load_config
 from nri_cni.errors import CNIError, NriCniError
+from nri_cni.pod.attach import pod_error
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import _pod_error
 from nri_cni.pod.select import select_networks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_plugin_missing_message(tmp_path):
         asyncio.run(add())
     exc = info.value
     exc.ref = type(exc.ref)(network="lan", plugin=exc.ref.plugin, command="ADD")  # as the plan does
-    line = str(_pod_error(POD, exc)).replace(str(bindir), "/opt/cni/bin")
+    line = str(pod_error(POD, exc)).replace(str(bindir), "/opt/cni/bin")
     assert line in doc_lines()
 
 

@@ -31,19 +31,9 @@ LAZY = re.compile(r"#\s*lazy:\s*\S")
 # Settled by the app-layer branch (issue 14): its files are restructured there, and these go
 # away with it. The coordinator empties both lists after the merge; an entry that no longer
 # occurs fails the test, so the lists only shrink.
-KNOWN_CYCLES_UNTIL_APP_MERGE = {
-    # the NRI handlers and the local server reach back into the daemon (type-only imports)
-    frozenset({"nri_cni.daemon.app", "nri_cni.daemon.nri_handlers"}),
-    frozenset({"nri_cni.daemon.app", "nri_cni.daemon.local_server"}),
-    # exit codes imported from nri_cni.cli, which loads the command modules through importlib
-    frozenset({"nri_cni.cli", "nri_cni.cni.cli"}),
-    frozenset({"nri_cni.cli", "nri_cni.daemon_cli"}),
-}
+KNOWN_CYCLES_UNTIL_APP_MERGE: set[frozenset[str]] = set()
 KNOWN_LAZY_UNTIL_APP_MERGE = {
-    ("nri_cni.cli", "nri_cni.errors"),
     ("nri_cni.cli", "nri_cni"),
-    ("nri_cni.daemon_cli", "nri_cni.cli"),
-    ("nri_cni.daemon.reload", "nri_cni.config"),
 }
 
 

@@ -11,10 +11,10 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nri_cni.errors import AnnotationRefused, CNIError, PluginRef, PodError
+from nri_cni.errors import CNIError, NriCniError, PluginRef, PodError, Unavailable
 from nri_cni.metrics import LATENCY_BUCKETS, Metrics, error_code
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import OpRecord
+from nri_cni.pod.oprecord import OpRecord
 
 POD = PodInfo(id="a" * 64, name="web", namespace="default", netns="/var/run/netns/cni-1")
 
@@ -34,8 +34,11 @@ def sock_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def record(op: str, networks: list[dict], error: str = "", age: float = 0.2) -> OpRecord:
-    return OpRecord(op, POD, started=time.time() - age, networks=networks, error=error)
+def record(op: str, networks: list[dict], error: NriCniError | None = None, age: float = 0.2) -> OpRecord:
+    rec = OpRecord(op, POD, started=time.time() - age, networks=networks)
+    if error is not None:
+        rec.fail(error)
+    return rec
 
 
 def feed(metrics: Metrics) -> None:
@@ -61,10 +64,10 @@ def feed(metrics: Metrics) -> None:
                 {"network": "pods", "ifname": "eth0", "op": "add", "ms": 40.0},
                 {"network": "pods", "ifname": "eth0", "op": "rollback"},
             ],
-            error=str(failed),
+            error=failed,
         )
     )
-    metrics.observe_operation(record("add", [], error=str(AnnotationRefused("not allowed"))))
+    metrics.observe_operation(record("add", [], error=Unavailable("runtime gone")))
     metrics.observe_operation(
         record(
             "del",
@@ -132,7 +135,7 @@ def test_render_after_a_few_operations():
     assert samples(fams, ops, ops + "_total", op="del", result="ok") == [1]
     fail = "nri_cni_pod_operation_failures"
     assert samples(fams, fail, fail + "_total", op="add", code="7") == [1]
-    assert samples(fams, fail, fail + "_total", op="add", code="unknown") == [1]
+    assert samples(fams, fail, fail + "_total", op="add", code="11") == [1]
     rb = "nri_cni_network_rollbacks"
     assert samples(fams, rb, rb + "_total", network="pods") == [1]
     assert samples(fams, "nri_cni_gc_runs", "nri_cni_gc_runs_total") == [2]
@@ -175,11 +178,12 @@ def test_label_values_are_escaped():
 
 
 def test_error_code():
-    assert error_code(record("add", [], error="x: y (CNI code 11)")) == "11"
-    assert error_code(record("add", [], error="refused")) == "unknown"
-    rec = record("add", [], error="refused")
-    rec.error_code = 7  # a plan that records the code itself is believed first
-    assert error_code(rec) == "7"
+    # the code of the first error object, whatever the messages say
+    rec = record("add", [], error=Unavailable("x: y (CNI code 7)"))
+    rec.fail(CNIError(7, "second"))
+    assert error_code(rec) == "11"
+    assert error_code(record("add", [], error=NriCniError("refused"))) == "999"
+    assert error_code(record("add", [])) == "unknown"
     assert LATENCY_BUCKETS == tuple(sorted(LATENCY_BUCKETS))
 
 

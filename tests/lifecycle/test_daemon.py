@@ -129,7 +129,7 @@ def test_init_and_deinit_across_start_reload_pods_removal_and_restart(lnode):
             assert {i.name for i in resp.adjust.network.interfaces} == {"eth0", "net1"}
 
             await reconfigure(h, node, with_blue)  # green removed: p2 still uses it
-            report = h.daemon.status_report()["lifecycle"]["green"]["retired"]
+            report = h.daemon.reports.status()["lifecycle"]["green"]["retired"]
             assert [(r["generation"], r["attachments"]) for r in report] == [(gen_of(green), 1)]
             assert node.lc.seq("green") == [("INIT", gen_of(green))]
             assert await bridge_exists(br_green)
@@ -140,7 +140,7 @@ def test_init_and_deinit_across_start_reload_pods_removal_and_restart(lnode):
             assert node.lc.seq() == [("INIT", gen_of(blue)), ("INIT", gen_of(green))]  # no repeat
             await h.runtime.stop_pod_sandbox(p2)  # DEL of green from the cache, then DEINIT
             await h.runtime.remove_pod_sandbox(p2)
-            await until(lambda: "green" not in h.daemon.status_report()["lifecycle"], what="DEINIT of green")
+            await until(lambda: "green" not in h.daemon.reports.status()["lifecycle"], what="DEINIT of green")
             assert not await bridge_exists(br_green)
             await h.runtime.stop_pod_sandbox(p1)
             await h.runtime.remove_pod_sandbox(p1)
@@ -186,7 +186,7 @@ def test_a_changed_network_keeps_old_attachments_on_their_config_until_their_del
             await h.runtime.stop_pod_sandbox(p1)  # DEL with v1, from the cache
             await h.runtime.remove_pod_sandbox(p1)
             await until(
-                lambda: not h.daemon.status_report()["lifecycle"]["blue"]["retired"], what="DEINIT of v1"
+                lambda: not h.daemon.reports.status()["lifecycle"]["blue"]["retired"], what="DEINIT of v1"
             )
             assert await bridge_exists(bridge)  # v2 names the same bridge and is live: kept
             await h.runtime.stop_pod_sandbox(p2)
@@ -227,11 +227,11 @@ def test_pods_fail_with_the_init_error_until_a_retry_succeeds_and_nothing_leaks(
             assert "network 'blue' is not ready: INIT failed" in str(err.value)
             assert "fails on purpose" in str(err.value)
             assert node.lc.verbs("ADD") == []  # no plugin ran for the pod
-            status = h.daemon.status_report()
+            status = h.daemon.reports.status()
             assert status["ready"] is False and status["networks"]["blue"]["ready"] is False
             assert "INIT failed" in status["networks"]["blue"]["error"]
             with pytest.raises(CNIError) as st:  # the shim's CNI STATUS
-                h.daemon.check_ready()
+                h.daemon.readiness.check()
             assert st.value.code == CniCode.PLUGIN_NOT_AVAILABLE
             code, payload = await asyncio.to_thread(  # `nri-cni status` over the local socket
                 localproto.call, str(node.tmp / "daemon.sock"), {localproto.OP_KEY: "status"}
@@ -239,11 +239,11 @@ def test_pods_fail_with_the_init_error_until_a_retry_succeeds_and_nothing_leaks(
             assert code == 0 and b"INIT failed" in payload
 
             await until(
-                lambda: h.daemon.status_report()["networks"]["blue"]["ready"],
+                lambda: h.daemon.reports.status()["networks"]["blue"]["ready"],
                 timeout=15,
                 what="INIT retried until it succeeds",
             )
-            h.daemon.check_ready()
+            h.daemon.readiness.check()
             resp = await h.runtime.run_pod_sandbox(pod)  # the runtime's retry of the pod
             checker.add_markers(*resp.adjust.network.ips)
             await asyncio.to_thread(checker.learn)
@@ -274,7 +274,7 @@ def test_a_malformed_config_written_while_pods_run_is_refused_and_pods_keep_work
             running = h.daemon.cfg
             path.write_text(path.read_text() + "networks: [oops\n")  # written in place, broken
             await until(lambda: h.daemon.reloader.state.refused, what="refusal")
-            refused = h.daemon.status_report()["reload"]["refused"]
+            refused = h.daemon.reports.status()["reload"]["refused"]
             assert refused.startswith(f"{path}:") and "not valid YAML" in refused
             assert h.daemon.cfg is running
 
@@ -330,7 +330,7 @@ def test_deinit_of_a_removed_network_follows_the_gc_of_a_pod_the_runtime_lost(ln
         write_config(node, only_blue)  # changed while nri-cni is down
         # back up: the runtime lost the pod meanwhile, GC (on Synchronize) DELs it, then DEINIT
         async with DaemonHarness(node, only_blue, pods=[]) as h:
-            await until(lambda: "green" not in h.daemon.status_report()["lifecycle"], what="DEINIT of green")
+            await until(lambda: "green" not in h.daemon.reports.status()["lifecycle"], what="DEINIT of green")
             assert not await bridge_exists(br_green)
 
     run(scenario())

@@ -18,7 +18,7 @@ import pytest
 
 from nri_cni.api import nri_pb2
 from nri_cni.config import parse_config
-from nri_cni.daemon.app import Daemon
+from nri_cni.daemon.app import Daemon, build_daemon
 from tests.support.jsonlines import read_json_lines
 from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
 from tests.support.nri_runtime import NriRuntime
@@ -180,7 +180,7 @@ class DaemonHarness:
 
     async def start(self) -> DaemonHarness:
         await self.runtime.start()
-        self.daemon = Daemon(self.cfg)
+        self.daemon = build_daemon(self.cfg)
         self.task = asyncio.create_task(self.daemon.run(handle_signals=False))
         await self.runtime.wait_plugin()
         await asyncio.wait_for(self.daemon.stub.synchronized.wait(), 10)
@@ -190,7 +190,7 @@ class DaemonHarness:
     async def settle(self) -> None:
         """Wait for the background work started by Synchronize (GC, repair)."""
         for _ in range(200):
-            if not self.daemon._background:
+            if not self.daemon.pods.background():
                 return
             await asyncio.sleep(0.02)
         raise AssertionError("background work after Synchronize did not finish")

@@ -50,10 +50,10 @@ def test_request_past_the_runtime_deadline_finishes_and_the_pod_is_whole_after_r
             await h.runtime.wait_plugin(2)  # the stub reconnected at once
             await h.settle()
             for _ in range(100):  # the cut-off attach is still in its FINALIZE
-                if not h.daemon.networker.locks.busy(pod.id):
+                if not h.daemon.pods.busy(pod.id):
                     break
                 await asyncio.sleep(0.05)
-            assert [e.ifname for e in h.daemon.networker.cached(pod.id)] == ["eth0"]
+            assert [e.ifname for e in h.daemon.pods.attachments(pod.id)] == ["eth0"]
             assert await asyncio.to_thread(get_link, "eth0", ns) is not None
             assert [r.container_id for r in node.reservations()] == [pod.id]
             # one ADD, one FINALIZE: the repair after the reconnect found it done
@@ -83,21 +83,21 @@ def test_pod_missing_from_one_synchronize_is_kept_once(node, listed_before):
                 await h.runtime.close()
                 await h.runtime.wait_plugin(2)
                 await h.settle()
-                assert h.daemon.status_report()["unconfirmed"] == 0
+                assert h.daemon.reports.status()["unconfirmed"] == 0
                 h.runtime.pods = []
             await h.runtime.close()  # reconnect; Synchronize without the pod
             n = 3 if listed_before else 2
             await h.runtime.wait_plugin(n)
             await h.settle()
             assert [r.container_id for r in node.reservations()] == [pod.id]
-            assert h.daemon.status_report()["unconfirmed"] == 1
+            assert h.daemon.reports.status()["unconfirmed"] == 1
 
             await h.runtime.close()  # and once more: now it is garbage
             await h.runtime.wait_plugin(n + 1)
             await h.settle()
             assert node.reservations() == []
-            assert h.daemon.networker.cached() == []
-            assert h.daemon.status_report()["unconfirmed"] == 0
+            assert h.daemon.pods.attachments() == []
+            assert h.daemon.reports.status()["unconfirmed"] == 0
 
     run(scenario())
 
@@ -114,7 +114,7 @@ def test_pod_listed_by_the_next_synchronize_is_confirmed(node):
             await h.runtime.close()
             await h.runtime.wait_plugin(2)
             await h.settle()
-            assert h.daemon.status_report()["unconfirmed"] == 0
+            assert h.daemon.reports.status()["unconfirmed"] == 0
             assert [r.container_id for r in node.reservations()] == [pod.id]
             await h.runtime.stop_pod_sandbox(pod)
             await h.runtime.remove_pod_sandbox(pod)
@@ -143,7 +143,7 @@ def test_gc_runs_alone_between_pod_operations(node):
             h.runtime.pods = [a, b]
             first = asyncio.create_task(h.runtime.run_pod_sandbox(a))  # 0.5 s in FINALIZE
             await asyncio.sleep(0.25)
-            gc = asyncio.create_task(h.daemon.gc_now(reason="test"))
+            gc = asyncio.create_task(h.daemon.pods.gc(reason="test"))
             await asyncio.sleep(0.1)
             second = asyncio.create_task(h.runtime.run_pod_sandbox(b))  # GC is waiting: after it
             await asyncio.gather(first, gc, second)
@@ -190,10 +190,10 @@ def test_gc_timer_retries_a_failed_del_until_it_succeeds(node):
             (control / "del-fail").unlink()
             # the reservation goes while the DEL chain runs, the cache entry once it finished
             for _ in range(100):
-                if not node.reservations() and not h.daemon.networker.cached():
+                if not node.reservations() and not h.daemon.pods.attachments():
                     break
                 await asyncio.sleep(0.05)
             assert node.reservations() == []
-            assert h.daemon.networker.cached() == []
+            assert h.daemon.pods.attachments() == []
 
     run(scenario())

@@ -9,14 +9,19 @@ import os
 
 import pytest
 
+from nri_cni.app.modes import mode_for
+from nri_cni.app.service import PodService
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.config import parse_config
-from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
+from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import OpRecord, PodNetworker, netns_gone, nothing_created
+from nri_cni.pod.oprecord import OpRecord
+from nri_cni.pod.plan import PodPlan
+from nri_cni.pod.rollback import nothing_created
+from nri_cni.pod.upkeep import netns_gone
 
 CHAIN = {
     "cniVersion": "1.1.0",
@@ -47,8 +52,10 @@ def _ref(plugin="ctl"):
         # the runtime's own failure (a cache write): no plugin to blame
         (CNIError(CniCode.IO_FAILURE, "cannot write CNI cache file"), False),
         (CNIError(CniCode.INVALID_CONFIG, "no plugin named"), False),
-        (PluginExecError("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
-        (PluginExecError("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
+        (PluginNotRun("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
+        (PluginNotRun("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
+        # the kind decides, not the wording: a crash worded like a missing binary still ran
+        (PluginExecError("failed to find plugin 'ctl' (it said so, then crashed)", ref=_ref()), False),
         # it ran: whatever it printed, it may have created things
         (
             PluginExecError(
@@ -96,13 +103,16 @@ class FakeCNI:
     async def gc(self, net, valid):
         self.calls.append(["GC", net.name, len(valid)])
 
+    def with_cache(self, cache):
+        return self
+
 
 def _networker(tmp_path, fail):
     cfg = parse_config(
         {"state_dir": str(tmp_path), "networks": [{"name": "podnet", "default": True, "conflist": CHAIN}]},
         str(tmp_path / "c.yaml"),
     )
-    return PodNetworker(cfg, FakeCNI(fail))
+    return PodPlan(cfg, FakeCNI(fail))
 
 
 def _entry():
@@ -112,7 +122,7 @@ def _entry():
 
 def test_del_is_cut_around_the_doomed_plugin_and_its_failure_ignored(tmp_path):
     net = _networker(tmp_path, fail={"ctl"})
-    asyncio.run(net._delete_entry(_entry(), doomed={2}))
+    asyncio.run(net.rollback.delete_entry(_entry(), doomed={2}))
     # portmap, then ctl alone (fails: ignored), then tuning and bridge: every DEL ran
     assert net.cni.calls == [["portmap"], ["ctl"], ["tuning", "bridge"]]
 
@@ -120,14 +130,14 @@ def test_del_is_cut_around_the_doomed_plugin_and_its_failure_ignored(tmp_path):
 def test_without_a_doomed_record_the_del_stops_at_the_failure(tmp_path):
     net = _networker(tmp_path, fail={"ctl"})
     with pytest.raises(CNIError):
-        asyncio.run(net._delete_entry(_entry()))
+        asyncio.run(net.rollback.delete_entry(_entry()))
     assert net.cni.calls == [["portmap", "ctl", "tuning", "bridge"]]  # one chain; ctl failed it
 
 
 def test_a_failure_of_a_plugin_that_is_not_doomed_still_counts(tmp_path):
     net = _networker(tmp_path, fail={"tuning"})
     with pytest.raises(CNIError) as err:
-        asyncio.run(net._delete_entry(_entry(), doomed={2}))
+        asyncio.run(net.rollback.delete_entry(_entry(), doomed={2}))
     assert "tuning" in str(err.value)
     assert net.cni.calls == [["portmap"], ["ctl"], ["tuning", "bridge"]]
 
@@ -138,15 +148,15 @@ def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
     intent = Intent(POD, "", [IntendedNetwork("podnet", "eth0", config)])
     net.intents.write(intent)
     record = OpRecord("rollback", PodInfo(POD))
-    errors = asyncio.run(net._rollback_intent(intent, record))
-    assert len(errors) == 1 and "ctl DEL failed" in errors[0]
+    errors = asyncio.run(net.rollback.undo(intent, record))
+    assert len(errors) == 1 and "ctl DEL failed" in str(errors[0])
     kept = net.intents.load(POD)
     assert kept is not None and "ctl DEL failed" in kept.rollback_error
     assert [n.network for n in kept.networks] == ["podnet"]
-    assert net.pending_rollbacks() == [POD]
+    assert PodService(net.cfg, plan=net, mode=mode_for(net.cfg)).pending_rollbacks() == [POD]
 
     net.cni.fail = set()  # the plugin recovered: the next try (GC) finishes it
-    report = asyncio.run(net.gc(set()))
+    report = asyncio.run(net.collect_garbage(set()))
     assert report["rolledBack"] == [POD] and report["errors"] == []
     assert net.cni.calls[-1] == ["GC", "podnet", 0]
     assert net.intents.load(POD) is None

@@ -12,10 +12,12 @@ import time
 import pytest
 
 from nri_cni import localproto
+from nri_cni.app.modes import mode_for
 from nri_cni.config import ConfigErrors, load_config_text, parse_config
 from nri_cni.errors import AnnotationRefused, ConfigError
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
+from nri_cni.pod.model import PrimaryNetwork
 from nri_cni.pod.select import select_networks
 from nri_cni.shim import install
 
@@ -181,10 +183,30 @@ def test_untrusted_annotations_are_refused(value):
 
 def test_secondary_mode_leaves_eth0_to_the_runtime():
     cfg = _sel_cfg("secondary")
-    sel = select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast"}, skip=("cbr0",))
+    theirs = mode_for(cfg).primary
+    assert theirs == PrimaryNetwork("cbr0", ours=False)
+    sel = select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast"}, primary=theirs)
     assert [(s.network.name, s.ifname) for s in sel] == [("podnet", "net1"), ("fast", "net2")]
     with pytest.raises(AnnotationRefused):
-        select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast@eth0"})
+        select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast@eth0"}, primary=theirs)
+
+
+def test_primary_network_comes_first_as_eth0_in_every_mode_that_owns_it():
+    nets = [_net("podnet", default=True), _net("pods2", default=True), _net("fast", namespaces=["*"])]
+    for mode in ("native", "shim"):
+        cfg = _cfg(nets, mode=mode, primary_network="pods2")
+        primary = mode_for(cfg).primary
+        assert primary == PrimaryNetwork("pods2", ours=True)
+        sel = select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast"}, primary=primary)
+        assert [(s.network.name, s.ifname) for s in sel] == [
+            ("pods2", "eth0"),
+            ("podnet", "net1"),
+            ("fast", "net2"),
+        ]
+        # without primary_network: the first default network
+        cfg = _cfg(nets, mode=mode)
+        sel = select_networks(cfg, "default", {}, primary=mode_for(cfg).primary)
+        assert [(s.network.name, s.ifname) for s in sel] == [("podnet", "eth0"), ("pods2", "net1")]
 
 
 # -- locks -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from nri_cni.api import nri_pb2
-from nri_cni.errors import ConfigError, GrpcCode, PodError, ProtocolError, RPCError, Unavailable
+from nri_cni.errors import WIRE, ConfigError, GrpcCode, Kind, PodError, ProtocolError, RPCError, Unavailable
 from nri_cni.nri.plugin_service import RUNTIME_SERVICE
 from nri_cni.nri.stub import Stub, check_identity, launch_identity
 from nri_cni.nri.trunk import Trunk
@@ -225,7 +225,7 @@ def test_handler_errors_reach_the_runtime_and_the_connection_stays(arun, sock_di
             await h.runtime.wait_plugin()
             with pytest.raises(RPCError) as info:
                 await h.runtime.run_pod_sandbox(pod("fails"))
-            assert info.value.code == PodError.grpc_code
+            assert info.value.code == WIRE[Kind.FAILED].grpc
             assert "ADD failed" in info.value.msg
             with pytest.raises(RPCError) as info:
                 await h.runtime.state_change(nri_pb2.RUN_POD_SANDBOX, pod("crashes"))

@@ -1,4 +1,6 @@
-"""The pod's networks as the runtime receives them (NRI-native mode).
+"""NRI messages <-> the pod plan's plain types, on the daemon side: the pod layer never sees
+a protobuf. PodSandbox -> PodInfo for every event; the pod's networks -> the RunPodSandbox
+answer (NRI-native mode).
 
 `RunPodSandboxResponse.adjust.network.ips` is NRI PR #295's shape (plain addresses, primary
 first). `interfaces`, `routes` and `dns` are nri-cni's extension of PodSandboxNetwork (fields
@@ -9,11 +11,27 @@ metadata map, so a runtime can report more than one IP per pod and say where eac
 from __future__ import annotations
 
 from nri_cni.api import nri_pb2
-from nri_cni.pod.model import PodNetworks
+from nri_cni.pod.model import PodInfo, PodNetworks
 
 # Metadata keys nri-cni sets itself live under cni.dev/ (reserved for the runtime side).
 META_NETWORK = "cni.dev/network"
 META_PRIMARY = "cni.dev/primary"
+
+
+def pod_info(pod: nri_pb2.PodSandbox) -> PodInfo:
+    """The pod of an NRI event (its netns: the "network" namespace's path, "" for host network)."""
+    netns = ""
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            netns = ns.path
+    return PodInfo(
+        id=pod.id,
+        name=pod.name,
+        namespace=pod.namespace,
+        uid=pod.uid,
+        netns=netns,
+        annotations=dict(pod.annotations),
+    )
 
 
 def to_pod_network(answer: PodNetworks) -> nri_pb2.PodSandboxNetwork:

@@ -1,0 +1,92 @@
+"""The pod ledger: what the daemon knows of the runtime's pods besides the CNI cache.
+
+Which pods are valid for GC (docs/reliability.md, section 2): the runtime's pod list (the last
+Synchronize plus the pod events since), the pods with an operation in flight, and, while their
+netns exists, the pods the runtime has not listed yet or for the first time: attached since the
+previous Synchronize (a runtime stores a new pod only after its CNI ADD or NRI RunPodSandbox
+returned, so a Synchronize in between does not list it), or had by the runtime before and
+missing from the last Synchronize only (containerd leaves a pod whose state it cannot tell yet
+out of its NRI list). Missing from two Synchronizes in a row, or its netns gone, or removed by a
+pod event: garbage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nri_cni.pod.model import PodInfo
+from nri_cni.pod.upkeep import netns_gone
+
+
+class PodLedger:
+    def __init__(self) -> None:
+        self.pods: dict[str, PodInfo] = {}  # the runtime's pods, as far as we know
+        self.synced = False  # a Synchronize arrived: GC may run
+        self.repair: dict[str, PodInfo] = {}  # pods whose attach failed and is retried
+        # pods the runtime has not listed (yet, or any more) -> (the Synchronize count they
+        # are counted from, their netns): valid while that is the last or the one before
+        self.unconfirmed: dict[str, tuple[int, str]] = {}
+        self._syncs = 0
+
+    def seen(self, pod: PodInfo) -> None:
+        """The runtime told us about the pod (an NRI pod event). Not yet a confirmation: the
+        runtime stores the pod only after the event, so a Synchronize may still miss it."""
+        self.pods[pod.id] = pod
+
+    def attached(self, pod: PodInfo) -> None:
+        """An ADD for the pod finished; the runtime lists the pod only later (and a
+        Synchronize that comes first must not make it garbage)."""
+        self.unconfirmed[pod.id] = (self._syncs, pod.netns)
+
+    def detached(self, pod_id: str) -> None:
+        self.unconfirmed.pop(pod_id, None)
+
+    def gone(self, pod_id: str) -> None:
+        self.pods.pop(pod_id, None)
+        self.repair.pop(pod_id, None)
+        self.unconfirmed.pop(pod_id, None)
+
+    def needs_repair(self, pod: PodInfo) -> None:
+        self.repair[pod.id] = pod
+
+    def synchronized(self, pods: list[PodInfo]) -> None:
+        """The runtime's full pod list (every (re)connection)."""
+        previous, self.pods = self.pods, {p.id: p for p in pods}
+        self._syncs += 1
+        for pod_id in self.pods:
+            self.unconfirmed.pop(pod_id, None)
+        # a pod the runtime had (listed, or an event) that this list misses gets until the next
+        # one; a pod nri-cni never saw the runtime have (it was down) does not
+        for pod_id, pod in previous.items():
+            if pod_id not in self.pods and pod_id not in self.unconfirmed:
+                self.unconfirmed[pod_id] = (self._syncs - 1, pod.netns)
+        self.synced = True
+
+    def unconfirmed_valid(self) -> set[str]:
+        """Pods not listed by the runtime that are still given the benefit of the doubt: not
+        yet listed since their attach, or missing from the last Synchronize only, while their
+        netns exists. (An entry goes when the pod is listed, detached, gone or collected.)"""
+        return {
+            pod_id
+            for pod_id, (since, netns) in self.unconfirmed.items()
+            if self._syncs - since <= 1 and not netns_gone(netns)
+        }
+
+    def valid_pod_ids(self, in_flight: Iterable[str]) -> set[str]:
+        return set(self.pods) | set(in_flight) | self.unconfirmed_valid()
+
+    def collected(self, deleted: Iterable[str], attached: set[str]) -> None:
+        """After a GC: forget the unconfirmed pods it deleted (names network/pod/ifname), and
+        the ones no longer valid that have nothing left."""
+        for name in deleted:
+            self.unconfirmed.pop(name.split("/")[1], None)
+        still_valid = self.unconfirmed_valid()
+        if len(still_valid) < len(self.unconfirmed):
+            for pod_id in list(self.unconfirmed):
+                if pod_id not in still_valid and pod_id not in attached:
+                    del self.unconfirmed[pod_id]
+
+    def repair_candidates(self, every_listed_pod: bool) -> list[PodInfo]:
+        if every_listed_pod:
+            return [p for p in self.pods.values() if p.netns]
+        return list(self.repair.values())

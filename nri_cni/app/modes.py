@@ -1,0 +1,107 @@
+"""The three modes as objects: one small policy class each, chosen once at start (mode_for).
+
+| question                                  | shim       | secondary                  | native     |
+|-------------------------------------------|------------|----------------------------|------------|
+| NRI RunPodSandbox runs the ADD            | no (the shim's CNI ADD does) | yes      | yes        |
+| the NRI answer carries the networks       | no         | no                         | yes        |
+| eth0 (the primary network) is nri-cni's   | yes        | no: the runtime's network  | yes        |
+| where the primary's result comes from     | our ADD    | the runtime's libcni cache | our ADD    |
+| repair after Synchronize attaches         | pods whose attach failed | every listed pod | every listed pod |
+
+StopPodSandbox detaches in every mode. This module (and config parsing) are the only places
+that read the mode's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nri_cni.cni.cache import ResultCache
+from nri_cni.config import Config
+from nri_cni.pod.model import PodInfo, PrimaryNetwork, RuntimePrimary
+
+
+class Mode(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def attaches_on_run(self) -> bool:
+        """NRI RunPodSandbox runs the ADD."""
+        ...
+
+    @property
+    def answers_run_pod(self) -> bool:
+        """The RunPodSandbox answer carries the pod's networks."""
+        ...
+
+    @property
+    def repairs_listed_pods(self) -> bool:
+        """Repair attaches every pod the runtime lists (else: the ones whose attach failed)."""
+        ...
+
+    @property
+    def primary(self) -> PrimaryNetwork:
+        """The primary network's name and whether it is nri-cni's (eth0)."""
+        ...
+
+    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
+        """The runtime's own primary network of the pod (FINALIZE runs for it too), or None
+        when the primary is nri-cni's."""
+        ...
+
+
+@dataclass(frozen=True)
+class ShimMode:
+    """The runtime calls nri-cni through its CNI path (nri-cni-shim); NRI only tells of pods."""
+
+    primary: PrimaryNetwork
+    name: str = "shim"
+    attaches_on_run: bool = False
+    answers_run_pod: bool = False
+    repairs_listed_pods: bool = False
+
+    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
+        return None
+
+
+@dataclass(frozen=True)
+class NativeMode:
+    """The runtime runs no CNI: RunPodSandbox attaches and answers with the networks."""
+
+    primary: PrimaryNetwork
+    name: str = "native"
+    attaches_on_run: bool = True
+    answers_run_pod: bool = True
+    repairs_listed_pods: bool = True
+
+    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
+        return None
+
+
+@dataclass(frozen=True)
+class SecondaryMode:
+    """The runtime attaches its own network (eth0); nri-cni adds the others on RunPodSandbox."""
+
+    primary: PrimaryNetwork
+    runtime_cache: ResultCache = field(compare=False)
+    name: str = "secondary"
+    attaches_on_run: bool = True
+    answers_run_pod: bool = False
+    repairs_listed_pods: bool = True
+
+    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
+        entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")
+        return RuntimePrimary(self.primary.name, entry)
+
+
+def mode_for(cfg: Config) -> Mode:
+    """The mode of a (validated) config; the one place that reads `cfg.mode`."""
+    if cfg.mode == "secondary":
+        return SecondaryMode(
+            PrimaryNetwork(cfg.primary_network, ours=False), ResultCache(cfg.cni.runtime_cache_dir)
+        )
+    if cfg.mode == "native":
+        return NativeMode(PrimaryNetwork(cfg.primary_network, ours=True))
+    return ShimMode(PrimaryNetwork(cfg.primary_network, ours=True))

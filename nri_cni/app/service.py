@@ -1,0 +1,216 @@
+"""The pod service: every pod operation enters here, whatever reached the daemon.
+
+Entry points (NRI handlers, the local socket, the daemon's timers) translate their protocol
+into these calls and nothing else. The service owns what makes operations safe together:
+
+- per-pod serialization and GC alone (nri_cni/pod/locks.py): operations on one pod never
+  overlap, different pods run in parallel, GC waits for every operation in flight and holds
+  back new ones;
+- tasks of their own: a caller that gives up (an NRI request past its deadline) does not cancel
+  plugins halfway; the work finishes and its state is kept (`_detached`);
+- the pod ledger (ledger.py), updated under the pod's lock where GC must see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from nri_cni.app.ledger import PodLedger
+from nri_cni.app.modes import Mode, mode_for
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.config import Config
+from nri_cni.errors import NriCniError
+from nri_cni.pod.locks import PodLocks
+from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
+from nri_cni.pod.oprecord import GcReport
+from nri_cni.pod.plan import PodPlan
+
+log = logging.getLogger("nri_cni.daemon")
+
+T = TypeVar("T")
+
+
+class PodService:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        plan: PodPlan,
+        mode: Mode,
+        ledger: PodLedger | None = None,
+        locks: PodLocks | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.mode = mode
+        self.ledger = ledger or PodLedger()
+        self.locks = locks or PodLocks()
+        self._background: set[asyncio.Task[None]] = set()
+
+    def reconfigure(self, cfg: Config) -> None:
+        """A hot reload: the next operation uses it (primary_network may have changed)."""
+        self.cfg = cfg
+        self.mode = mode_for(cfg)
+        self.plan.reconfigure(cfg)
+
+    async def close(self) -> None:
+        """Stops the background work (GC and repair after a Synchronize)."""
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- pod operations ----------------------------------------------------------------------
+
+    async def attach(self, pod: PodInfo, request: AttachRequest | None = None) -> PodNetworks:
+        return await _detached(self._attach(pod, request or AttachRequest()))
+
+    async def _attach(self, pod: PodInfo, request: AttachRequest) -> PodNetworks:
+        selected = self.plan.select(pod, self.mode.primary, request)
+        async with self.locks.pod(pod.id):
+            attached = await self.plan.attach(pod, selected, request, self.mode.runtime_primary(pod))
+            if attached.new:
+                # Still under the pod's lock: a GC waiting for the exclusive lock computes its
+                # valid pods after this, so a pod attached just now is never garbage.
+                self.ledger.attached(pod)
+            return attached.networks
+
+    async def detach(self, pod: PodInfo) -> None:
+        """NRI StopPodSandbox, the shim's DEL: the first does the work, the second finds nothing."""
+        await _detached(self._detach(pod))
+        self.ledger.detached(pod.id)
+
+    async def remove(self, pod: PodInfo) -> None:
+        """NRI RemovePodSandbox: detach again if needed, then forget the pod."""
+        try:
+            await _detached(self._detach(pod))
+        finally:
+            self.ledger.gone(pod.id)
+
+    async def _detach(self, pod: PodInfo) -> None:
+        async with self.locks.pod(pod.id):
+            await self.plan.detach(pod)
+
+    async def check(self, pod: PodInfo) -> None:
+        async with self.locks.pod(pod.id):
+            await self.plan.check(pod)
+
+    def seen(self, pod: PodInfo) -> None:
+        self.ledger.seen(pod)
+
+    def needs_repair(self, pod: PodInfo) -> None:
+        self.ledger.needs_repair(pod)
+
+    # -- the runtime's pod list, GC, repair, reaper, recovery --------------------------------
+
+    def synchronized(self, pods: list[PodInfo]) -> None:
+        """The runtime's full pod list (every (re)connection). Returns at once: GC and repair
+        run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
+        self.ledger.synchronized(pods)
+        log.info("synchronized: the runtime has %d pod(s)", len(pods))
+        self._spawn(self._after_sync(), "after-sync")
+
+    async def _after_sync(self) -> None:
+        await self.gc(reason="synchronize")
+        if self.cfg.repair_on_sync:
+            await self.repair()
+
+    async def gc(self, reason: str) -> GcReport:
+        """GC against the ledger's valid pods; refused before the runtime's first pod list."""
+        if not self.ledger.synced:
+            raise NriCniError(
+                "no pod list from the runtime yet (not synchronized): GC would delete every attachment"
+            )
+
+        def valid() -> set[str]:  # evaluated once GC holds its lock
+            ids = self.ledger.valid_pod_ids(self.in_flight())
+            log.info("gc (%s): %d valid pod(s)", reason, len(ids))
+            return ids
+
+        report = await self._collect(valid)
+        self.ledger.collected(report["deleted"], self.plan.attached_pod_ids())
+        return report
+
+    async def gc_listed(self, pod_ids: set[str]) -> GcReport:
+        """The runtime's own GC of the shim's network: its valid attachments are its pods."""
+        return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid())
+
+    async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
+        async with self.locks.exclusive():
+            return await self.plan.collect_garbage(set(valid()))
+
+    async def repair(self) -> None:
+        """Attach what running pods lack (nri-cni was down when they started, or a failed
+        attachment was kept for retry)."""
+        for pod in self.ledger.repair_candidates(self.mode.repairs_listed_pods):
+            if pod.id not in self.ledger.pods or not pod.netns or not os.path.exists(pod.netns):
+                self.ledger.repair.pop(pod.id, None)
+                continue
+            try:
+                answer = await self.attach(pod)
+            except NriCniError as exc:
+                log.error("repair of pod %s failed: %s", pod.label(), exc)
+                self.ledger.needs_repair(pod)
+                continue
+            self.ledger.repair.pop(pod.id, None)
+            if answer.attachments:
+                log.debug("pod %s is fully attached", pod.label())
+
+    async def upkeep(self, runtime_connected: bool) -> None:
+        """The GC timer: GC while the runtime's pod list is current, retry failed repairs."""
+        if self.ledger.synced and runtime_connected:
+            await self.gc(reason="timer")
+        if self.ledger.repair:
+            await self.repair()
+
+    async def reap(self) -> None:
+        """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9
+        sends no NRI stop/remove for pods that lived through its restart, containerd#8426)."""
+        for pod_id in self.plan.reap_candidates():
+            if self.locks.busy(pod_id):
+                continue
+            async with self.locks.pod(pod_id):
+                reaped = await self.plan.reap(pod_id)
+            if reaped:
+                self.ledger.gone(pod_id)  # stopped (or removed) without an event: nothing more to do
+
+    async def recover(self) -> int:
+        """Start-up, before anything serves: roll back every ADD a crash interrupted."""
+        intents = self.plan.interrupted()
+        for intent in intents:
+            async with self.locks.pod(intent.pod_id):
+                await self.plan.recover(intent)
+        return len(intents)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def busy(self, pod_id: str) -> bool:
+        return self.locks.busy(pod_id)
+
+    def in_flight(self) -> set[str]:
+        return self.locks.pod_ids()
+
+    def attachments(self, pod_id: str | None = None) -> list[CacheEntry]:
+        return self.plan.cached(pod_id)
+
+    def pending_rollbacks(self) -> list[str]:
+        """Pods with an intent record and no operation in flight: a rollback waiting to be
+        retried (or, for an instant, an ADD about to take its lock)."""
+        return [p for p in self.plan.intent_pod_ids() if not self.locks.busy(p)]
+
+    def background(self) -> int:
+        return len(self._background)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _detached(coro: Awaitable[T]) -> T:
+    # shield: the operation finishes even if the caller is cancelled (NRI deadline).
+    return await asyncio.shield(asyncio.ensure_future(coro))

@@ -1,0 +1,289 @@
+"""attach: the ADD of one pod's networks, under the pod's lock (the pod service holds it).
+
+Select the pod's networks, write the intent record, ADD each network in order, then FINALIZE
+each network in the same order (its own `finalize_plugins`, then the `_finalize.d/` drop-ins),
+fill in MAC/MTU the plugins did not report, clear the intent. A failure at network k deletes
+networks k..0 in reverse (the spec wants a DEL after every ADD, failed ones included) and
+reports an error naming the network and the plugin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
+from nri_cni.cni.result import Result, parse_result
+from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+from nri_cni.config import Config
+from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError
+from nri_cni.lifecycle import NetworkLifecycle
+from nri_cni.lifecycle.spec import is_managed
+from nri_cni.pod import netlink
+from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
+from nri_cni.pod.model import AttachRequest, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
+from nri_cni.pod.oprecord import NetworkFailure, OpRecord
+from nri_cni.pod.rollback import Rollback
+from nri_cni.pod.seams import Readiness
+from nri_cni.pod.select import Selected
+
+log = logging.getLogger("nri_cni.pod")
+
+Key = tuple[str, str]  # (network, ifname): a pod may ask for one network twice (fast, fast@fast2)
+
+
+class Attacher:
+    def __init__(
+        self,
+        cfg: Config,
+        cni: CNIRuntime,
+        *,
+        cni_uncached: CNIRuntime,
+        intents: IntentStore,
+        rollback: Rollback,
+        readiness: Readiness | None = None,
+        lifecycle: NetworkLifecycle | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.cni = cni
+        # FINALIZE of the runtime's own primary: the runtime's attachment, never in our cache
+        self.cni_uncached = cni_uncached
+        self.intents = intents
+        self.rollback = rollback
+        self.readiness = readiness
+        # INIT / DEINIT per network generation: ADDs hold a lease on their generation
+        self.lifecycle = lifecycle
+        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir)
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir)
+
+    async def attach(
+        self,
+        pod: PodInfo,
+        selected: list[Selected],
+        request: AttachRequest,
+        record: OpRecord,
+        runtime_primary: RuntimePrimary | None,
+    ) -> PodNetworks:
+        await self._undo_abandoned(pod, record)
+        async with self._leases(pod, selected):  # waits for INIT
+            return await self._attach(pod, selected, request.runtime_caps, record, runtime_primary)
+
+    def _leases(self, pod: PodInfo, selected: list[Selected]) -> AbstractAsyncContextManager[None]:
+        """Leases on the generations this ADD will use (docs/lifecycle.md): INIT has run
+        before the first ADD, fails the pod with INIT's error, and no DEINIT starts meanwhile."""
+        managed = [s for s in selected if is_managed(s.network.conflist)]
+        if self.lifecycle is None or not managed:
+            return contextlib.nullcontext()
+        existing = {(e.network_name, e.ifname) for e in self.cni.cache.entries(container_id=pod.id)}
+        return self.lifecycle.leases(
+            s.network.conflist for s in managed if (s.network.name, s.ifname) not in existing
+        )
+
+    async def _undo_abandoned(self, pod: PodInfo, record: OpRecord) -> None:
+        """An intent record found under the pod's lock belongs to an ADD nobody is running any
+        more (its rollback failed, or a crash): finish that rollback before a new ADD."""
+        intent = self.intents.load(pod.id)
+        if intent is None:
+            return
+        errors = await self.rollback.undo(intent, record, netns=pod.netns)
+        if errors:
+            raise PodError(
+                f"pod {pod.label()}: an earlier failed ADD still cannot be rolled back: "
+                + "; ".join(map(str, errors)),
+                network=intent.networks[-1].network,
+            )
+
+    async def _attach(
+        self,
+        pod: PodInfo,
+        selected: list[Selected],
+        runtime_caps: dict[str, Any],
+        record: OpRecord,
+        runtime_primary: RuntimePrimary | None,
+    ) -> PodNetworks:
+        existing = {(e.network_name, e.ifname): e for e in self.cni.cache.entries(container_id=pod.id)}
+        todo = [s for s in selected if _key(s) not in existing]
+        answer = PodNetworks(pod)
+        if not todo:
+            # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD).
+            for sel in selected:
+                result = parse_result(existing[_key(sel)].result or {"cniVersion": "1.1.0"})
+                answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, result))
+            return answer
+        await self._check_ready(todo)
+
+        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]] = {}
+        for index, sel in enumerate(selected):
+            caps = dict(sel.capability_args)
+            if index == 0:
+                caps = {**runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
+            rt = RuntimeConf(
+                container_id=pod.id,
+                netns=pod.netns,
+                ifname=sel.ifname,
+                args=pod.cni_args(),
+                capability_args=caps,
+            )
+            confs[_key(sel)] = (sel.network.conflist, rt)
+        intent = Intent(
+            pod.id,
+            pod.netns,
+            [
+                IntendedNetwork(
+                    s.network.name,
+                    s.ifname,
+                    confs[_key(s)][0].bytes,
+                    confs[_key(s)][1].args,
+                    confs[_key(s)][1].capability_args,
+                )
+                for s in todo
+            ],
+        )
+        self.intents.write(intent)  # before any plugin runs; a failure here leaves nothing
+        planned = {(n.network, n.ifname): n for n in intent.networks}
+
+        added: list[IntendedNetwork] = []
+        results: dict[Key, Result] = {}
+        try:
+            for sel in selected:
+                net, rt = confs[_key(sel)]
+                entry = existing.get(_key(sel))
+                if entry is not None:
+                    results[_key(sel)] = parse_result(entry.result or {"cniVersion": "1.1.0"})
+                    continue
+                t0 = time.perf_counter()
+                added.append(planned[_key(sel)])
+                try:
+                    results[_key(sel)] = await self._add_one(net, rt)
+                except NriCniError as exc:
+                    self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
+                    raise
+                record.step(net.name, sel.ifname, "add", t0)
+            await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
+        except NriCniError as exc:
+            # DEL what was started, last first; the record of the rest goes (never ADDed)
+            errors = await self.rollback.undo(Intent(pod.id, pod.netns, added), record, op="rollback")
+            raise pod_error(pod, exc, errors) from exc
+        except BaseException:
+            # Cancelled or crashed mid-way: the intent record stays for start-up recovery.
+            raise
+        self.intents.clear(pod.id)
+        for sel in selected:
+            answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
+        return answer
+
+    async def _check_ready(self, todo: list[Selected]) -> None:
+        """status.refuse_when_not_ready: no ADD of a network whose STATUS fails."""
+        if not self.cfg.refuse_when_not_ready or self.readiness is None:
+            return
+        for sel in todo:
+            error = await self.readiness.ready(sel.network.name)
+            if error:
+                raise CNIError(
+                    CniCode.PLUGIN_NOT_AVAILABLE,
+                    f"network {sel.network.name!r} is not ready (STATUS failed)",
+                    details=error,
+                    ref=PluginRef(network=sel.network.name, command="STATUS"),
+                )
+
+    async def _add_one(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
+        try:
+            return await self.cni.add(net, rt)
+        except CNIError as exc:
+            if not exc.ref.network:
+                exc.ref = type(exc.ref)(network=net.name, plugin=exc.ref.plugin, command="ADD")
+            raise
+
+    async def _finalize_all(
+        self,
+        pod: PodInfo,
+        selected: list[Selected],
+        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]],
+        results: dict[Key, Result],
+        record: OpRecord,
+        runtime_primary: RuntimePrimary | None,
+    ) -> None:
+        nets = [(_key(sel), *confs[_key(sel)]) for sel in selected]
+        primary = _primary_conf(pod, runtime_primary)
+        if primary is not None:
+            net, rt, result = primary
+            nets.insert(0, ((net.name, rt.ifname), net, rt))
+            results[(net.name, rt.ifname)] = result
+        for key, net, rt in nets:
+            extra = self.finalize_dropins
+            if not net.finalize_plugins and not extra:
+                continue
+            t0 = time.perf_counter()
+            # finalize() caches a result a plugin changed, so that a later DEL sees it; the
+            # runtime's own primary is the runtime's attachment, never one of nri-cni's
+            theirs = primary is not None and key[0] == primary[0].name
+            cni = self.cni_uncached if theirs else self.cni
+            results[key] = await cni.finalize(net, rt, results[key], extra)
+            record.step(net.name, rt.ifname, "finalize", t0)
+        for key, _net, rt in nets:
+            if primary is None or key[0] != primary[0].name:
+                results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+
+
+def _primary_conf(
+    pod: PodInfo, primary: RuntimePrimary | None
+) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
+    """Secondary mode: the runtime's own network, from the runtime's libcni cache entry."""
+    if primary is None:
+        return None
+    entry: CacheEntry | None = primary.entry
+    if entry is None or entry.result is None:
+        log.warning(
+            "pod %s: no cached result of the runtime's network %r; FINALIZE skips it",
+            pod.label(),
+            primary.network,
+        )
+        return None
+    net = parse_conflist(entry.config, source=entry.path)
+    rt = RuntimeConf(
+        container_id=pod.id,
+        netns=pod.netns or entry.netns,
+        ifname=entry.ifname,
+        args=list(entry.cni_args),
+        capability_args=dict(entry.capability_args),
+    )
+    return net, rt, parse_result(entry.result)
+
+
+def finalize_dropins(path: str) -> tuple[PluginConf, ...]:
+    # The config names the `_finalize.d` dir itself (validated); libcni's rule reads it below
+    # a conf dir.
+    if not path or not os.path.isdir(path):
+        return ()
+    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")))
+    for err in errors:
+        log.error("finalize drop-in skipped: %s", err)
+    return plugins
+
+
+def pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: Sequence[NetworkFailure] = ()) -> PodError:
+    where = ""
+    if rollback_errors:
+        where += (
+            f"; undoing it failed too, retried later ({len(rollback_errors)} network(s): "
+            + "; ".join(map(str, rollback_errors))
+            + ")"
+        )
+    return PodError(
+        f"pod {pod.label()}: networking failed{where}",
+        cause=exc,
+        network=exc.ref.network if isinstance(exc, CNIError) else "",
+    )
+
+
+def _key(sel: Selected) -> Key:
+    return (sel.network.name, sel.ifname)

@@ -1,0 +1,114 @@
+"""The record of one pod operation: what it did, how long each step took, its first error.
+
+One structured log line per operation (logger `nri_cni.podop`, read by tests and benches) and
+one observation for the metrics (an OperationSink, nri_cni/pod/seams.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nri_cni.errors import NriCniError
+from nri_cni.pod.hooks import PluginHooks
+from nri_cni.pod.model import PodInfo
+
+oplog = logging.getLogger("nri_cni.podop")  # one structured line per pod operation
+
+# What a GC run did: {"deleted": [...], "rolledBack": [...], "errors": [...]}, as the CLI shows it.
+GcReport = dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class NetworkFailure:
+    """One network's DEL (or rollback) that failed: its state stays for the next try."""
+
+    network: str
+    error: NriCniError
+
+    def __str__(self) -> str:
+        return f"network {self.network!r}: {self.error}"
+
+
+@dataclass
+class OpRecord:
+    """What one pod operation did, for the log line and the metrics."""
+
+    op: str
+    pod: PodInfo
+    started: float = field(default_factory=time.time)
+    networks: list[dict[str, Any]] = field(default_factory=list)
+    plugins: list[dict[str, Any]] = field(default_factory=list)
+    error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
+    failures: int = 0
+
+    def fail(self, exc: NriCniError) -> None:
+        """One more failure of this operation; the first one is kept."""
+        if self.error is None:
+            self.error = exc
+        self.failures += 1
+
+    def step(self, network: str, ifname: str, op: str, t0: float | None = None) -> None:
+        """One network's step; `t0` (time.perf_counter() at its start) adds its duration."""
+        entry: dict[str, Any] = {"network": network, "ifname": ifname, "op": op}
+        if t0 is not None:
+            entry["ms"] = ms_since(t0)
+        self.networks.append(entry)
+
+    def emit(self) -> None:
+        ended = time.time()
+        line: dict[str, Any] = {
+            "op": self.op,
+            "pod": self.pod.label(),
+            "podId": self.pod.id,
+            "start": round(self.started, 6),
+            "end": round(ended, 6),
+            "ms": round((ended - self.started) * 1000, 2),
+            "networks": self.networks,
+            "plugins": self.plugins,
+            "result": "error" if self.error is not None else "ok",
+        }
+        if self.error is not None:
+            line["error"] = str(self.error)
+            if self.failures > 1:
+                line["failures"] = self.failures
+        oplog.info(json.dumps(line, separators=(",", ":")))
+
+
+def ms_since(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 2)
+
+
+class OperationSink(Protocol):
+    """Where finished pod operations and GC runs are reported (nri_cni.metrics.Metrics)."""
+
+    def observe_operation(self, record: OpRecord) -> None: ...
+
+    def observe_gc(self, report: GcReport) -> None: ...
+
+
+class NoSink:
+    """An OperationSink that keeps nothing (tests, tools)."""
+
+    def observe_operation(self, record: OpRecord) -> None:
+        return None
+
+    def observe_gc(self, report: GcReport) -> None:
+        return None
+
+
+class OperationLog:
+    """Ends pod operations: the plugins' timings, the log line, the sink."""
+
+    def __init__(self, hooks: PluginHooks | None, sink: OperationSink) -> None:
+        self.hooks = hooks  # the same object the CNI runtime calls: per-plugin timings
+        self.sink = sink
+
+    def emit(self, record: OpRecord) -> None:
+        if self.hooks is not None:
+            record.plugins = self.hooks.drain(record.pod.id)
+        record.emit()
+        self.sink.observe_operation(record)
