@@ -1,0 +1,105 @@
+"""Compare expected attachments with what netlink shows, a few namespaces at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import os
+from collections.abc import Sequence
+
+from nri_cni.node import rtnl
+from nri_cni.node.model import Expectation, Finding, NetnsView, compare
+from nri_cni.node.workers import NetnsGone, NetnsWorkers, socket_in
+
+DEFAULT_WORKERS = min(4, (os.cpu_count() or 1) + 1)
+
+
+def read_netns(netns: str) -> NetnsView:
+    """One netns's links and addresses (on a pool worker: it enters the netns to open the socket)."""
+    try:
+        sock = socket_in(netns, rtnl.open_socket)
+    except NetnsGone as exc:
+        return NetnsView(netns=netns, gone=True, error=exc.strerror or str(exc))
+    except OSError as exc:
+        return NetnsView(netns=netns, error=str(exc))
+    try:
+        return rtnl.read_view(sock, netns)
+    except OSError as exc:
+        return NetnsView(netns=netns, error=f"netlink: {exc}")
+    finally:
+        sock.close()
+
+
+def _drain(paths: collections.deque[str]) -> dict[str, NetnsView]:
+    """Reads namespaces from the shared queue until it is empty: one job per worker, so a round
+    costs a handful of futures and a slow netns holds up only its own worker."""
+    views: dict[str, NetnsView] = {}
+    while True:
+        try:
+            path = paths.popleft()
+        except IndexError:
+            return views
+        views[path] = read_netns(path)
+
+
+def _host_links() -> set[str]:
+    sock = rtnl.open_socket()  # a worker at home: the daemon's own netns
+    try:
+        return rtnl.link_names(sock)
+    finally:
+        sock.close()
+
+
+class NodeInspector:
+    """`await inspect(expectations)` returns one Finding per expectation, in the same order.
+
+    Each netns is read once however many attachments it holds (eth0, net1...); the host's link
+    list is read once per round, only when some expectation names host-side links."""
+
+    def __init__(self, *, workers: int = DEFAULT_WORKERS, pool: NetnsWorkers | None = None) -> None:
+        self._pool = pool or NetnsWorkers(workers)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    async def inspect(self, expectations: Sequence[Expectation]) -> list[Finding]:
+        futs, host = self._start(expectations)
+        done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futs), return_exceptions=True)
+        host_links = await asyncio.wrap_future(host) if host is not None else None
+        return self._findings(expectations, done, host_links)
+
+    def inspect_blocking(self, expectations: Sequence[Expectation]) -> list[Finding]:
+        """The same for callers without an event loop (the CLI, benchmarks)."""
+        futs, host = self._start(expectations)
+        concurrent.futures.wait(futs)
+        done = [f.exception() or f.result() for f in futs]
+        host_links = host.result() if host is not None else None
+        return self._findings(expectations, done, host_links)
+
+    def _start(
+        self, expectations: Sequence[Expectation]
+    ) -> tuple[list[concurrent.futures.Future], concurrent.futures.Future | None]:
+        paths = collections.deque(dict.fromkeys(e.netns for e in expectations))
+        host = self._pool.submit(_host_links) if any(e.host_ifnames for e in expectations) else None
+        jobs = min(self._pool.size, len(paths))
+        return [self._pool.submit(_drain, paths) for _ in range(jobs)], host
+
+    @staticmethod
+    def _findings(
+        expectations: Sequence[Expectation], done: Sequence[object], host_links: set[str] | None
+    ) -> list[Finding]:
+        views: dict[str, NetnsView] = {}
+        failures = []
+        for part in done:
+            if isinstance(part, BaseException):
+                failures.append(part)  # a stranded worker: the netns it held is reported unreadable
+            else:
+                views.update(part)  # type: ignore[arg-type]
+        out = []
+        for exp in expectations:
+            view = views.get(exp.netns)
+            if view is None:
+                view = NetnsView(netns=exp.netns, error=f"not read: {failures[0] if failures else 'lost'}")
+            out.append(compare(exp, view, host_links))
+        return out
