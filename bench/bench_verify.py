@@ -50,7 +50,7 @@ if str(REPO) not in sys.path:
 
 from nri_cni.gctune import tune_gc  # noqa: E402
 from nri_cni.node import Expectation, NodeInspector  # noqa: E402
-from nri_cni.node.model import AddressState, LinkState, NetnsView, compare  # noqa: E402
+from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, compare  # noqa: E402
 from tests.support.netns import free_subnet  # noqa: E402  (a subnet nothing on the host uses)
 
 NETNS_DIR = "/var/run/netns"
@@ -153,7 +153,7 @@ def serial_iproute_round(exps: list[Expectation]) -> int:
 
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     with IPRoute() as ipr:
-        host_links = {m.get_attr("IFLA_IFNAME") for m in ipr.get_links()}
+        host_links = _host_links(ipr)
     bad = 0
     try:
         for exp in exps:
@@ -180,7 +180,7 @@ def serial_fork_round(exps: list[Expectation]) -> int:
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
-        host_links = {m.get_attr("IFLA_IFNAME") for m in ipr.get_links()}
+        host_links = _host_links(ipr)
     bad = 0
     for exp in exps:
         with IPRoute(netns=os.path.basename(exp.netns)) as ipr:
@@ -208,6 +208,16 @@ def _fork_round_child() -> int:
     bad = serial_fork_round(exps)
     print(json.dumps([time.perf_counter() - t0, bad]))
     return 0
+
+
+def _host_links(ipr) -> dict[str, HostLink]:
+    out = {}
+    for m in ipr.get_links():
+        info = m.get_attr("IFLA_LINKINFO")
+        kind = (info.get_attr("IFLA_INFO_KIND") if info is not None else None) or ""
+        name = m.get_attr("IFLA_IFNAME")
+        out[name] = HostLink(name, m["index"], kind, m.get_attr("IFLA_MASTER"))
+    return out
 
 
 def _view(ipr, netns: str) -> NetnsView:

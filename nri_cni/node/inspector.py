@@ -8,7 +8,7 @@ import concurrent.futures
 from collections.abc import Iterable, Sequence
 
 from nri_cni.node import rtnl
-from nri_cni.node.model import Expectation, Finding, NetnsView, compare
+from nri_cni.node.model import Expectation, Finding, HostLink, NetnsView, compare
 from nri_cni.node.workers import NetnsGone, NetnsWorkers, socket_in
 
 # decoding is Python under the GIL: more threads than CPUs only contend (measured: 4 workers
@@ -45,15 +45,19 @@ def _drain(paths: collections.deque[tuple[str, list[str]]]) -> dict[str, NetnsVi
         views[path] = read_netns(path, ifnames)
 
 
-def _host_links() -> set[str]:
-    return rtnl.link_names()  # on a worker at home: the daemon's own netns
+def _host_links(names: list[str]) -> dict[str, HostLink]:
+    sock = rtnl.open_socket()  # on a worker at home: the daemon's own netns
+    try:
+        return rtnl.host_links(sock, names)
+    finally:
+        sock.close()
 
 
 class NodeInspector:
     """`await inspect(expectations)` returns one Finding per expectation, in the same order.
 
-    Each netns is read once however many attachments it holds (eth0, net1...); the host's link
-    list is read once per round, only when some expectation names host-side links."""
+    Each netns is read once however many attachments it holds (eth0, net1...); each host-side
+    link the expectations name (a bridge shared by every pod counts once) is read once a round."""
 
     def __init__(self, *, workers: int = DEFAULT_WORKERS, pool: NetnsWorkers | None = None) -> None:
         self._pool = pool or NetnsWorkers(workers)
@@ -82,13 +86,14 @@ class NodeInspector:
         for e in expectations:
             wanted.setdefault(e.netns, []).append(e.ifname)
         paths = collections.deque(wanted.items())
-        host = self._pool.submit(_host_links) if any(e.host_ifnames for e in expectations) else None
+        names = list(dict.fromkeys(n for e in expectations for n in e.host_ifnames))
+        host = self._pool.submit(_host_links, names) if names else None
         jobs = min(self._pool.size, len(paths))
         return [self._pool.submit(_drain, paths) for _ in range(jobs)], host
 
     @staticmethod
     def _findings(
-        expectations: Sequence[Expectation], done: Sequence[object], host_links: set[str] | None
+        expectations: Sequence[Expectation], done: Sequence[object], host_links: dict[str, HostLink] | None
     ) -> list[Finding]:
         views: dict[str, NetnsView] = {}
         failures = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -17,6 +17,7 @@ class FindingKind(Enum):
     NETNS_GONE = "netns-gone"  # the path is gone, or is no network namespace any more
     LINK_MISSING = "link-missing"  # no interface of that name in the netns
     HOST_LINK_MISSING = "host-link-missing"  # the result's host-side link (bridge, veth) is gone
+    PORT_DETACHED = "port-detached"  # the host veth is no port of the result's bridge (recreated?)
     MAC_CHANGED = "mac-changed"  # same name, another MAC: someone made a new link
     LINK_DOWN = "link-down"  # administratively down
     NO_CARRIER = "no-carrier"  # up, but its lower layer is down (e.g. the host veth set down)
@@ -128,6 +129,16 @@ class LinkState:
 
 
 @dataclass(frozen=True)
+class HostLink:
+    """A host-side link an attachment's result names, as netlink shows it now."""
+
+    name: str
+    index: int
+    kind: str  # IFLA_INFO_KIND: "bridge", "veth", "" when none
+    master: int | None  # IFLA_MASTER: the bridge it is a port of
+
+
+@dataclass(frozen=True)
 class AddressState:
     address: IPInterface
     scope: int  # RT_SCOPE_UNIVERSE (0) for global addresses
@@ -148,8 +159,8 @@ class NetnsView:
 RT_SCOPE_UNIVERSE = 0
 
 
-def compare(exp: Expectation, view: NetnsView, host_links: Iterable[str] | None = None) -> Finding:
-    """The differences between `exp` and what `view` (and the host's link names) shows."""
+def compare(exp: Expectation, view: NetnsView, host_links: Mapping[str, HostLink] | None = None) -> Finding:
+    """The differences between `exp` and what `view` (and the host's links, when read) shows."""
     if view.gone:
         return Finding(exp, (Difference(FindingKind.NETNS_GONE, f"netns {exp.netns} is gone: {view.error}"),))
     if view.error:
@@ -158,10 +169,7 @@ def compare(exp: Expectation, view: NetnsView, host_links: Iterable[str] | None 
         )
     diffs: list[Difference] = []
     if host_links is not None:
-        present = set(host_links)
-        for name in exp.host_ifnames:
-            if name not in present:
-                diffs.append(Difference(FindingKind.HOST_LINK_MISSING, f"host link {name} is gone"))
+        diffs += _host_differences(exp, host_links)
     link = view.links.get(exp.ifname)
     if link is None:
         diffs.append(Difference(FindingKind.LINK_MISSING, f"no {exp.ifname} in {exp.netns}"))
@@ -183,6 +191,26 @@ def compare(exp: Expectation, view: NetnsView, host_links: Iterable[str] | None 
         if a.scope == RT_SCOPE_UNIVERSE and a.permanent and a.address not in wanted:
             diffs.append(Difference(FindingKind.ADDRESS_EXTRA, f"{exp.ifname} has unexpected {a.address}"))
     return Finding(exp, tuple(diffs))
+
+
+def _host_differences(exp: Expectation, host_links: Mapping[str, HostLink]) -> list[Difference]:
+    """Host links the result named must exist; where the result names a bridge, its veths must
+    still be its ports: a bridge deleted and made again (by the next pod's ADD) has the same name
+    but none of the old ports, and the pods behind them are cut off."""
+    diffs = []
+    present = [host_links[n] for n in exp.host_ifnames if n in host_links]
+    for name in exp.host_ifnames:
+        if name not in host_links:
+            diffs.append(Difference(FindingKind.HOST_LINK_MISSING, f"host link {name} is gone"))
+    bridges = {h.index: h.name for h in present if h.kind == "bridge"}
+    if bridges:
+        for h in present:
+            if h.kind == "veth" and h.master not in bridges:
+                names = ", ".join(sorted(bridges.values()))
+                diffs.append(
+                    Difference(FindingKind.PORT_DETACHED, f"host veth {h.name} is no port of {names}")
+                )
+    return diffs
 
 
 # ---- expectations from a CNI result ------------------------------------------------------------

@@ -51,6 +51,22 @@ def test_bridge_deleted(bridge_net, inspector):
     assert ei.value.ref.command == "CHECK" and ei.value.ref.plugin == "bridge", ei.value
 
 
+def test_bridge_deleted_and_made_again_by_the_next_pod(bridge_net, inspector):
+    damaged = bridge_net.attach()
+    assert delete_link(bridge_net.bridge)
+    later = bridge_net.attach()  # the bridge plugin makes the bridge again, without the old port
+    veth = damaged.host_veth(bridge_net.bridge)
+    assert get_link(veth).master is None and get_link(bridge_net.bridge) is not None
+    f, ok = inspect(inspector, bridge_net, [damaged, later])
+    assert f.kinds == {FindingKind.PORT_DETACHED}, f.reason
+    assert f"host veth {veth} is no port of {bridge_net.bridge}" in f.reason
+    assert ok.ok, ok.reason
+    with pytest.raises(CNIError) as ei:
+        bridge_net.check(damaged)
+    assert ei.value.ref.plugin == "bridge", ei.value
+    bridge_net.check(later)
+
+
 def test_host_veth_deleted(bridge_net, inspector):
     damaged, intact = bridge_net.attach(), bridge_net.attach()
     veth = damaged.host_veth(bridge_net.bridge)
@@ -143,5 +159,34 @@ def test_workers_return_to_their_own_netns(bridge_net):
 
         seen = {pool.submit(where).result(timeout=10) for _ in range(20)}
         assert seen == {home}
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_cannot_return_home_is_replaced(bridge_net, monkeypatch):
+    """A failed return to the worker's own netns (a kernel fault; provoked here by failing the
+    call after it went home) ends that worker: its netns is reported unreadable, never read from
+    the wrong netns, and a fresh worker serves the next round."""
+    from nri_cni.node import workers
+
+    pod = bridge_net.attach()
+    real_setns = workers._setns
+    calls = []
+
+    def flaky_setns(fd: int) -> None:
+        real_setns(fd)
+        calls.append(fd)
+        if len(calls) == 2:  # the way home of the first job
+            raise OSError(1, "provoked")
+
+    monkeypatch.setattr(workers, "_setns", flaky_setns)
+    pool = NetnsWorkers(1)
+    try:
+        ins = NodeInspector(pool=pool)
+        (f,) = asyncio.run(ins.inspect([bridge_net.expectation(pod)]))
+        assert f.kind is FindingKind.UNREADABLE and "cannot return to its own netns" in f.reason, f.reason
+        (f,) = asyncio.run(ins.inspect([bridge_net.expectation(pod)]))
+        assert f.ok, f.reason
+        assert pool._started == 2  # the stranded worker was replaced
     finally:
         pool.close()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,12 +13,14 @@ from nri_cni.node.model import (
     AddressState,
     Expectation,
     FindingKind,
+    HostLink,
     LinkState,
     NetnsView,
     compare,
     expectation_from_result,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 NS = "/var/run/netns/pod"
 IP = ipaddress.ip_interface("10.247.1.5/24")
 MAC = "0a:58:0a:f7:01:05"
@@ -65,13 +70,27 @@ def test_each_difference_has_its_kind(the_view, kind):
     assert f.damaged is (kind is not FindingKind.UNREADABLE)
 
 
+def host(*links: HostLink) -> dict[str, HostLink]:
+    return {h.name: h for h in links}
+
+
 def test_missing_link_and_host_link():
     v = view()
     del v.links["eth0"]
-    f = compare(exp(host_ifnames=("cni0", "veth1")), v, host_links={"lo", "veth1"})
+    f = compare(exp(host_ifnames=("cni0", "veth1")), v, host(HostLink("veth1", 7, "veth", None)))
     assert f.kinds == {FindingKind.LINK_MISSING, FindingKind.HOST_LINK_MISSING}
     assert f.kind is FindingKind.LINK_MISSING
     assert "host link cni0 is gone" in f.reason and "no eth0" in f.reason
+
+
+def test_host_veth_must_stay_a_port_of_its_bridge():
+    e = exp(host_ifnames=("cni0", "veth1"))
+    assert compare(e, view(), host(HostLink("cni0", 5, "bridge", None), HostLink("veth1", 7, "veth", 5))).ok
+    # the bridge deleted and made again: same name, new index, the old veth is no port of it
+    f = compare(e, view(), host(HostLink("cni0", 9, "bridge", None), HostLink("veth1", 7, "veth", None)))
+    assert f.kinds == {FindingKind.PORT_DETACHED} and "veth1 is no port of cni0" in f.reason
+    # a result without a bridge (ptp: the host veth only) has no port to check
+    assert compare(exp(host_ifnames=("veth1",)), view(), host(HostLink("veth1", 7, "veth", None))).ok
 
 
 def test_address_with_another_prefix_is_missing_and_extra():
@@ -114,3 +133,8 @@ def test_expectation_from_a_result_without_interface_indexes():
 def test_expectation_ignores_another_interfaces_ips():
     res = dict(BRIDGE_RESULT, ips=[{"address": "10.247.9.9/24", "interface": 1}])
     assert expectation_from_result(res, key="k", netns=NS, ifname="eth0").addresses == ()
+
+
+def test_importing_the_package_does_not_import_pyroute2():
+    code = "import sys, nri_cni.node; assert 'pyroute2' not in sys.modules, 'pyroute2 imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
