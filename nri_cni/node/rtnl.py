@@ -42,9 +42,9 @@ class NetlinkError(OSError):
 
 @cache
 def _pyroute2() -> SimpleNamespace:
-    # lazy: pyroute2's import costs ~155 ms, paid only by a daemon that verifies, never by the shim/CLI
-    from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+    # pyroute2's import costs ~155 ms: paid when a netns is first read, never by the shim or the CLI
+    from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # lazy: 155 ms import, only to read a netns
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # lazy: 155 ms import, only to read a netns
 
     return SimpleNamespace(ifinfmsg=ifinfmsg, ifaddrmsg=ifaddrmsg)
 

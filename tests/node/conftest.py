@@ -72,17 +72,17 @@ class BridgeNet:
         self.net = parse_conflist(json.dumps(conflist).encode(), source="test:node")
         self.runtime = CNIRuntime([str(CNI_BIN)], cache_dir=str(self.tmp / "cache"))
 
-    def attach(self) -> Pod:
-        ns = self.jan.netns()
+    def attach(self, ns: Netns | None = None, *, ifname: str = "eth0") -> Pod:
+        ns = ns or self.jan.netns()
         cid = "nct-" + uuid.uuid4().hex
-        rt = RuntimeConf(container_id=cid, netns=ns.path, ifname="eth0")
+        rt = RuntimeConf(container_id=cid, netns=ns.path, ifname=ifname)
         pod = Pod(cid, ns, rt, {})
         self.pods.append(pod)  # before the ADD: a half-done ADD is DELeted at teardown too
         pod.result = asyncio.run(self.runtime.add(self.net, rt)).to_dict("1.1.0")
         return pod
 
     def expectation(self, pod: Pod) -> Expectation:
-        return expectation_from_result(pod.result, key=pod.cid, netns=pod.ns.path, ifname="eth0")
+        return expectation_from_result(pod.result, key=pod.cid, netns=pod.ns.path, ifname=pod.rt.ifname)
 
     def check(self, pod: Pod) -> None:
         """CNI CHECK of the chain with the cached result (raises CNIError on a difference)."""
@@ -122,6 +122,21 @@ def bridge_net(tmp_path, jan, request) -> BridgeNet:
     net = BridgeNet(tmp_path, jan)
 
     def teardown() -> None:  # runs before the janitor's cleanup (finalizers run last-in first-out)
+        errors = net.teardown()
+        if errors:
+            raise AssertionError("teardown: " + "; ".join(errors))
+
+    request.addfinalizer(teardown)
+    return net
+
+
+@pytest.fixture
+def second_net(tmp_path, jan, request) -> BridgeNet:
+    """Another bridge network, for pods with two interfaces."""
+    (tmp_path / "second").mkdir()
+    net = BridgeNet(tmp_path / "second", jan)
+
+    def teardown() -> None:
         errors = net.teardown()
         if errors:
             raise AssertionError("teardown: " + "; ".join(errors))

@@ -190,3 +190,28 @@ def test_a_worker_that_cannot_return_home_is_replaced(bridge_net, monkeypatch):
         assert pool._started == 2  # the stranded worker was replaced
     finally:
         pool.close()
+
+
+def test_two_interfaces_in_one_netns(bridge_net, second_net, inspector):
+    eth0 = bridge_net.attach()
+    net1 = second_net.attach(eth0.ns, ifname="net1")
+    exps = [bridge_net.expectation(eth0), second_net.expectation(net1)]
+    assert [f.ok for f in asyncio.run(inspector.inspect(exps))] == [True, True]
+    assert delete_link("net1", eth0.ns)
+    f0, f1 = asyncio.run(inspector.inspect(exps))
+    assert f0.ok, f0.reason
+    assert f1.kinds == {FindingKind.LINK_MISSING, FindingKind.HOST_LINK_MISSING}, f1.reason
+
+
+def test_host_side_unreadable_is_said(bridge_net, inspector, monkeypatch):
+    from nri_cni.node import inspector as inspector_module
+
+    pod = bridge_net.attach()
+
+    def broken(names):
+        raise OSError(105, "No buffer space available")
+
+    monkeypatch.setattr(inspector_module, "_host_links", broken)
+    (f,) = inspect(inspector, bridge_net, [pod])
+    assert f.kinds == {FindingKind.UNREADABLE} and "cannot read host links" in f.reason, f.reason
+    assert not f.damaged
