@@ -22,6 +22,7 @@ Then, alternating round by round so that drift of the machine hits all alike:
 
 Output: per method the median round time over --rounds rounds (after one warm-up round), the
 per-pod cost, and the ratio of each baseline to `pool`. Goal: `pool` well under 1 s for 500.
+Then the addresses of 5 pods are flushed and one more round must find exactly those 5.
 
 Everything made is removed at the end, also on failure, Ctrl-C or SIGTERM. Needs root.
 Run:  sudo .venv/bin/python bench/bench_verify.py [--pods 500] [--rounds 5] [--json FILE]
@@ -297,6 +298,23 @@ def measure(pods: list[FakePod], rounds: int, fork_sample: int, workers: int | N
     return out
 
 
+def damage_is_seen(pods: list[FakePod]) -> bool:
+    """The timed rounds saw only intact pods; a few flushed addresses must show, or the bench
+    measured something that looks at nothing."""
+    damaged = pods[:: max(1, len(pods) // 5)][:5]
+    for pod in damaged:
+        _ip_batch(["addr flush dev eth0"], netns=pod.netns)
+    inspector = NodeInspector()
+    try:
+        findings = inspector.inspect_blocking([p.expectation() for p in pods])
+    finally:
+        inspector.close()
+    found = {f.expectation.key for f in findings if not f.ok}
+    want = {p.netns for p in damaged}
+    print(f"damage check: {len(found & want)} of {len(want)} flushed pods found, {len(found - want)} others")
+    return found == want
+
+
 def report(res: dict) -> None:
     print(
         f"\nverify {res['pods']} pods by netlink, median of {res['rounds']} rounds (serial-fork: "
@@ -344,6 +362,8 @@ def main() -> int:
             print(f"ERROR: intact pods reported as damaged: {bad}", file=sys.stderr)
             return 1
         report(res)
+        if not damage_is_seen(made):
+            return 1
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
         return 0
