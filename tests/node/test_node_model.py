@@ -138,3 +138,21 @@ def test_expectation_ignores_another_interfaces_ips():
 def test_importing_the_package_does_not_import_pyroute2():
     code = "import sys, nri_cni.node; assert 'pyroute2' not in sys.modules, 'pyroute2 imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("ifname", ["eth0", "net1", "a", "abcdefghijklmno"])
+def test_link_request_is_what_pyroute2_encodes(ifname):
+    """The GET request patched by hand (name appended to a cached template) is byte for byte the
+    one pyroute2 encodes."""
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    from nri_cni.node import rtnl
+
+    req = ifinfmsg()
+    req["header"]["type"] = rtnl.RTM_GETLINK
+    req["header"]["flags"] = rtnl.NLM_F_REQUEST
+    req["header"]["sequence_number"] = 7
+    req["attrs"] = [("IFLA_EXT_MASK", rtnl.RTEXT_FILTER_SKIP_STATS), ("IFLA_IFNAME", ifname)]
+    req.encode()
+    template = rtnl._template(ifinfmsg, rtnl.RTM_GETLINK, rtnl.NLM_F_REQUEST, (("IFLA_EXT_MASK", 8),))
+    assert rtnl._request(template, 7, ifname=ifname) == bytes(req.data)
