@@ -5,6 +5,10 @@ after the thread returns to its own. So a worker enters a pod's netns just long 
 netlink socket (~12 µs), returns, and reads the netns through that socket from home. A worker that
 cannot return (its own netns fd is always open, so only a kernel fault could cause that) must never
 run anything again: it ends itself, and the pool starts another in its place.
+
+"Home" is the netns of the thread that made the pool (the daemon's), held open by the pool: every
+worker enters it when it starts instead of trusting what it inherited, since a replacement is
+started by the stranded worker itself, whose netns is not home.
 """
 
 from __future__ import annotations
@@ -44,11 +48,15 @@ class _Worker(threading.Thread):
     def __init__(self, pool: NetnsWorkers, n: int) -> None:
         super().__init__(name=f"netns-worker-{n}", daemon=True)
         self.pool = pool
-        self.home = -1
+        self.home = pool._home
 
     def run(self) -> None:
-        # the netns this thread was born in (the daemon's, inherited from whoever started the pool)
-        self.home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(self.home)
+            broken: StrandedWorker | None = None
+        except OSError as exc:  # never home: it fails every job rather than run one elsewhere
+            broken = StrandedWorker(f"cannot enter the daemon's netns: {exc}")
+            log.error("%s: %s", self.name, broken)
         _local.worker = self
         try:
             while True:
@@ -57,6 +65,9 @@ class _Worker(threading.Thread):
                     return
                 fn, args, fut = job
                 if not fut.set_running_or_notify_cancel():
+                    continue
+                if broken is not None:
+                    fut.set_exception(broken)
                     continue
                 try:
                     fut.set_result(fn(*args))
@@ -69,7 +80,7 @@ class _Worker(threading.Thread):
                     fut.set_exception(exc)
         finally:
             _local.worker = None
-            os.close(self.home)
+            self.pool._exited()
 
     def socket_in(self, netns: str, make: Callable[[], socket.socket]) -> socket.socket:
         """`make()` run inside `netns`; this thread is back home when it returns or raises."""
@@ -113,6 +124,10 @@ class NetnsWorkers:
         if size < 1:
             raise ValueError("a pool needs at least one worker")
         self.size = size
+        self._home = os.open(
+            f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC
+        )
+        self._live = 0
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
@@ -131,6 +146,7 @@ class NetnsWorkers:
 
     def _start_locked(self) -> None:
         self._started += 1
+        self._live += 1
         w = _Worker(self, self._started)
         self._workers.append(w)
         w.start()
@@ -142,6 +158,16 @@ class NetnsWorkers:
             if not self._closed:
                 self._start_locked()
 
+    def _exited(self) -> None:
+        with self._lock:
+            self._live -= 1
+            self._close_home_locked()
+
+    def _close_home_locked(self) -> None:
+        if self._closed and self._live == 0 and self._home >= 0:
+            os.close(self._home)
+            self._home = -1
+
     def close(self) -> None:
         """Stops the workers once the queued jobs are done (returns without waiting)."""
         with self._lock:
@@ -150,3 +176,4 @@ class NetnsWorkers:
             self._closed = True
             for _ in self._workers:
                 self._jobs.put(None)
+            self._close_home_locked()

@@ -164,20 +164,23 @@ def test_workers_return_to_their_own_netns(bridge_net):
 
 
 def test_a_worker_that_cannot_return_home_is_replaced(bridge_net, monkeypatch):
-    """A failed return to the worker's own netns (a kernel fault; provoked here by failing the
-    call after it went home) ends that worker: its netns is reported unreadable, never read from
-    the wrong netns, and a fresh worker serves the next round."""
+    """A failed return to the worker's own netns (a kernel fault, provoked here) ends that worker,
+    stranded in the pod's netns: that netns is reported unreadable, and the replacement, started
+    by the stranded thread (threads inherit their creator's netns), goes home before any job."""
     from nri_cni.node import workers
 
     pod = bridge_net.attach()
     real_setns = workers._setns
-    calls = []
+    home = os.stat("/proc/self/ns/net").st_ino
+    state = {"away": False, "failed": False}
 
     def flaky_setns(fd: int) -> None:
-        real_setns(fd)
-        calls.append(fd)
-        if len(calls) == 2:  # the way home of the first job
+        going_home = os.fstat(fd).st_ino == home
+        if going_home and state["away"] and not state["failed"]:  # the first way back home
+            state["failed"] = True
             raise OSError(1, "provoked")
+        real_setns(fd)
+        state["away"] = not going_home
 
     monkeypatch.setattr(workers, "_setns", flaky_setns)
     pool = NetnsWorkers(1)
@@ -188,6 +191,11 @@ def test_a_worker_that_cannot_return_home_is_replaced(bridge_net, monkeypatch):
         (f,) = asyncio.run(ins.inspect([bridge_net.expectation(pod)]))
         assert f.ok, f.reason
         assert pool._started == 2  # the stranded worker was replaced
+
+        def where() -> int:
+            return os.stat(f"/proc/self/task/{threading.get_native_id()}/ns/net").st_ino
+
+        assert pool.submit(where).result(timeout=10) == home
     finally:
         pool.close()
 
