@@ -219,12 +219,20 @@ def _host_differences(exp: Expectation, host_links: Mapping[str, HostLink]) -> l
 def expectation_from_result(
     result: Mapping, *, key: str, netns: str, ifname: str, with_host_links: bool = True
 ) -> Expectation:
-    """The expectation for the attachment `ifname` in `netns` from its CNI result (a 0.3.0 or later
-    shape: `interfaces` and `ips` with interface indexes; convert older results first).
+    """The expectation for the attachment `ifname` in `netns` from its CNI result, as the libcni
+    cache keeps it (in the version the plugin printed).
 
-    Addresses are the result's IPs that point at `ifname`'s entry (or at no interface, when the
-    result lists only that one sandbox interface); the MAC is the entry's; host links are the
-    entries without a sandbox (the bridge, the veth's host end)."""
+    0.3.0 and later: the addresses are the result's IPs that point at `ifname`'s entry (or at no
+    interface, when the result lists only that one sandbox interface); the MAC is the entry's;
+    host links are the entries without a sandbox (the bridge, the veth's host end).
+    0.1.0/0.2.0 (`ip4`, `ip6`, no interfaces): the two addresses, nothing else is known."""
+    if "interfaces" not in result and ("ip4" in result or "ip6" in result):
+        old = [
+            result[k]["ip"]
+            for k in ("ip4", "ip6")
+            if isinstance(result.get(k), Mapping) and result[k].get("ip")
+        ]
+        return Expectation(key=key, netns=netns, ifname=ifname, addresses=tuple(map(parse_interface, old)))
     interfaces = list(result.get("interfaces") or [])
     own: int | None = None
     for n, iface in enumerate(interfaces):

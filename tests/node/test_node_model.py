@@ -156,3 +156,9 @@ def test_link_request_is_what_pyroute2_encodes(ifname):
     req.encode()
     template = rtnl._template(ifinfmsg, rtnl.RTM_GETLINK, rtnl.NLM_F_REQUEST, (("IFLA_EXT_MASK", 8),))
     assert rtnl._request(template, 7, ifname=ifname) == bytes(req.data)
+
+
+def test_expectation_from_a_0_2_0_result():
+    res = {"cniVersion": "0.2.0", "ip4": {"ip": "10.247.1.5/24", "gateway": "10.247.1.1"}}
+    e = expectation_from_result(res, key="k", netns=NS, ifname="eth0")
+    assert e.addresses == (IP,) and e.mac is None and e.host_ifnames == ()
