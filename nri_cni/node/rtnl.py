@@ -51,11 +51,6 @@ def _pyroute2() -> SimpleNamespace:
     return SimpleNamespace(ifinfmsg=ifinfmsg, ifaddrmsg=ifaddrmsg)
 
 
-def preload() -> None:
-    """Import pyroute2's message classes now (off the event loop, before the first round)."""
-    _pyroute2()
-
-
 def open_socket() -> socket.socket:
     """An rtnetlink socket in the calling thread's current netns (where it stays, whoever reads it)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
