@@ -1,0 +1,22 @@
+"""What is really on the node: the pods' interfaces as netlink shows them.
+
+`NodeInspector` compares expected attachments (netns, ifname, addresses, MAC, host-side links) with
+the kernel's view and returns one `Finding` per attachment; `VerifyPolicy` decides when a round
+also runs the chain's CNI CHECK. This package knows nothing of NRI, the daemon or the pod plan: the
+caller builds the expectations (from its records and the CNI results) and acts on the findings.
+pyroute2 is imported only when a netns is first read (its import costs ~155 ms).
+"""
+
+from nri_cni.node.inspector import NodeInspector
+from nri_cni.node.model import Difference, Expectation, Finding, FindingKind, expectation_from_result
+from nri_cni.node.policy import VerifyPolicy
+
+__all__ = [
+    "Difference",
+    "Expectation",
+    "Finding",
+    "FindingKind",
+    "NodeInspector",
+    "VerifyPolicy",
+    "expectation_from_result",
+]
