@@ -65,6 +65,7 @@ class Row:
     goal: str
     met: str  # "yes", "NO", "-" (no goal, or not measurable), "FAILED"
     load: str = ""
+    why: str = ""  # what the bench's own profile says about the figure (printed when missed)
 
 
 def _load() -> str:
@@ -94,6 +95,8 @@ def run_cni(size: dict) -> list[Row]:
             f"{r:.3f} (95% CI {lo:.3f}-{hi:.3f})",
             "<= 1.02",
             _met(r <= 1.02),
+            why=f"per-pod difference {real['median_paired_diff_ms']:+.2f} ms; the interval shows how "
+            "far this machine's noise alone moves the median",
         )
     ]
     if "libcni_median_ms" in real:
@@ -106,6 +109,8 @@ def run_cni(size: dict) -> list[Row]:
                 f"{g:.3f}",
                 "<= 1.02",
                 _met(g <= 1.02),
+                why="libcni's time is taken inside Go around AddNetworkList (no pipe, no event loop); "
+                f"nri-cni's own part per plugin call on the no-op chain: {noop['ADD']['own_ms_per_call']:.3f} ms",
             )
         )
     else:
@@ -128,6 +133,8 @@ def run_cni(size: dict) -> list[Row]:
             "-",
             "<= 0.10 ms",
             _met(own <= 0.10),
+            why="what nri-cni adds per call: conflist injection, result parsing, the cache write "
+            "(ADD) or read and unlink (DEL), divided by the 3 calls",
         )
     )
     return rows
@@ -147,6 +154,9 @@ def run_gc(size: dict) -> list[Row]:
             f"{rep['speedup']:.2f}x as fast",
             ">= 2.5x",
             _met(rep["speedup"] >= 2.5),
+            why=f"{rep['nri_gc_ms'] / n:.1f} ms per stale attachment (libcni {rep['anchor_gc_ms'] / n:.1f} ms); "
+            f"the daemon's DELs overlapped {rep['overlap']:.2f}x (the sum of their times over the GC's: "
+            "1.0 = one after another)",
         ),
         Row(
             f"pod ADD while the daemon GCs {n} stale attachments",
@@ -155,6 +165,11 @@ def run_gc(size: dict) -> list[Row]:
             f"{rep['busy_over_idle']:.1f}x",
             "<= 1.5x",
             _met(rep["busy_over_idle"] <= 1.5),
+            why=(
+                f"the ADD finished before the GC ({rep['nri_gc_ms']:.0f} ms) in every round"
+                if all(r["add_done_before_gc"] for r in rep["nri"])
+                else f"the ADD finished after the GC ({rep['nri_gc_ms']:.0f} ms): it waited for it"
+            ),
         ),
     ]
 
@@ -169,6 +184,17 @@ def run_pods(size: dict) -> list[Row]:
     nat = c2["native2_extra_over_base_ms"]["run"]
     extra_ratio = sec / nat if nat > 0 else None
     burst = p2.get("burst")
+
+    def own(mode: dict) -> str:
+        add = mode.get("nri_cni_ops", {}).get("add")
+        if not add:
+            return ""
+        return (
+            f"nri-cni's ADD {add['median_ms']:.1f} ms, of which plugins {add['plugins_median_ms']:.1f} ms "
+            f"and nri-cni itself {add['own_median_ms']:.1f} ms"
+        )
+
+    sec_own = own(p2["modes"]["secondary"])
     rows = [
         Row(
             "secondary mode: cost of one extra network (RunPodSandbox over containerd with eth0 only)",
@@ -177,6 +203,7 @@ def run_pods(size: dict) -> list[Row]:
             f"{extra_ratio:.2f}" if extra_ratio is not None else "- (anchor <= 0: noise)",
             "<= 1.2x",
             _met(extra_ratio <= 1.2) if extra_ratio is not None else "-",
+            why=f"{sec_own}; the rest is the NRI round trip and containerd's side of it",
         ),
     ]
     if burst:
@@ -188,6 +215,7 @@ def run_pods(size: dict) -> list[Row]:
                 f"{burst['ratio']:.3f}",
                 ">= 0.9x",
                 _met(burst["ratio"] >= 0.9),
+                why=f"containerd serializes NRI calls: {sec_own} per pod on that path",
             )
         )
     shim, native = p1["modes"]["shim"]["run"]["median"], p1["modes"]["native"]["run"]["median"]
@@ -199,6 +227,7 @@ def run_pods(size: dict) -> list[Row]:
             f"{c1['run_median_ratio']:.3f} (per-pod {c1['run_per_pod_ratio_median']:.3f})",
             "<= 1.03",
             _met(c1["run_median_ratio"] <= 1.03),
+            why=f"{own(p1['modes']['shim'])}; the rest is the shim's exec and socket round trip",
         )
     )
     return rows
@@ -346,9 +375,17 @@ def main(argv=None) -> int:
         f"machine: {machine()}\ndeps: {deps_versions()}\n"
         f"load: 1-minute load average before/after each bench"
     )
-    print("\n" + header + "\n\n" + text_table(rows))
+    whys = [f"- {r.figure}: {r.why}" for r in rows if r.met.startswith(("NO", "FAILED")) and r.why]
+    notes = "\n\nwhy the rows marked NO miss (each bench's own profile):\n" + "\n".join(whys) if whys else ""
+    print("\n" + header + "\n\n" + text_table(rows) + notes)
     if args.markdown:
-        Path(args.markdown).write_text(header.replace("\n", "  \n") + "\n\n" + markdown_table(rows) + "\n")
+        Path(args.markdown).write_text(
+            header.replace("\n", "  \n")
+            + "\n\n"
+            + markdown_table(rows)
+            + notes.replace(":\n-", ":\n\n-")
+            + "\n"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     if failed:

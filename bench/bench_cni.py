@@ -27,7 +27,7 @@ Targets: ratio <= 1.03 on the real chain, own cost < 0.3 ms per call.
 
 Everything the bench makes (netns, bridge, veths, iptables rules, host-local reservations,
 cache, temp dir) is removed at the end, also on failure or Ctrl-C. Needs root.
-Run:  sudo /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_cni.py [--pods 50]
+Run:  sudo ./.venv/bin/python bench/bench_cni.py [--pods 50]
 """
 
 from __future__ import annotations

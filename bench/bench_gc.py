@@ -80,6 +80,9 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
     return {
         "gc_ms": (t_gc_end - t0) * 1000,
         "gc_dels": len(deleted),  # must be all of them
+        # the DELs' own times (the daemon's op lines) over the GC's wall time: 1.0 when they
+        # ran one after another, more when they overlapped
+        "overlap": sum(op["ms"] for op in deleted) / ((t_gc_end - t0) * 1000),
         "idle_add_ms": idle,
         "busy_add_ms": busy_ms,
         "add_done_before_gc": t_add_end < t_gc_end,
@@ -179,6 +182,7 @@ def measure(args) -> dict:
         idle_add_ms=idle,
         busy_add_ms=busy,
         busy_over_idle=busy / idle,
+        overlap=statistics.median(r["overlap"] for r in nri),
     )
     print(
         f"GC of {args.stale} stale attachments: nri-cni {nri_gc:.0f} ms "

@@ -31,7 +31,7 @@ Everything the bench makes (containerd instances and their pods, nri-cni daemons
 veths, iptables rules, host-local reservations, libcni cache entries, temp dirs) is removed at
 the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.166.0/24.
 Needs root and the parts from .ci/install-deps.
-Run:  /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_pods.py [--pods 40] [--part 1|2|all]
+Run:  sudo ./.venv/bin/python bench/bench_pods.py [--pods 40] [--part 1|2|all]
 """
 
 from __future__ import annotations
