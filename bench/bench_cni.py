@@ -27,7 +27,7 @@ Targets: ratio <= 1.03 on the real chain, own cost < 0.3 ms per call.
 
 Everything the bench makes (netns, bridge, veths, iptables rules, host-local reservations,
 cache, temp dir) is removed at the end, also on failure or Ctrl-C. Needs root.
-Run:  sudo /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_cni.py [--pods 50]
+Run:  sudo ./.venv/bin/python bench/bench_cni.py [--pods 50]
 """
 
 from __future__ import annotations
@@ -228,12 +228,15 @@ def run_chain(
     cache_dir: str,
     caps_for,
     cni_args: str,
+    libcni: str = "",
 ) -> dict:
-    """Both drivers over `pods` (+ warmup) pod pairs, inside one running event loop: nri-cni
+    """The drivers over `pods` (+ warmup) pods, inside one running event loop: nri-cni
     is measured as the daemon runs it (its loop already up when a request comes, its GC
-    settings), the floor's blocking calls simply hold that loop meanwhile."""
+    settings), the floor's blocking calls simply hold that loop meanwhile. With `libcni` (the
+    Go driver's path) libcni's AddNetworkList / DelNetworkList take part as a third driver,
+    timed inside the Go process around the libcni call."""
     return asyncio.run(
-        _run_chain(label, conflist, bin_dir, namespaces, pods, warmup, cache_dir, caps_for, cni_args)
+        _run_chain(label, conflist, bin_dir, namespaces, pods, warmup, cache_dir, caps_for, cni_args, libcni)
     )
 
 
@@ -247,7 +250,9 @@ async def _run_chain(
     cache_dir: str,
     caps_for,
     cni_args: str,
+    libcni: str = "",
 ) -> dict:
+    from bench.golibcni import LibcniDriver
     from nri_cni.cni.config import parse_conflist
     from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 
@@ -256,24 +261,36 @@ async def _run_chain(
     floor = Floor(bin_dir)
     pairs = [tuple(kv.split("=", 1)) for kv in cni_args.split(";") if kv]
     floor_args = ";".join(["IgnoreUnknown=1", cni_args]) if cni_args else "IgnoreUnknown=1"
-    times = {("nri", "ADD"): [], ("nri", "DEL"): [], ("floor", "ADD"): [], ("floor", "DEL"): []}
+    go_args = [("IgnoreUnknown", "1"), *pairs]  # containerd's go-cni passes it first, too
+    drivers = ["nri", "floor"] + (["libcni"] if libcni else [])
+    times: dict = {(who, verb): [] for who in drivers for verb in ("ADD", "DEL")}
+    go = LibcniDriver(libcni, [bin_dir], cache_dir + "-libcni") if libcni else None
+    if go is not None:
+        go.load(label, conflist)
     pending: list = []  # (who, state) attached and not yet deleted
     tune_gc()  # what `nri-cni run` does once started
 
-    async def add(who: str, st: dict) -> None:
+    async def add(who: str, st: dict) -> float | None:
         if who == "nri":
             await rt.add(net, st["conf"])
+        elif who == "libcni":
+            return go.add(label, st["cid"], st["netns"], "eth0", go_args, st["caps"])
         else:
             st["prev"] = floor.add(conflist, st["cid"], st["netns"], "eth0", floor_args, st["caps"])
+        return None
 
-    async def delete(who: str, st: dict) -> None:
+    async def delete(who: str, st: dict) -> float | None:
         if who == "nri":
             await rt.delete(net, st["conf"])
+        elif who == "libcni":
+            return go.delete(label, st["cid"], st["netns"], "eth0", go_args, st["caps"])
         else:
             floor.delete(conflist, st["cid"], st["netns"], "eth0", floor_args, st["caps"], st.get("prev"))
+        return None
 
     try:
-        slots = len(namespaces) // 2  # pairs of netns; rounds > 1 use them again
+        per = len(drivers)
+        slots = len(namespaces) // per  # a netns per driver; rounds > 1 use them again
         for i in range(warmup + pods):
             k = i % slots
             cid_nri = f"nct-b-{uuid.uuid4().hex[:16]}"
@@ -284,30 +301,31 @@ async def _run_chain(
                         netns=namespaces[2 * k],
                         ifname="eth0",
                         args=pairs,
-                        capability_args=caps_for(2 * i),
+                        capability_args=caps_for(per * i),
                     )
                 },
-                "floor": {
-                    "cid": f"nct-b-{uuid.uuid4().hex[:16]}",
-                    "netns": namespaces[2 * k + 1],
-                    "caps": caps_for(2 * i + 1),
-                },
             }
-            order = ["nri", "floor"] if i % 2 == 0 else ["floor", "nri"]
+            for j, who in enumerate(drivers[1:], 1):
+                state[who] = {
+                    "cid": f"nct-b-{uuid.uuid4().hex[:16]}",
+                    "netns": namespaces[per * k + j],
+                    "caps": caps_for(per * i + j),
+                }
+            order = drivers[i % per :] + drivers[: i % per]  # rotated pod by pod
             sample = {}
             for who in order:
                 pending.append((who, state[who]))  # before the ADD: a failed ADD is owed a DEL too
                 t0 = time.perf_counter()
-                await add(who, state[who])
-                sample[(who, "ADD")] = time.perf_counter() - t0
+                own = await add(who, state[who])
+                sample[(who, "ADD")] = own if own is not None else (time.perf_counter() - t0) * 1000.0
             for who in order:
                 t0 = time.perf_counter()
-                await delete(who, state[who])
-                sample[(who, "DEL")] = time.perf_counter() - t0
+                own = await delete(who, state[who])
+                sample[(who, "DEL")] = own if own is not None else (time.perf_counter() - t0) * 1000.0
                 pending.remove((who, state[who]))
             if i >= warmup:
                 for k, v in sample.items():
-                    times[k].append(v * 1000.0)
+                    times[k].append(v)
     finally:
         for who, st in reversed(pending):  # only after a failure: undo what is still attached
             try:
@@ -315,6 +333,8 @@ async def _run_chain(
             except Exception as exc:  # keep going; report
                 print(f"bench_cni: cleanup DEL failed: {exc}", file=sys.stderr)
         rt.cache.flush()  # before the cache dir is removed
+        if go is not None:
+            go.close()
     return times
 
 
@@ -337,6 +357,10 @@ def summarize(label: str, times: dict, calls_per_op: int | None) -> dict:
         }
         if calls_per_op:
             row["own_ms_per_call"] = statistics.median(diffs) / calls_per_op
+        go = times.get(("libcni", verb))
+        if go:
+            row["libcni_median_ms"] = statistics.median(go)
+            row["median_paired_ratio_libcni"] = statistics.median(a / b for a, b in zip(nri, go))
         out[verb] = row
     return out
 
@@ -359,10 +383,13 @@ def print_table(label: str, summary: dict, pods: int) -> None:
     )
     for verb, r in summary.items():
         own = f"{r['own_ms_per_call']:12.3f}" if "own_ms_per_call" in r else f"{'':12}"
+        go = ""
+        if "libcni_median_ms" in r:
+            go = f"   libcni {r['libcni_median_ms']:.2f} ms, paired nri-cni/libcni {r['median_paired_ratio_libcni']:.3f}"
         print(
             f"  {verb:4} {r['nri_median_ms']:11.2f} {r['floor_median_ms']:9.2f}"
             f" {r['ratio_of_medians']:7.3f} {r['median_paired_ratio']:7.3f}"
-            f" {r['median_paired_diff_ms']:8.2f} {own}"
+            f" {r['median_paired_diff_ms']:8.2f} {own}{go}"
         )
 
 
@@ -382,26 +409,56 @@ def main(argv=None) -> int:
         help="comma-separated subset of " + ", ".join(CHAINS) + " (default all); "
         "-tmpfs: the cache dir on /dev/shm instead of the temp dir's disk",
     )
+    ap.add_argument(
+        "--no-libcni",
+        action="store_true",
+        help="leave out libcni (the Go driver, built at start by bench/go-toolchain.sh)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_cni: needs root (netns, veth, iptables)", file=sys.stderr)
         return 2
+    try:
+        measure(args)
+    except Unusable as exc:
+        print(f"bench_cni: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+class Unusable(Exception):
+    """The bench cannot run here (a part missing); the message says which."""
+
+
+def measure(args) -> dict:
+    """Every chain of args.chains; prints the tables, returns the report (also --json)."""
+    from bench import golibcni
+
     chains = [c.strip() for c in args.chains.split(",") if c.strip()]
     if "real" in chains and not (CNI_BIN / "bridge").exists():
-        print(f"bench_cni: no CNI plugins in {CNI_BIN} (run .ci/install-deps)", file=sys.stderr)
-        return 2
+        raise Unusable(f"no CNI plugins in {CNI_BIN} (run .ci/install-deps)")
+    libcni = ""
+    report: dict = {"pods": args.pods, "warmup": args.warmup, "rounds": args.rounds, "chains": {}}
+    if not getattr(args, "no_libcni", False):
+        try:
+            libcni = golibcni.build()
+            report["libcni"] = golibcni.versions()
+        except golibcni.NoGo as exc:
+            report["libcni_missing"] = str(exc)
+            print(f"bench_cni: NO libcni anchor ({exc}): the exec floor only", file=sys.stderr)
 
     jan = Janitor()
     workdir = Path(tempfile.mkdtemp(prefix="nct-bench-"))
     jan.track_path(workdir)
     ipt_baseline = set(iptables_lines())
-    report: dict = {"pods": args.pods, "warmup": args.warmup, "rounds": args.rounds, "chains": {}}
     try:
         n = args.warmup + args.pods
-        namespaces = [jan.netns().path for _ in range(2 * n)]
+        per = 3 if libcni else 2
+        namespaces = [jan.netns().path for _ in range(per * n)]
         print(
-            f"bench_cni: {2 * n} netns ready; python {sys.version.split()[0]}; "
+            f"bench_cni: {per * n} netns ready; python {sys.version.split()[0]}; "
+            f"libcni {'from ' + report['libcni'] if libcni else 'left out'}; "
             f"temp dir {workdir} ({_fstype(workdir)})"
         )
         tmpfs: Path | None = None
@@ -464,6 +521,7 @@ def main(argv=None) -> int:
                     str(cache),
                     caps_for,
                     "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod",
+                    libcni,
                 )
                 s = summarize(chain, times, None)
                 print_table(f"{chain}: bridge + host-local + portmap, {where}", s, args.pods * args.rounds)
@@ -488,6 +546,7 @@ def main(argv=None) -> int:
                     str(cache),
                     lambda k: {},
                     "K8S_POD_NAMESPACE=bench",
+                    libcni,
                 )
                 s = summarize(chain, times, 3)
                 print_table(f"{chain}: 3 no-op static C plugins, {where}", s, args.pods * args.rounds)
@@ -522,7 +581,8 @@ def main(argv=None) -> int:
         remove_cni_scaffolding(ipt_baseline)
         if errors:
             print("bench_cni: cleanup errors: " + "; ".join(errors), file=sys.stderr)
-    return 0
+            raise RuntimeError("bench_cni: cleanup errors: " + "; ".join(errors))
+    return report
 
 
 def _raw(times: dict) -> dict:

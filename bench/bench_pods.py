@@ -31,7 +31,7 @@ Everything the bench makes (containerd instances and their pods, nri-cni daemons
 veths, iptables rules, host-local reservations, libcni cache entries, temp dirs) is removed at
 the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.166.0/24.
 Needs root and the parts from .ci/install-deps.
-Run:  /root/.pyenv/versions/3.11.7/bin/python3 bench/bench_pods.py [--pods 40] [--part 1|2|all]
+Run:  sudo ./.venv/bin/python bench/bench_pods.py [--pods 40] [--part 1|2|all]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -336,7 +337,47 @@ class Bench:
         self.run(modes)
         if daemon.pods():
             raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
-        return self.report(modes, "secondary", "native2")
+        out = self.report(modes, "secondary", "native2")
+        if self.args.burst:
+            out["burst"] = self.burst([m for m in modes if m.name in ("native2", "secondary")])
+            if daemon.pods():
+                raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
+        return out
+
+    # -- throughput: many pods at once ---------------------------------------------------------
+
+    def burst(self, modes: list[Mode]) -> dict:
+        """--burst pods created --burst-parallel at a time in each mode (kubelet starts pods
+        of a node in parallel; containerd serializes every NRI call of the node, so nri-cni's
+        time in RunPodSandbox is on every pod's path): pods/s from the first RunPodSandbox
+        sent to the last answered. Modes take turns, twice, the order reversed the second
+        time; the pods are checked, then removed (untimed) before the next mode's burst."""
+        n, par = self.args.burst, self.args.burst_parallel
+        rates: dict[str, list[float]] = {m.name: [] for m in modes}
+        for order in (modes, modes[::-1]):
+            for m in order:
+                names = [f"{m.name}-burst-{i}-{uuid.uuid4().hex[:6]}" for i in range(n)]
+                with ThreadPoolExecutor(par) as pool:
+                    t0 = time.perf_counter()
+                    pods = list(
+                        pool.map(lambda nm, m=m: m.ctd.cri.run_pod(nm, NAMESPACE, str(uuid.uuid4())), names)
+                    )
+                    secs = time.perf_counter() - t0
+                    try:
+                        list(pool.map(m.check, pods))
+                    finally:
+                        list(pool.map(lambda p, m=m: (m.ctd.cri.stop_pod(p), m.ctd.cri.remove_pod(p)), pods))
+                rates[m.name].append(n / secs)
+        out = {name: round(statistics.median(r), 2) for name, r in rates.items()}
+        out["runs"] = rates
+        a, b = modes[1].name, modes[0].name
+        out["ratio"] = round(out[a] / out[b], 3)
+        print(
+            f"burst: {n} pods {par} at a time, pods/s (median of 2): "
+            + ", ".join(f"{name} {out[name]:.1f}" for name in rates)
+            + f"; {a}/{b} {out['ratio']:.3f}"
+        )
+        return out
 
     # -- output --------------------------------------------------------------------------------
 
@@ -452,6 +493,13 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--host-ports", action="store_true", help="one port mapping per pod (portmap then adds DNAT rules)"
     )
+    ap.add_argument(
+        "--burst",
+        type=int,
+        default=32,
+        help="part 2: then this many pods at once per mode, pods/s (default 32; 0: none)",
+    )
+    ap.add_argument("--burst-parallel", type=int, default=8, help="pods at a time in the burst (default 8)")
     ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -460,13 +508,33 @@ def main(argv=None) -> int:
     if args.pods < 2:
         ap.error("--pods must be at least 2")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        report = measure(args)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        print(f"bench_pods: interrupted ({exc or 'Ctrl-C'}); cleaned up", file=sys.stderr)
+        return 130
+    except CleanupProblems as exc:
+        print(f"bench_pods: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+class CleanupProblems(RuntimeError):
+    pass
+
+
+def measure(args) -> dict:
+    """The parts of args.part; prints the tables, returns the report. Raises CleanupProblems
+    when something made could not be removed (after every part ran)."""
     report: dict = {
         "pods": args.pods,
         "warmup": args.warmup,
         "host_ports": args.host_ports,
         "python": sys.version.split()[0],
     }
-    rc = 0
+    all_problems: list[str] = []
     parts: list[tuple[str, Callable[[Bench], dict]]] = []
     if args.part in ("1", "all"):
         parts.append(("shim_vs_native", Bench.part_shim))
@@ -474,22 +542,16 @@ def main(argv=None) -> int:
         parts.append(("secondary_vs_native2", Bench.part_secondary))
     for key, part in parts:
         problems: list[str] = []
-        try:
-            with contextlib.ExitStack() as stack:
-                bench = Bench(args, stack)
-                try:
-                    report[key] = part(bench)
-                finally:
-                    problems = bench.problems  # filled while the stack unwinds, below
-        except (KeyboardInterrupt, Interrupted) as exc:
-            print(f"bench_pods: interrupted ({exc or 'Ctrl-C'}); cleaned up", file=sys.stderr)
-            return 130
-        if problems:
-            print("bench_pods: cleanup problems:\n  " + "\n  ".join(problems), file=sys.stderr)
-            rc = 1
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return rc
+        with contextlib.ExitStack() as stack:
+            bench = Bench(args, stack)
+            try:
+                report[key] = part(bench)
+            finally:
+                problems = bench.problems  # filled while the stack unwinds, below
+        all_problems += problems
+    if all_problems:
+        raise CleanupProblems("cleanup problems:\n  " + "\n  ".join(all_problems))
+    return report
 
 
 if __name__ == "__main__":

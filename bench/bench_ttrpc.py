@@ -98,7 +98,7 @@ def summary(name: str, samples: list[float]) -> str:
     return f"{name:<28} median {median * 1e6:7.1f} us   p90 {p90 * 1e6:7.1f} us"
 
 
-async def bench(n: int) -> None:
+async def bench(n: int) -> dict:
     loop = asyncio.get_running_loop()
     with tempfile.TemporaryDirectory(prefix="nct-bench-") as tmp:
         runtime = NriRuntime(f"{tmp}/nri.sock")
@@ -154,6 +154,11 @@ async def bench(n: int) -> None:
         f"ratio {med_rpc / med_raw:.2f}; added by the transport at the median: "
         f"{(med_rpc - med_raw) * 1e6:.1f} us per request (target < 500 us)"
     )
+    return {"n": n, "rpc_us": med_rpc * 1e6, "echo_us": med_raw * 1e6, "added_us": (med_rpc - med_raw) * 1e6}
+
+
+def measure(n: int) -> dict:
+    return asyncio.run(bench(n))
 
 
 def main() -> None:

@@ -1,0 +1,400 @@
+"""`python -m bench`: every bench with short defaults, then ONE table (issue #16's rows):
+figure, nri-cni, anchor, ratio, goal, met. Each ratio comes from one bench that measured both
+sides side by side in this run; the load average is read before and after each bench and
+printed next to its rows (a 2-CPU machine shared with other jobs moves every figure).
+
+  --smoke     tiny sizes, for CI: checks that every bench still works, not the goals
+  --full      the sizes of docs/performance.md
+  --only      a comma-separated subset: cni, gc, pods, daemon, ttrpc
+  --markdown FILE / --json FILE   the table (and every figure) written out as well
+
+A bench that fails is reported as FAILED in its rows, the others still run, and the exit
+status is 1. Goals missed do not change the exit status (only --strict makes them).
+Needs root and .ci/install-deps; libcni's driver is built by bench/go-toolchain.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SIZES = {
+    "smoke": {
+        "cni": {"pods": 3, "warmup": 1},
+        "gc": {"stale": 4, "idle_adds": 2, "rounds": 1},
+        "pods": {"pods": 2, "warmup": 1, "burst": 8, "burst_parallel": 4},
+        "daemon": {"churn": 40, "attached": 40},
+        "ttrpc": {"n": 200},
+    },
+    "short": {
+        "cni": {"pods": 20, "warmup": 3},
+        "gc": {"stale": 40, "idle_adds": 5, "rounds": 1},
+        "pods": {"pods": 20, "warmup": 3, "burst": 32, "burst_parallel": 8},
+        "daemon": {"churn": 500, "attached": 500},
+        "ttrpc": {"n": 2000},
+    },
+    "full": {
+        "cni": {"pods": 50, "warmup": 3},
+        "gc": {"stale": 40, "idle_adds": 5, "rounds": 3},
+        "pods": {"pods": 40, "warmup": 3, "burst": 32, "burst_parallel": 8},
+        "daemon": {"churn": 500, "attached": 500},
+        "ttrpc": {"n": 5000},
+    },
+}
+BENCHES = ("cni", "gc", "pods", "daemon", "ttrpc")
+
+
+@dataclass
+class Row:
+    figure: str
+    nri: str
+    anchor: str
+    ratio: str
+    goal: str
+    met: str  # "yes", "NO", "-" (no goal, or not measurable), "FAILED"
+    load: str = ""
+    why: str = ""  # what the bench's own profile says about the figure (printed when missed)
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def _met(ok: bool | None) -> str:
+    return "-" if ok is None else ("yes" if ok else "NO")
+
+
+# -- one function per bench: run it, turn its report into rows --------------------------------
+
+
+def run_cni(size: dict) -> list[Row]:
+    from bench import bench_cni
+
+    args = Namespace(chains="real,noop", rounds=1, no_libcni=False, json=None, **size)
+    rep = bench_cni.measure(args)
+    real, noop = rep["chains"]["real"]["summary"]["ADD"], rep["chains"]["noop"]["summary"]
+    lo, hi = real["median_paired_ratio_ci95"]
+    r = real["median_paired_ratio"]
+    rows = [
+        Row(
+            "CNI runtime, real chain ADD vs exec floor (paired median)",
+            f"{real['nri_median_ms']:.2f} ms",
+            f"floor {real['floor_median_ms']:.2f} ms",
+            f"{r:.3f} (95% CI {lo:.3f}-{hi:.3f})",
+            "<= 1.02",
+            _met(r <= 1.02),
+            why=f"per-pod difference {real['median_paired_diff_ms']:+.2f} ms; the interval shows how "
+            "far this machine's noise alone moves the median",
+        )
+    ]
+    if "libcni_median_ms" in real:
+        g = real["median_paired_ratio_libcni"]
+        rows.append(
+            Row(
+                "CNI runtime, real chain ADD vs libcni AddNetworkList (paired median)",
+                f"{real['nri_median_ms']:.2f} ms",
+                f"libcni {real['libcni_median_ms']:.2f} ms",
+                f"{g:.3f}",
+                "<= 1.02",
+                _met(g <= 1.02),
+                why="libcni's time is taken inside Go around AddNetworkList (no pipe, no event loop); "
+                f"nri-cni's own part per plugin call on the no-op chain: {noop['ADD']['own_ms_per_call']:.3f} ms",
+            )
+        )
+    else:
+        rows.append(
+            Row(
+                "CNI runtime vs libcni",
+                "-",
+                f"NO libcni: {rep.get('libcni_missing', '?')[:60]}",
+                "-",
+                "<= 1.02",
+                "-",
+            )
+        )
+    own = noop["ADD"]["own_ms_per_call"]
+    rows.append(
+        Row(
+            "own cost per plugin call (3 no-op plugins, ADD; DEL)",
+            f"{own:.3f} ms; {noop['DEL']['own_ms_per_call']:.3f} ms",
+            f"floor ADD {noop['ADD']['floor_median_ms']:.2f} ms / 3 calls",
+            "-",
+            "<= 0.10 ms",
+            _met(own <= 0.10),
+            why="what nri-cni adds per call: conflist injection, result parsing, the cache write "
+            "(ADD) or read and unlink (DEL), divided by the 3 calls",
+        )
+    )
+    return rows
+
+
+def run_gc(size: dict) -> list[Row]:
+    from bench import bench_gc
+
+    rep = bench_gc.measure(Namespace(no_libcni=False, **size))
+    n = rep["stale"]
+    anchor = "libcni GCNetworkList" if "libcni" in rep["anchor"] else "exec floor (NO libcni)"
+    return [
+        Row(
+            f"GC of {n} stale attachments (bridge + host-local + portmap)",
+            f"{rep['nri_gc_ms']:.0f} ms",
+            f"{anchor} {rep['anchor_gc_ms']:.0f} ms",
+            f"{rep['speedup']:.2f}x as fast",
+            ">= 2.5x",
+            _met(rep["speedup"] >= 2.5),
+            why=f"{rep['nri_gc_ms'] / n:.1f} ms per stale attachment (libcni {rep['anchor_gc_ms'] / n:.1f} ms); "
+            f"the daemon's DELs overlapped {rep['overlap']:.2f}x (the sum of their times over the GC's: "
+            "1.0 = one after another)",
+        ),
+        Row(
+            f"pod ADD while the daemon GCs {n} stale attachments",
+            f"{rep['busy_add_ms']:.0f} ms",
+            f"idle ADD {rep['idle_add_ms']:.1f} ms",
+            f"{rep['busy_over_idle']:.1f}x",
+            "<= 1.5x",
+            _met(rep["busy_over_idle"] <= 1.5),
+            why=(
+                f"the ADD finished before the GC ({rep['nri_gc_ms']:.0f} ms) in every round"
+                if all(r["add_done_before_gc"] for r in rep["nri"])
+                else f"the ADD finished after the GC ({rep['nri_gc_ms']:.0f} ms): it waited for it"
+            ),
+        ),
+    ]
+
+
+def run_pods(size: dict) -> list[Row]:
+    from bench import bench_pods
+
+    rep = bench_pods.measure(Namespace(part="all", no_base=False, host_ports=False, json=None, **size))
+    p1, p2 = rep["shim_vs_native"], rep["secondary_vs_native2"]
+    c1, c2 = p1["compare"], p2["compare"]
+    sec = c2["secondary_extra_over_base_ms"]["run"]
+    nat = c2["native2_extra_over_base_ms"]["run"]
+    extra_ratio = sec / nat if nat > 0 else None
+    burst = p2.get("burst")
+
+    def own(mode: dict) -> str:
+        add = mode.get("nri_cni_ops", {}).get("add")
+        if not add:
+            return ""
+        return (
+            f"nri-cni's ADD {add['median_ms']:.1f} ms, of which plugins {add['plugins_median_ms']:.1f} ms "
+            f"and nri-cni itself {add['own_median_ms']:.1f} ms"
+        )
+
+    sec_own = own(p2["modes"]["secondary"])
+    rows = [
+        Row(
+            "secondary mode: cost of one extra network (RunPodSandbox over containerd with eth0 only)",
+            f"{sec:+.1f} ms",
+            f"containerd's own 2nd network {nat:+.1f} ms",
+            f"{extra_ratio:.2f}" if extra_ratio is not None else "- (anchor <= 0: noise)",
+            "<= 1.2x",
+            _met(extra_ratio <= 1.2) if extra_ratio is not None else "-",
+            why=f"{sec_own}; the rest is the NRI round trip and containerd's side of it",
+        ),
+    ]
+    if burst:
+        rows.append(
+            Row(
+                f"secondary mode: pods/s, {size['burst']} pods {size['burst_parallel']} at a time",
+                f"{burst['secondary']:.1f} pods/s",
+                f"containerd's own 2nd network {burst['native2']:.1f} pods/s",
+                f"{burst['ratio']:.3f}",
+                ">= 0.9x",
+                _met(burst["ratio"] >= 0.9),
+                why=f"containerd serializes NRI calls: {sec_own} per pod on that path",
+            )
+        )
+    shim, native = p1["modes"]["shim"]["run"]["median"], p1["modes"]["native"]["run"]["median"]
+    rows.append(
+        Row(
+            "pod creation, shim vs containerd's own CNI (RunPodSandbox median)",
+            f"{shim:.1f} ms",
+            f"containerd {native:.1f} ms",
+            f"{c1['run_median_ratio']:.3f} (per-pod {c1['run_per_pod_ratio_median']:.3f})",
+            "<= 1.03",
+            _met(c1["run_median_ratio"] <= 1.03),
+            why=f"{own(p1['modes']['shim'])}; the rest is the shim's exec and socket round trip",
+        )
+    )
+    return rows
+
+
+def run_daemon(size: dict) -> list[Row]:
+    from bench import bench_daemon
+
+    rep = bench_daemon.measure(Namespace(parallel=8, chain="noop", **size))
+    m, r = rep["memory"], rep["restart"]
+    flat = abs(m["growth"]) <= 0.10
+    return [
+        Row(
+            f"daemon restart with {r['pods']} pods attached, until ready ({r['verified']})",
+            f"{r['ready_s']:.2f} s (settled {r['settled_s']:.2f} s)",
+            "-",
+            "-",
+            "< 2 s, verified",
+            _met(r["ready_s"] < 2.0) + " (ready only)",
+        ),
+        Row(
+            f"resident memory over a {m['pods']}-pod churn, {m['parallel']} at a time",
+            f"{m['first_idle_kib'] / 1024:.1f} -> {m['end_idle_kib'] / 1024:.1f} MiB "
+            f"({m['growth']:+.1%}), max {m['max_kib'] / 1024:.1f}",
+            "-",
+            "-",
+            "< 40 MiB, flat within 10%",
+            _met(m["max_kib"] < 40 * 1024 and flat),
+        ),
+    ]
+
+
+def run_ttrpc(size: dict) -> list[Row]:
+    from bench import bench_ttrpc
+
+    rep = bench_ttrpc.measure(size["n"])
+    return [
+        Row(
+            "NRI request, bare round trip (RunPodSandbox through the stub vs a socket echo)",
+            f"{rep['rpc_us']:.1f} us",
+            f"echo {rep['echo_us']:.1f} us",
+            f"+{rep['added_us']:.1f} us",
+            "keep (+37-45 us)",
+            _met(rep["added_us"] <= 45),
+        )
+    ]
+
+
+RUNNERS = {"cni": run_cni, "gc": run_gc, "pods": run_pods, "daemon": run_daemon, "ttrpc": run_ttrpc}
+
+
+# -- output ------------------------------------------------------------------------------------
+
+HEAD = ("figure", "nri-cni", "anchor", "ratio", "goal", "met", "load")
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    return (row.figure, row.nri, row.anchor, row.ratio, row.goal, row.met, row.load)
+
+
+def text_table(rows: list[Row]) -> str:
+    cells = [HEAD] + [_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEAD))]
+    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(HEAD))).rstrip() for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    out = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kib / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{cpus} CPU ({model}){mem}, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def deps_versions() -> str:
+    deps = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")) / "versions.txt"
+    try:
+        return ", ".join(deps.read_text().split("\n")[:-1])
+    except OSError:
+        return "?"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="tiny sizes: does every bench still work (CI)")
+    size.add_argument("--full", action="store_true", help="the sizes of docs/performance.md")
+    ap.add_argument("--only", default=",".join(BENCHES), help="subset of " + ",".join(BENCHES))
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed, too")
+    ap.add_argument("--markdown", metavar="FILE", help="write the table as markdown here too")
+    ap.add_argument("--json", metavar="FILE", help="write the rows here too")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench: needs root (netns, containerd, iptables)", file=sys.stderr)
+        return 2
+    which = "smoke" if args.smoke else "full" if args.full else "short"
+    only = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = set(only) - set(BENCHES)
+    if unknown:
+        ap.error(f"unknown bench(es): {', '.join(sorted(unknown))}")
+    rows: list[Row] = []
+    failed: list[str] = []
+    t_start = time.monotonic()
+    for name in BENCHES:
+        if name not in only:
+            continue
+        print(f"\n=== bench {name} ({which}) ===", flush=True)
+        before = _load()
+        t0 = time.monotonic()
+        try:
+            got = RUNNERS[name](SIZES[which][name])
+        except BaseException as exc:  # every bench runs; the failure is loud in the table and the exit status
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            traceback.print_exc()
+            failed.append(name)
+            got = [Row(f"bench {name}", "-", f"{type(exc).__name__}: {exc}"[:120], "-", "-", "FAILED")]
+        load = f"{before}/{_load()}"
+        for r in got:
+            r.load = r.load or load
+        rows += got
+        print(f"=== bench {name}: {time.monotonic() - t0:.0f} s", flush=True)
+    header = (
+        f"python -m bench{' --smoke' if args.smoke else ' --full' if args.full else ''}: "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.monotonic() - t_start:.0f} s\n"
+        f"machine: {machine()}\ndeps: {deps_versions()}\n"
+        f"load: 1-minute load average before/after each bench"
+    )
+    whys = [f"- {r.figure}: {r.why}" for r in rows if r.met.startswith(("NO", "FAILED")) and r.why]
+    notes = "\n\nwhy the rows marked NO miss (each bench's own profile):\n" + "\n".join(whys) if whys else ""
+    print("\n" + header + "\n\n" + text_table(rows) + notes)
+    if args.markdown:
+        Path(args.markdown).write_text(
+            header.replace("\n", "  \n")
+            + "\n\n"
+            + markdown_table(rows)
+            + notes.replace(":\n-", ":\n\n-")
+            + "\n"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    if failed:
+        print(f"\nbench: FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    if args.strict and any(r.met.startswith("NO") for r in rows):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

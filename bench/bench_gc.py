@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""GC of N stale attachments: the nri-cni daemon against libcni's GCNetworkList, and a pod ADD
+that arrives while the daemon collects them against the same ADD on an idle daemon.
+
+nri-cni: the daemon (mode native, bridge + host-local + portmap) attaches N pods through NRI
+RunPodSandbox; it is stopped, the runtime double forgets the pods (removed while nri-cni was
+down), the daemon is started again and its Synchronize lists none of them: the GC after
+Synchronize DELs all N (their netns still exist, so every DEL does the full teardown) and runs
+the plugins' GC verb. Timed from the double's Synchronize answered to the daemon's "gc: ..."
+summary line in its log (polled every 5 ms). As soon as the daemon logs that GC began, the
+double sends RunPodSandbox for a new pod: its time is the "ADD during GC" figure, against the
+median of a few RunPodSandbox calls on the idle daemon before.
+
+libcni: bench/libcni-driver (libcni 1.3.0, Go, from Debian's packages) adds N attachments of
+the same list (its own bridge, subnet, IPAM dir and cache dir), then GCNetworkList with no valid
+attachment, timed in Go around the call. Without Go the bench says so and the anchor is the
+exec floor instead: the same N DELs by the minimal driver of bench_cni.py, one after another.
+
+The two sides take turns (--rounds: the order alternates). Needs root and .ci/install-deps.
+Run:  python bench/bench_gc.py [--stale 40] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import golibcni  # noqa: E402
+from bench.bench_cni import Floor  # noqa: E402
+from bench.native_node import CNI_BIN, NativeNode  # noqa: E402
+from tests.support.netns import Janitor, host_local_reservations  # noqa: E402
+
+GO_ARGS = [("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "nct-bench"), ("K8S_POD_NAME", "gc")]
+
+
+async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_adds: int) -> dict:
+    """One round on the daemon: idle ADDs, N attached, restart with none listed, GC + an ADD."""
+    await node.start(conflist)
+    idle = []
+    for _ in range(idle_adds):
+        pod, ms = await node.run_pod(next(nets))
+        idle.append(ms)
+        await node.remove_pod(pod)
+    for _ in range(stale):
+        await node.run_pod(next(nets))
+    await node.stop()
+    stale_ids = {p.id for p in node.forget_pods()}
+    mark = node.log_size()
+    start = asyncio.create_task(node.start(conflist, pods=[]))
+    await node.runtime.wait_plugin(node._starts + 1, timeout=60)  # Synchronize answered
+    t0 = time.perf_counter()
+    await node.wait_log("gc (synchronize)", mark)  # GC has its lock: now a pod comes
+    busy_ns = next(nets)
+    t_add = time.perf_counter()
+    add = asyncio.create_task(node.run_pod(busy_ns))
+    t_gc_end = await node.wait_log("gc: ", mark)
+    pod, busy_ms = await add
+    t_add_end = t_add + busy_ms / 1000
+    await start
+    deleted = [op for op in node.daemon.op_lines() if op["op"] == "gc-del" and op["podId"] in stale_ids]
+    await node.remove_pod(pod)
+    if len(deleted) != stale:
+        raise RuntimeError(f"the GC after Synchronize deleted {len(deleted)} stale pod(s), not {stale}")
+    left = node.attached()
+    if left:
+        raise RuntimeError(f"nri-cni still has attachments after GC: {left}")
+    await node.stop()
+    return {
+        "gc_ms": (t_gc_end - t0) * 1000,
+        "gc_dels": len(deleted),  # must be all of them
+        # the DELs' own times (the daemon's op lines) over the GC's wall time: 1.0 when they
+        # ran one after another, more when they overlapped
+        "overlap": sum(op["ms"] for op in deleted) / ((t_gc_end - t0) * 1000),
+        "idle_add_ms": idle,
+        "busy_add_ms": busy_ms,
+        "add_done_before_gc": t_add_end < t_gc_end,
+    }
+
+
+def anchor_round(conflist: dict, nets, stale: int, driver: str, workdir: Path) -> dict:
+    """libcni (or, without Go, the exec floor): N attachments, then collect them all."""
+    if driver:
+        go = golibcni.LibcniDriver(
+            driver, [str(CNI_BIN)], str(workdir / f"libcni-cache-{uuid.uuid4().hex[:6]}")
+        )
+        try:
+            go.load("gc", conflist)
+            for _ in range(stale):
+                go.add("gc", f"nct-gc-{uuid.uuid4().hex[:16]}", next(nets), "eth0", GO_ARGS)
+            return {"gc_ms": go.gc("gc", [])}
+        finally:
+            go.gc("gc", [])  # after a failure midway: nothing of ours stays attached
+            go.close()
+    floor = Floor(str(CNI_BIN))
+    args = ";".join(f"{k}={v}" for k, v in GO_ARGS)
+    attached = []
+    try:
+        for _ in range(stale):
+            st = (f"nct-gc-{uuid.uuid4().hex[:16]}", next(nets))
+            attached.append((st, floor.add(conflist, st[0], st[1], "eth0", args, {})))
+        t0 = time.perf_counter()
+        while attached:
+            (cid, ns), prev = attached[0]
+            floor.delete(conflist, cid, ns, "eth0", args, {}, prev)
+            attached.pop(0)
+        return {"gc_ms": (time.perf_counter() - t0) * 1000}
+    finally:
+        for (cid, ns), prev in attached:
+            floor.delete(conflist, cid, ns, "eth0", args, {}, prev)
+
+
+def measure(args) -> dict:
+    """Prints the figures, returns them (see the module docstring)."""
+    report: dict = {"stale": args.stale, "rounds": args.rounds}
+    driver = ""
+    if not args.no_libcni:
+        try:
+            driver = golibcni.build()
+            report["anchor"] = f"libcni GCNetworkList ({golibcni.versions()})"
+        except golibcni.NoGo as exc:
+            report["anchor_missing"] = str(exc)
+            print(f"bench_gc: NO libcni anchor ({exc}): the exec floor instead", file=sys.stderr)
+    if not driver:
+        report["anchor"] = "exec floor: the same DELs one after another (no libcni)"
+    jan = Janitor()
+    workdir = Path(tempfile.mkdtemp(prefix="nct-bench-gc-"))
+    jan.track_path(workdir)
+    node = NativeNode(jan, [str(CNI_BIN)])
+    problems: list[str] = []
+    nri: list[dict] = []
+    anchor: list[dict] = []
+
+    async def rounds(conflist: dict, go_list: dict, nets) -> None:
+        try:
+            for r in range(args.rounds):
+                for side in ["nri", "anchor"] if r % 2 == 0 else ["anchor", "nri"]:
+                    if side == "nri":
+                        nri.append(await nri_round(node, conflist, nets, args.stale, args.idle_adds))
+                    else:
+                        anchor.append(anchor_round(go_list, nets, args.stale, driver, workdir))
+        finally:
+            problems.extend(await node.drain())
+
+    try:
+        conflist = node.bridge_list("nct-gc")
+        go_list = node.bridge_list("nct-gc-anchor")
+        count = args.rounds * (2 * args.stale + args.idle_adds + 1)
+        nets = iter([jan.netns().path for _ in range(count)])
+        print(f"bench_gc: {count} netns ready", flush=True)
+        asyncio.run(rounds(conflist, go_list, nets))
+        for lst in (conflist, go_list):
+            held = host_local_reservations(lst["plugins"][0]["ipam"]["dataDir"])
+            if held:
+                raise RuntimeError(f"host-local still holds {len(held)} address(es) of {lst['name']}")
+    finally:
+        node.cleanup()
+        problems += jan.cleanup()
+    if problems:
+        raise RuntimeError("bench_gc: cleanup problems: " + "; ".join(problems))
+    nri_gc = statistics.median(r["gc_ms"] for r in nri)
+    anchor_gc = statistics.median(r["gc_ms"] for r in anchor)
+    idle = statistics.median(ms for r in nri for ms in r["idle_add_ms"])
+    busy = statistics.median(r["busy_add_ms"] for r in nri)
+    report.update(
+        nri=nri,
+        anchor_rounds=anchor,
+        nri_gc_ms=nri_gc,
+        anchor_gc_ms=anchor_gc,
+        speedup=anchor_gc / nri_gc,
+        idle_add_ms=idle,
+        busy_add_ms=busy,
+        busy_over_idle=busy / idle,
+        overlap=statistics.median(r["overlap"] for r in nri),
+    )
+    print(
+        f"GC of {args.stale} stale attachments: nri-cni {nri_gc:.0f} ms "
+        f"({nri_gc / args.stale:.1f} ms each), {report['anchor']} {anchor_gc:.0f} ms: "
+        f"nri-cni {anchor_gc / nri_gc:.2f}x as fast (goal >= 2.5x)"
+    )
+    print(
+        f"pod ADD during that GC: {busy:.0f} ms, idle {idle:.1f} ms: {busy / idle:.1f}x "
+        f"(goal <= 1.5x); done before the GC: {[r['add_done_before_gc'] for r in nri]}"
+    )
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stale", type=int, default=40, help="stale attachments per GC (default 40)")
+    ap.add_argument("--rounds", type=int, default=1, help="GCs per side, order alternating (default 1)")
+    ap.add_argument("--idle-adds", type=int, default=5, help="idle RunPodSandbox calls per round (default 5)")
+    ap.add_argument("--no-libcni", action="store_true", help="the exec floor as the anchor, not libcni")
+    ap.add_argument("--json", metavar="FILE", help="also write every figure here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_gc: needs root (netns, veth, iptables)", file=sys.stderr)
+        return 2
+    report = measure(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
