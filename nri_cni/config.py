@@ -72,6 +72,32 @@ class ReloadSettings:
 
 
 @dataclass(frozen=True)
+class LocalSocketSettings:
+    """Who may use the daemon's local socket and how much one connection may take
+    (docs/security.md). The shim runs as root inside the runtime, so root is the default."""
+
+    allowed_uids: tuple[int, ...] = (0,)
+    allowed_gids: tuple[int, ...] = ()
+    max_connections: int = 128
+    read_timeout: float = 10.0  # for the whole request; the answer may take as long as the pod
+    max_request_bytes: int = 4 * 1024 * 1024 + 64 * 1024
+
+
+@dataclass(frozen=True)
+class PodLimits:
+    """What one pod may ask for (its annotation is written by whoever may create the pod)."""
+
+    networks_per_pod: int = 8
+    attachments_per_network: int = 2
+
+
+@dataclass(frozen=True)
+class MetricsServerSettings:
+    max_connections: int = 16
+    timeout: float = 5.0  # to read a request, and to write the answer
+
+
+@dataclass(frozen=True)
 class NetworkSpec:
     """One network nri-cni may attach: a CNI network list plus how pods get it."""
 
@@ -107,6 +133,12 @@ class Config:
     metrics_listen: str = ""
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     reload: ReloadSettings = field(default_factory=ReloadSettings)
+    local: LocalSocketSettings = field(default_factory=LocalSocketSettings)
+    limits: PodLimits = field(default_factory=PodLimits)
+    metrics_server: MetricsServerSettings = field(default_factory=MetricsServerSettings)
+    # files.trust: conf dirs, network lists and plugin binaries another user can write are
+    # refused ("enforce") or only warned about ("warn", for development).
+    trust_files: bool = True
 
     def network(self, name: str) -> NetworkSpec | None:
         for net in self.networks:
@@ -206,6 +238,26 @@ class _Reader:
             return default
         return seconds
 
+    def integer(self, data: dict, key: str, default: int, where: str, *, low: int = 0, high: int = 1 << 31) -> int:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            self.fail(_join(where, key), f"must be an integer from {low} to {high}, not {value!r}")
+            return default
+        return value
+
+    def id_list(self, data: dict, key: str, default: tuple[int, ...], where: str) -> tuple[int, ...]:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32 for v in value
+        ):
+            self.fail(_join(where, key), "must be a list of numeric ids")
+            return default
+        return tuple(value)
+
     def string_list(
         self, data: dict, key: str, default: tuple[str, ...], where: str, *, path: bool = False
     ) -> tuple[str, ...]:
@@ -250,6 +302,8 @@ _TOP_KEYS = {
     "metrics",
     "lifecycle",
     "reload",
+    "limits",
+    "files",
 }
 _NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir"}
 
@@ -273,7 +327,29 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         request_timeout=r.duration(nri, "request_timeout", 0.0, "nri"),
     )
     daemon = r.section(data, "daemon")
-    r.unknown_keys(daemon, {"socket"}, "daemon")
+    r.unknown_keys(
+        daemon,
+        {"socket", "allowed_uids", "allowed_gids", "max_connections", "read_timeout", "max_request_bytes"},
+        "daemon",
+    )
+    local_settings = LocalSocketSettings(
+        allowed_uids=r.id_list(daemon, "allowed_uids", (0,), "daemon"),
+        allowed_gids=r.id_list(daemon, "allowed_gids", (), "daemon"),
+        max_connections=r.integer(daemon, "max_connections", 128, "daemon", low=1, high=65536),
+        read_timeout=r.duration(daemon, "read_timeout", 10.0, "daemon"),
+        max_request_bytes=r.integer(
+            daemon, "max_request_bytes", LocalSocketSettings.max_request_bytes, "daemon", low=1024
+        ),
+    )
+    limits = r.section(data, "limits")
+    r.unknown_keys(limits, {"networks_per_pod", "attachments_per_network"}, "limits")
+    pod_limits = PodLimits(
+        networks_per_pod=r.integer(limits, "networks_per_pod", 8, "limits", low=1, high=64),
+        attachments_per_network=r.integer(limits, "attachments_per_network", 2, "limits", low=1, high=64),
+    )
+    files = r.section(data, "files")
+    r.unknown_keys(files, {"trust"}, "files")
+    trust_files = r.string(files, "trust", "enforce", "files", choices=("enforce", "warn")) == "enforce"
     log = r.section(data, "log")
     r.unknown_keys(log, {"level", "format"}, "log")
     cni = r.section(data, "cni")
@@ -294,7 +370,11 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     status = r.section(data, "status")
     r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
     metrics = r.section(data, "metrics")
-    r.unknown_keys(metrics, {"listen"}, "metrics")
+    r.unknown_keys(metrics, {"listen", "max_connections", "timeout"}, "metrics")
+    metrics_server = MetricsServerSettings(
+        max_connections=r.integer(metrics, "max_connections", 16, "metrics", low=1, high=1024),
+        timeout=r.duration(metrics, "timeout", 5.0, "metrics"),
+    )
     metrics_listen = r.string(metrics, "listen", "", "metrics")
     if metrics_listen and not _local_listen(metrics_listen):
         r.fail("metrics.listen", f"{metrics_listen!r}: only a unix socket path or 127.0.0.1:PORT")
@@ -346,6 +426,10 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         metrics_listen=metrics_listen,
         lifecycle=lifecycle_settings,
         reload=reload_settings,
+        local=local_settings,
+        limits=pod_limits,
+        metrics_server=metrics_server,
+        trust_files=trust_files,
     )
     if r.errors:
         raise ConfigErrors(r.errors)
@@ -488,8 +572,10 @@ class ConfigErrors(ConfigError):
 def load_config(path: str) -> Config:
     """Reads and validates the YAML file at `path`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        from nri_cni.jsonlimits import MAX_YAML_BYTES
+
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(MAX_YAML_BYTES + 1)  # a bigger one is refused by its size
     except OSError as exc:
         raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
     return load_config_text(text, path)
@@ -498,8 +584,10 @@ def load_config(path: str) -> Config:
 def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None = None) -> Config:
     import yaml
 
+    from nri_cni import jsonlimits
+
     try:
-        data = yaml.safe_load(text)
+        data = jsonlimits.yaml_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path

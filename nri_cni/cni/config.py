@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import validate
 from nri_cni.cni import versions
 from nri_cni.errors import ConfigError
 
@@ -35,19 +36,14 @@ def validate_network_name(name: str) -> None:
 def validate_container_id(cid: str) -> None:
     if not cid:
         raise ConfigError("missing container ID")
-    if not isinstance(cid, str) or not _NAME_RE.fullmatch(cid):
-        raise ConfigError(f"invalid characters in container ID {cid!r}")
+    if not validate.is_valid_id(cid):
+        raise ConfigError(f"invalid characters in container ID {validate.quote(cid)}")
 
 
 def validate_ifname(name: str) -> None:
-    if not name:
-        raise ConfigError("interface name is empty")
-    if len(name) > _IFNAME_MAX:
-        raise ConfigError(f"interface name {name!r} is longer than {_IFNAME_MAX} characters")
-    if name in (".", ".."):
-        raise ConfigError(f"interface name {name!r} is not allowed")
-    if any(c in "/:" or c.isspace() for c in name):
-        raise ConfigError(f"interface name {name!r} contains '/', ':' or whitespace")
+    problem = validate.ifname_problem(name)
+    if problem:
+        raise ConfigError(f"interface name {validate.quote(name)} {problem}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from nri_cni import localproto
+from nri_cni import jsonlimits, localproto, validate
 from nri_cni.errors import CniCode, ConfigError, NriCniError
 from nri_cni.pod.model import PodInfo
 
@@ -76,7 +76,7 @@ class LocalServer:
         version = "1.0.0"
         try:
             try:
-                conf = json.loads(stdin or b"{}")
+                conf = jsonlimits.loads(stdin or b"{}")
             except ValueError as exc:
                 raise NriCniError(
                     "the network config on stdin is not JSON",
@@ -87,7 +87,7 @@ class LocalServer:
                 raise NriCniError(
                     "the network config must be a JSON object", cni_code=CniCode.DECODING_FAILURE
                 )
-            version = str(conf.get("cniVersion") or version)
+            version = validate.cni_version(conf.get("cniVersion"), version)
             command = env.get("CNI_COMMAND", "")
             if command == "STATUS":
                 self.daemon.check_ready()
@@ -99,8 +99,9 @@ class LocalServer:
             if command == "ADD":
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
+                ifname = validate.check_ifname(env.get("CNI_IFNAME", "eth0"))
                 answer = await self.daemon.networker.attach(
-                    pod, runtime_caps=runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0")
+                    pod, runtime_caps=runtime_caps, primary_ifname=ifname
                 )
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
@@ -111,23 +112,19 @@ class LocalServer:
             if command == "CHECK":
                 await self.daemon.networker.check(pod)
                 return 0, b""
-            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", cni_code=CniCode.INVALID_ENV)
+            raise NriCniError(f"unsupported CNI_COMMAND {validate.quote(command)}", cni_code=CniCode.INVALID_ENV)
         except NriCniError as exc:
+            cid = env.get("CNI_CONTAINERID", "?")
+            shown = cid if validate.is_valid_id(cid) else validate.quote_whole(cid)
             log.error(
-                "shim %s for %s: %s", env.get("CNI_COMMAND", "?"), env.get("CNI_CONTAINERID", "?")[:12], exc
+                "shim %s for %s: %s", validate.quote(env.get("CNI_COMMAND", "?"), 20), shown, exc
             )
             return 1, json.dumps(_cni_error(exc, version)).encode()
 
     @staticmethod
     def _pod_from_env(env: dict[str, str], conf: dict) -> PodInfo:
-        cid = env.get("CNI_CONTAINERID", "")
-        if not cid:
-            raise NriCniError("CNI_CONTAINERID is not set", cni_code=CniCode.INVALID_ENV)
-        args: dict[str, str] = {}
-        for item in env.get("CNI_ARGS", "").split(";"):
-            key, sep, value = item.partition("=")
-            if sep:
-                args[key] = value
+        cid = validate.check_id(env.get("CNI_CONTAINERID", ""), "CNI_CONTAINERID")
+        args = validate.parse_cni_args(env.get("CNI_ARGS", ""))
         annotations = (conf.get("runtimeConfig") or {}).get(POD_ANNOTATIONS_CAP) or {}
         if not isinstance(annotations, dict):
             raise ConfigError(f"runtimeConfig.{POD_ANNOTATIONS_CAP} must be an object")
@@ -142,8 +139,7 @@ class LocalServer:
 
     async def _gc(self, conf: dict) -> None:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
-        valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
-        pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
+        pod_ids = validate.gc_valid_ids(conf)
         report = await self.daemon.networker.gc(
             lambda: pod_ids | self.daemon.pods_in_flight() | self.daemon.unconfirmed_valid()
         )
@@ -172,6 +168,9 @@ class LocalServer:
 
 def _cni_error(exc: NriCniError, version: str) -> dict:
     out = exc.to_cni_error(version)
+    out["msg"] = validate.cap_text(str(out.get("msg", "")))
+    if out.get("details"):
+        out["details"] = validate.cap_text(str(out["details"]))
     # The message a kubelet event shows: the whole chain, not just the outer layer.
     if not out.get("details"):
         out.pop("details", None)
