@@ -238,7 +238,9 @@ class _Reader:
             return default
         return seconds
 
-    def integer(self, data: dict, key: str, default: int, where: str, *, low: int = 0, high: int = 1 << 31) -> int:
+    def integer(
+        self, data: dict, key: str, default: int, where: str, *, low: int = 0, high: int = 1 << 31
+    ) -> int:
         if key not in data or data[key] is None:
             return default
         value = data[key]

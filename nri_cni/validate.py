@@ -58,11 +58,7 @@ def quote_whole(value: str) -> str:
 
 
 def is_valid_id(value: object) -> bool:
-    return (
-        isinstance(value, str)
-        and 0 < len(value) <= MAX_ID_BYTES
-        and _ID.fullmatch(value) is not None
-    )
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_BYTES and _ID.fullmatch(value) is not None
 
 
 def check_id(value: object, what: str = "CNI_CONTAINERID") -> str:
@@ -126,14 +122,8 @@ def parse_cni_args(text: str) -> dict[str, str]:
 
 def check_k8s_value(value: object, what: str) -> str:
     """A pod name, namespace or uid as it goes into CNI_ARGS (empty allowed: not known)."""
-    if (
-        not isinstance(value, str)
-        or len(value) > MAX_ARG_VALUE_BYTES
-        or _K8S_VALUE.fullmatch(value) is None
-    ):
-        raise InvalidInput(
-            f"{what} {quote(value)} is not a Kubernetes name (letters, digits, '_', '.', '-')"
-        )
+    if not isinstance(value, str) or len(value) > MAX_ARG_VALUE_BYTES or _K8S_VALUE.fullmatch(value) is None:
+        raise InvalidInput(f"{what} {quote(value)} is not a Kubernetes name (letters, digits, '_', '.', '-')")
     return value
 
 
@@ -145,9 +135,7 @@ def check_pod(pod_id: object, name: object, namespace: object, uid: object, what
     check_k8s_value(uid, f"{what} pod uid")
 
 
-def check_selection(
-    networks: list[str], *, max_networks: int, max_per_network: int, where: str
-) -> None:
+def check_selection(networks: list[str], *, max_networks: int, max_per_network: int, where: str) -> None:
     """The networks a pod is about to get, by name in attachment order: at most `max_networks`
     of them and at most `max_per_network` attachments of one network."""
     if len(networks) > max_networks:

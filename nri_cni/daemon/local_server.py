@@ -112,13 +112,13 @@ class LocalServer:
             if command == "CHECK":
                 await self.daemon.networker.check(pod)
                 return 0, b""
-            raise NriCniError(f"unsupported CNI_COMMAND {validate.quote(command)}", cni_code=CniCode.INVALID_ENV)
+            raise NriCniError(
+                f"unsupported CNI_COMMAND {validate.quote(command)}", cni_code=CniCode.INVALID_ENV
+            )
         except NriCniError as exc:
             cid = env.get("CNI_CONTAINERID", "?")
             shown = cid if validate.is_valid_id(cid) else validate.quote_whole(cid)
-            log.error(
-                "shim %s for %s: %s", validate.quote(env.get("CNI_COMMAND", "?"), 20), shown, exc
-            )
+            log.error("shim %s for %s: %s", validate.quote(env.get("CNI_COMMAND", "?"), 20), shown, exc)
             return 1, json.dumps(_cni_error(exc, version)).encode()
 
     @staticmethod

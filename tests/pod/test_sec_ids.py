@@ -15,8 +15,8 @@ from tests.pod.secharness import (
     call_shim,
     install_shim,
     netns_path,
-    pod_calls,
     normal_add_del,
+    pod_calls,
     runtime_conf,
     shim_config,
     started,
@@ -193,7 +193,9 @@ def test_quoted_input_in_errors_is_escaped_and_cut(node):
             conf = runtime_conf({"k8s.v1.cni.cncf.io/networks": huge})
             code, out, raw = await call_shim(shim, "ADD", new_pod_id(), netns=netns, conf=conf)
             assert code == 1 and len(raw) < 4096, len(raw)
-            code, out, raw = await call_shim(shim, "ADD", new_pod_id(), netns=netns, CNI_IFNAME="\x01" * 20000)
+            code, out, raw = await call_shim(
+                shim, "ADD", new_pod_id(), netns=netns, CNI_IFNAME="\x01" * 20000
+            )
             assert code == 1 and len(raw) < 4096, len(raw)
             await normal_add_del(shim, node, new_pod_id())
         finally:
