@@ -202,3 +202,47 @@ def test_quoted_input_in_errors_is_escaped_and_cut(node):
             await h.stop()
 
     run(scenario())
+
+
+def test_nri_pod_events_with_path_ids_are_refused_and_touch_nothing(node):
+    from nri_cni.errors import GrpcCode, RPCError
+    from tests.pod.conftest import DaemonHarness, pod_message
+
+    netns = netns_path(node)
+    victim = node.tmp / "victim"
+    victim.write_text("precious")
+    cfg = node.config("native", [_two_nets(node)[0]])
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            before = all_files(node.tmp)
+            for pod_id in ("../../victim", str(victim), ".."):
+                pod = pod_message(pod_id, netns, name="web")
+                for call in (
+                    h.runtime.run_pod_sandbox,
+                    h.runtime.stop_pod_sandbox,
+                    h.runtime.remove_pod_sandbox,
+                ):
+                    try:
+                        await call(pod)
+                    except RPCError as exc:
+                        assert exc.code == GrpcCode.INVALID_ARGUMENT and "pod id" in str(exc), exc
+                    else:
+                        raise AssertionError(f"{call.__name__} accepted pod id {pod_id!r}")
+            bad_name = pod_message(new_pod_id(), netns, name="web=1")
+            try:
+                await h.runtime.run_pod_sandbox(bad_name)
+            except RPCError as exc:
+                assert exc.code == GrpcCode.INVALID_ARGUMENT and "pod name" in str(exc), exc
+            else:
+                raise AssertionError("a pod name with '=' was accepted")
+            assert victim.read_text() == "precious"
+            assert all_files(node.tmp) - before <= {"fake.log"}
+            assert not pod_calls(node)
+            good = pod_message(new_pod_id(), netns)
+            await h.runtime.run_pod_sandbox(good)
+            await h.runtime.stop_pod_sandbox(good)
+            await h.runtime.remove_pod_sandbox(good)
+            assert [c["command"] for c in pod_calls(node)] == ["ADD", "DEL"]
+
+    run(scenario())
