@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits
 from nri_cni.errors import CniCode, CNIError, ConfigError
 from nri_cni.fsutil import AtomicFile, fsync_dir
 
@@ -97,7 +98,7 @@ class CacheEntry:
         if not data.strip():
             raise CorruptEntry("empty file")
         try:
-            obj = json.loads(data)
+            obj = jsonlimits.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise CorruptEntry(f"not JSON: {exc}") from None
         if not isinstance(obj, dict):

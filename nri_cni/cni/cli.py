@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 
+from nri_cni import jsonlimits
 from nri_cni.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
@@ -187,10 +188,9 @@ def parse_cni_args(text: str) -> list[tuple[str, str]]:
 
 
 def parse_cap_args(text: str) -> dict:
-    import json
 
     try:
-        val = json.loads(text)
+        val = jsonlimits.loads(text)
     except ValueError as exc:
         raise _UsageError(f"capability arguments are not valid JSON: {exc}") from None
     if not isinstance(val, dict):

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import validate
+from nri_cni import jsonlimits, validate
 from nri_cni.cni import versions
 from nri_cni.errors import ConfigError
 
@@ -173,7 +173,7 @@ def _conf_files(path: str, extensions: tuple[str, ...]) -> list[str]:
 def _read_json(path: str) -> Any:
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            return jsonlimits.loads(f.read(jsonlimits.MAX_BYTES + 1))
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", location=path) from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -198,7 +198,7 @@ def _parse_list(data: bytes | str | dict, where: str) -> NetworkConfigList:
         if isinstance(data, str):
             data = data.encode()
         try:
-            raw = json.loads(data)
+            raw = jsonlimits.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"invalid JSON: {exc}", location=where) from None
     if not isinstance(raw, dict):
@@ -253,7 +253,7 @@ def _plugin_list(raw: dict, key: str, where: str, required: bool) -> tuple[Plugi
 
 def _wrap_single(data: bytes, path: str) -> NetworkConfigList:
     try:
-        conf = json.loads(data)
+        conf = jsonlimits.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid JSON: {exc}", location=path) from None
     parse_plugin(conf, path)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
-import json
 import logging
 import os
 import signal
@@ -28,6 +27,7 @@ import stat
 from collections.abc import Iterable
 from typing import NoReturn
 
+from nri_cni import jsonlimits
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
 
 log = logging.getLogger(__name__)
@@ -430,7 +430,7 @@ def _failure(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> NoR
             f"plugin {name} failed ({how}) with no output", details=excerpt(b"", stderr), ref=ref
         )
     try:
-        obj = json.loads(stdout)
+        obj = jsonlimits.loads(stdout)
     except (ValueError, UnicodeDecodeError):
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("code"), int) and not isinstance(obj["code"], bool):

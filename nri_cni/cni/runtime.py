@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from nri_cni import jsonlimits
 from nri_cni.cni import versions
 from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, PreparedWrite, ResultCache
 from nri_cni.cni.config import (
@@ -311,7 +312,7 @@ class CNIRuntime:
             exc.ref = ref
             raise
         try:
-            info = json.loads(out)
+            info = jsonlimits.loads(out)
         except (ValueError, UnicodeDecodeError):
             info = None
         if (
@@ -470,7 +471,7 @@ class CNIRuntime:
     @staticmethod
     def _result(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes) -> Result:
         try:
-            obj = json.loads(out)
+            obj = jsonlimits.loads(out)
         except (ValueError, UnicodeDecodeError):
             obj = None  # parse_result words the error
         if type(obj) is dict:

@@ -140,12 +140,12 @@ class ConfigReloader:
             await self._trigger.wait()
             await asyncio.sleep(self.cfg.reload.debounce)  # let an editor finish its writes
             self._trigger.clear()
-            await self.reload_now("a file changed")
+            await _survive(self.reload_now("a file changed"))
 
     async def _rescan(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await self.reload_now("periodic rescan")
+            await _survive(self.reload_now("periodic rescan"))
 
     async def reload_now(self, reason: str) -> bool:
         """Reads the configuration again; True if a change was applied."""
@@ -158,6 +158,9 @@ class ConfigReloader:
                 self._check_restart_only(new)
             except ConfigError as exc:
                 self._refused(exc, reason)
+                return False
+            except Exception as exc:
+                self._refused(ConfigError(f"cannot read the configuration: {exc!r}"[:500]), reason)
                 return False
             old = self.cfg
             await self._apply(new)
@@ -209,6 +212,14 @@ class ConfigReloader:
             "refused": self.state.refused,
             "refusedAt": self.state.refused_at,
         }
+
+
+async def _survive(reload) -> None:
+    # a long-running task outlives whatever one reload meets; the next change is read again
+    try:
+        await reload
+    except Exception:
+        log.exception("configuration reload failed; the running configuration stays")
 
 
 def describe_change(old: Config, new: Config) -> str:
