@@ -45,7 +45,10 @@ def decode_header(raw: bytes) -> dict[str, str]:
     return out
 
 
-async def read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], bytes]:
+async def read_request(
+    reader: asyncio.StreamReader, *, max_bytes: int = MAX_HEADER + MAX_BODY
+) -> tuple[dict[str, str], bytes]:
+    """One request; `max_bytes` caps header and body together (checked before reading them)."""
     try:
         (hlen,) = struct.unpack(">I", await reader.readexactly(4))
         if hlen > MAX_HEADER:
@@ -54,6 +57,8 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], by
         (blen,) = struct.unpack(">I", await reader.readexactly(4))
         if blen > MAX_BODY:
             raise LocalProtocolError(f"body of {blen} bytes is over the {MAX_BODY} limit")
+        if hlen + blen > max_bytes:
+            raise LocalProtocolError(f"request of {hlen + blen} bytes is over the {max_bytes} limit")
         body = await reader.readexactly(blen)
     except asyncio.IncompleteReadError as exc:
         raise LocalProtocolError("the request ended early") from exc

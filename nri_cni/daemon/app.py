@@ -25,6 +25,7 @@ import signal
 import socket
 import time
 
+from nri_cni import safefs
 from nri_cni.cni.cache import ResultCache
 from nri_cni.cni.result import parse_result
 from nri_cni.cni.runtime import CNIRuntime
@@ -92,6 +93,7 @@ class Daemon:
         handle_signals=False: asyncio's signal wakeup fd is inherited by anything the process
         forks (pyroute2 forks for netns queries), and such a child's own SIGTERM would read
         as ours."""
+        safefs.restrict_umask()  # before any dir, file or socket is made (issue 15)
         if handle_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,7 +15,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from nri_cni import jsonlimits, localproto, validate
+from nri_cni import jsonlimits, localproto, peercred, safefs, validate
 from nri_cni.errors import CniCode, ConfigError, NriCniError
 from nri_cni.pod.model import PodInfo
 
@@ -32,15 +32,19 @@ class LocalServer:
         self.daemon = daemon
         self.path = path
         self._server: asyncio.base_events.Server | None = None
+        # peer credentials, connection cap, read timeout, size cap (nri_cni/peercred.py)
+        self.guard = peercred.LocalGuard(lambda: _guard_settings(self.daemon.cfg))
 
     async def start(self) -> None:
+        safefs.restrict_umask()  # the socket is created 0700 by bind: no window before the chmod
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
         try:
             os.unlink(self.path)  # left by a previous run
         except FileNotFoundError:
             pass
         self._server = await asyncio.start_unix_server(self._serve, path=self.path)
-        os.chmod(self.path, 0o600)  # root only: the shim runs as root inside the runtime
+        # root only (the shim runs as root inside the runtime), or the allowed group
+        peercred.grant_socket(self.path, self.daemon.cfg.local.allowed_gids)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -52,11 +56,14 @@ class LocalServer:
             pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.guard.admit(writer):
+            writer.close()
+            return
         try:
             try:
-                header, body = await localproto.read_request(reader)
+                header, body = await self.guard.read(reader)
             except localproto.LocalProtocolError as exc:
-                log.error("local socket: malformed request: %s", exc)
+                self.guard.refusals("malformed", "local socket: malformed request: %s", exc)
                 return
             op = header.get(localproto.OP_KEY)
             if op is None:
@@ -68,6 +75,7 @@ class LocalServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the shim was killed (runtime timeout); the work itself is finished regardless
         finally:
+            self.guard.release()
             writer.close()
 
     # -- shim --------------------------------------------------------------------------------
@@ -175,3 +183,14 @@ def _cni_error(exc: NriCniError, version: str) -> dict:
     if not out.get("details"):
         out.pop("details", None)
     return out
+
+
+def _guard_settings(cfg) -> peercred.GuardSettings:
+    local = cfg.local
+    return peercred.GuardSettings(
+        allowed_uids=local.allowed_uids,
+        allowed_gids=local.allowed_gids,
+        max_connections=local.max_connections,
+        read_timeout=local.read_timeout,
+        max_request_bytes=local.max_request_bytes,
+    )
