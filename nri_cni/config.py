@@ -52,6 +52,8 @@ class CniSettings:
     finalize_dir: str = DEFAULT_FINALIZE_DIR
     # Where the runtime's own libcni writes its cache (secondary mode reads the primary's result).
     runtime_cache_dir: str = DEFAULT_RUNTIME_CACHE_DIR
+    # names of the daemon's environment variables passed on to plugins (besides PATH and CNI_*)
+    plugin_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,9 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     r.unknown_keys(log, {"level", "format"}, "log")
     cni = r.section(data, "cni")
     r.unknown_keys(
-        cni, {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir", "runtime_cache_dir"}, "cni"
+        cni,
+        {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir", "runtime_cache_dir", "plugin_env"},
+        "cni",
     )
     cni_settings = CniSettings(
         bin_dirs=r.string_list(cni, "bin_dirs", DEFAULT_BIN_DIRS, "cni", path=True),
@@ -364,7 +368,13 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         plugin_timeout=r.duration(cni, "plugin_timeout", 60.0, "cni"),
         finalize_dir=r.string(cni, "finalize_dir", DEFAULT_FINALIZE_DIR, "cni", path=True),
         runtime_cache_dir=r.string(cni, "runtime_cache_dir", DEFAULT_RUNTIME_CACHE_DIR, "cni", path=True),
+        plugin_env=r.string_list(cni, "plugin_env", (), "cni"),
     )
+    for name in cni_settings.plugin_env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name.startswith("CNI_"):
+            r.fail(
+                "cni.plugin_env", f"{name!r} is not an environment variable name (CNI_* are set by nri-cni)"
+            )
     if os.path.basename(cni_settings.finalize_dir.rstrip("/")) != "_finalize.d":
         r.fail("cni.finalize_dir", f"{cni_settings.finalize_dir!r} must be a directory named _finalize.d")
     gc = r.section(data, "gc")

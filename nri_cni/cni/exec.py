@@ -43,6 +43,30 @@ ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we ba
 _RESTORE_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores these; plugins must not
 
 
+_sealed = False
+
+
+def seal_inherited_fds() -> None:
+    """Marks close-on-exec every descriptor this process inherited (its own are so already,
+    PEP 446), once: posix_spawn passes every inheritable descriptor to a plugin, and a daemon
+    started by a runtime (the pre-registered launch's fd 3) or a shell may hold some."""
+    global _sealed
+    if _sealed:
+        return
+    _sealed = True
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = [str(fd) for fd in range(3, 1024)]
+    for name in names:
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile (the listing's own descriptor)
+
+
 class PluginOutput(bytes):
     """A plugin's stdout, with the tail of its stderr for messages about bad output."""
 
@@ -176,6 +200,7 @@ class _Run:
         self.timer: asyncio.TimerHandle | None = None
 
     def spawn(self, path: str, env: dict[str, str]) -> None:
+        seal_inherited_fds()
         fds = self.fds or self._files()
         self.pid = os.posix_spawn(
             path,

@@ -49,7 +49,11 @@ class Daemon:
         self.cfg = cfg
         hooks = PluginHooks()
         self.cni = CNIRuntime(
-            list(cfg.cni.bin_dirs), cfg.cni.cache_dir, exec_timeout=cfg.cni.plugin_timeout, hooks=hooks
+            list(cfg.cni.bin_dirs),
+            cfg.cni.cache_dir,
+            exec_timeout=cfg.cni.plugin_timeout,
+            hooks=hooks,
+            pass_env=cfg.cni.plugin_env,
         )
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
         self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)

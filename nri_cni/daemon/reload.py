@@ -41,6 +41,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("cni.bin_dirs", lambda c: c.cni.bin_dirs),
     ("cni.cache_dir", lambda c: c.cni.cache_dir),
     ("cni.plugin_timeout", lambda c: c.cni.plugin_timeout),
+    ("cni.plugin_env", lambda c: c.cni.plugin_env),
     ("cni.runtime_cache_dir", lambda c: c.cni.runtime_cache_dir),
     ("gc.interval", lambda c: c.gc_interval),
     ("status.interval", lambda c: c.status_interval),
