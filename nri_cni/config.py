@@ -168,6 +168,7 @@ class _Reader:
     def __init__(self, path: str) -> None:
         self.path = path
         self.errors: list[ConfigError] = []
+        self.trust_files = True  # files.trust: enforce
 
     def fail(self, where: str, msg: str) -> None:
         self.errors.append(ConfigError(msg, location=f"{self.path}: {where}" if where else self.path))
@@ -409,6 +410,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         debounce=r.duration(reload, "debounce", 0.2, "reload"),
     )
 
+    r.trust_files = trust_files
     networks = _parse_networks(r, data.get("networks"), base_dir)
     mode = r.string(data, "mode", "shim", "", choices=MODES)
     primary_network = r.string(data, "primary_network", "", "")
@@ -548,6 +550,14 @@ def _load_network_list(
     if lst.name != name:
         r.fail(_join(where, source), f"the network list is named {lst.name!r}, not {name!r}")
         return None
+    if source != "conflist":
+        # read as root and run: a list (or its dir) another user can write is refused
+        from nri_cni import safefs
+
+        problem = safefs.check_trusted(lst.source, enforce=r.trust_files, what="network list")
+        if problem:
+            r.fail(_join(where, source), f"not trusted: {problem} (files.trust: warn allows it)")
+            return None
     try:
         # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
         from nri_cni.lifecycle.spec import validate_list

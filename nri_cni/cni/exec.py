@@ -27,7 +27,7 @@ import stat
 from collections.abc import Iterable
 from typing import NoReturn
 
-from nri_cni import jsonlimits
+from nri_cni import jsonlimits, safefs
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,13 @@ class PluginOutput(bytes):
 
 
 class PluginExecutor:
-    """Finds and runs plugin binaries. Stateless; one instance serves many calls at once."""
+    """Finds and runs plugin binaries. Stateless; one instance serves many calls at once.
+
+    trust_files: a binary (or its directory) another user can write, or owns, is refused
+    (safefs.trust_problem); False only warns (files.trust: warn)."""
+
+    def __init__(self, *, trust_files: bool = True) -> None:
+        self.trust_files = trust_files
 
     def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
@@ -84,10 +90,17 @@ class PluginExecutor:
         for d in dirs:
             path = os.path.join(d, plugin_type)
             try:
-                if stat.S_ISREG(os.stat(path).st_mode):
-                    return path
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    continue
             except OSError:
                 continue
+            problem = safefs.check_trusted(path, enforce=self.trust_files, what="plugin", executable=True)
+            if problem:
+                raise PluginExecError(
+                    f"cannot run plugin {plugin_type!r}: not trusted: {problem} (files.trust: warn allows it)",
+                    ref=PluginRef(plugin=plugin_type),
+                )
+            return path
         raise PluginExecError(
             f"failed to find plugin {plugin_type!r} in path {dirs}", ref=PluginRef(plugin=plugin_type)
         )

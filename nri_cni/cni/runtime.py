@@ -123,6 +123,7 @@ class CNIRuntime:
         hooks: object | None = None,
         durable_cache: bool = False,
         pass_env: Sequence[str] = (),
+        trust_files: bool = True,
     ) -> None:
         """pass_env: names of the daemon's environment variables plugins also get.
 
@@ -134,7 +135,7 @@ class CNIRuntime:
         self.cache = ResultCache(cache_dir)
         self.durable_cache = durable_cache
         self.exec_timeout = exec_timeout
-        self.executor = executor or PluginExecutor()
+        self.executor = executor or PluginExecutor(trust_files=trust_files)
         self._before_plugin = getattr(hooks, "before_plugin", None)
         self._after_plugin = getattr(hooks, "after_plugin", None)
         self._before_cache_write = getattr(hooks, "before_cache_write", None)

@@ -54,6 +54,7 @@ class Daemon:
             exec_timeout=cfg.cni.plugin_timeout,
             hooks=hooks,
             pass_env=cfg.cni.plugin_env,
+            trust_files=cfg.trust_files,
         )
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
         self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)

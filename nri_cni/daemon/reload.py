@@ -42,6 +42,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("cni.cache_dir", lambda c: c.cni.cache_dir),
     ("cni.plugin_timeout", lambda c: c.cni.plugin_timeout),
     ("cni.plugin_env", lambda c: c.cni.plugin_env),
+    ("files.trust", lambda c: c.trust_files),
     ("cni.runtime_cache_dir", lambda c: c.cni.runtime_cache_dir),
     ("gc.interval", lambda c: c.gc_interval),
     ("status.interval", lambda c: c.status_interval),
