@@ -36,6 +36,7 @@ from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.errors import CniCode, CNIError, NriCniError
 from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_counter
 from nri_cni.metrics import Metrics
+from nri_cni.metrics_server import BackgroundValue
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
@@ -59,7 +60,8 @@ class Daemon:
         runtime_cache = ResultCache(cfg.cni.runtime_cache_dir) if cfg.mode == "secondary" else None
         self.networker = PodNetworker(cfg, self.cni, hooks=hooks, runtime_cache=runtime_cache)
         # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
-        self.metrics = Metrics(attachments=lambda: len(self.networker.cached()))
+        # the count reads every cache file: refreshed off the loop, not per scrape (issue 15)
+        self.metrics = Metrics(attachments=BackgroundValue(lambda: len(self.networker.cached())))
         self.networker.on_operation = self.metrics.observe_operation
         self.networker.on_gc = self.metrics.observe_gc
         self.networker.on_attached = self.pod_attached
@@ -112,7 +114,7 @@ class Daemon:
         await self.reloader.start()
         await self.local.start()
         if self.cfg.metrics_listen:
-            await self.metrics.serve(self.cfg.metrics_listen)
+            await self.metrics.serve(self.cfg.metrics_listen, self.cfg.metrics_server)
         await self.refresh_status()
         stub_task = asyncio.create_task(self.stub.run(), name="nri-stub")
         timers = [
