@@ -195,3 +195,8 @@ _VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}", re.ASCII)
 def cni_version(value: object, default: str) -> str:
     """The cniVersion to answer a shim call with: the caller's when it looks like a version."""
     return value if isinstance(value, str) and _VERSION.fullmatch(value) else default
+
+
+def shown(text: str, limit: int = MAX_QUOTED) -> str:
+    """Printable text as it is; anything else (control characters, too long) quoted and cut."""
+    return text if text.isprintable() and len(text) <= limit else quote(text, limit)

@@ -153,7 +153,7 @@ def _parse_json(text: str) -> list[_Request]:
         unknown = set(obj) - _JSON_KEYS
         if unknown:
             raise AnnotationRefused(
-                f"{where}: unsupported key(s) {validate.quote(', '.join(sorted(map(str, unknown))))} "
+                f"{where}: unsupported key(s) {validate.shown(', '.join(sorted(map(str, unknown))))} "
                 f"(supported: {', '.join(sorted(_JSON_KEYS))})"
             )
         name = obj.get("name")
