@@ -4,7 +4,6 @@ the linked executable from its plugin_path with the connection on fd 3)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import time
