@@ -14,6 +14,7 @@ import sys
 DEFAULT_SOCKET = "@DEFAULT_SOCKET@"
 SUPPORTED = '["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]'
 TIMEOUT = 600.0
+MAX_STDIN = 4 << 20  # as the C build and the daemon
 
 
 def json_string(text):
@@ -175,7 +176,9 @@ def recv_exactly(sock, n):
 
 
 def main():
-    conf = sys.stdin.buffer.read()
+    conf = sys.stdin.buffer.read(MAX_STDIN + 1)
+    if len(conf) > MAX_STDIN:
+        return fail("1.0.0", 4, "the network config is over 4 MiB")
     fields = top_level_strings(conf.decode("utf-8", "surrogateescape"))
     version = fields.get("cniVersion")
     if not isinstance(version, str) or not 0 < len(version) <= 16:

@@ -182,6 +182,8 @@ def test_the_daemon_keeps_answering_during_and_after_random_requests(node):
         code, _, raw = d.call(call_shim(shim, "DEL", cid, netns=netns))
         assert code == 0, raw
 
+    examples: list[int] = []
+
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
     @given(
         header=_headers,
@@ -191,6 +193,9 @@ def test_the_daemon_keeps_answering_during_and_after_random_requests(node):
         pod_name=st.text(max_size=30),
     )
     def hit(header, body, garbage, pod_id, pod_name):
+        examples.append(1)
+        if len(examples) % 25 == 0:
+            normal()  # during, not only before and after
         if garbage is not None:
             _raw_request(sock, garbage)
         else:
