@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import jsonlimits, validate
+from nri_cni import jsonlimits, safefs, validate
 from nri_cni.cni import versions
 from nri_cni.errors import ConfigError
 
@@ -141,8 +141,11 @@ def load_conf_dir(path: str | os.PathLike) -> tuple[list[NetworkConfigList], lis
     return nets, errors
 
 
-def load_finalize_dropins(confdir: str | os.PathLike) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
-    """FINALIZE plugins from <confdir>/_finalize.d/*.conf, for every network; bad files skipped."""
+def load_finalize_dropins(
+    confdir: str | os.PathLike, *, trust: bool = True
+) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
+    """FINALIZE plugins from <confdir>/_finalize.d/*.conf, for every network; bad files skipped,
+    and so are files another user can write (trust=False: used, with a warning)."""
     dropdir = os.path.join(os.fspath(confdir), FINALIZE_DROPIN_DIR)
     plugins: list[PluginConf] = []
     errors: list[ConfigError] = []
@@ -151,6 +154,10 @@ def load_finalize_dropins(confdir: str | os.PathLike) -> tuple[tuple[PluginConf,
     except OSError as exc:
         return (), [ConfigError(f"cannot list drop-in dir: {exc.strerror}", location=dropdir)]
     for file in files:
+        problem = safefs.check_trusted(file, enforce=trust, what="finalize drop-in")
+        if problem:
+            errors.append(ConfigError(f"not trusted: {problem} (files.trust: warn allows it)", location=file))
+            continue
         try:
             plugins.append(parse_plugin(_read_json(file), file))
         except ConfigError as exc:

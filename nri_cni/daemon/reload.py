@@ -64,7 +64,7 @@ def finalize_dropins(cfg: Config) -> tuple[tuple[PluginConf, ...], list[ConfigEr
     path = cfg.cni.finalize_dir.rstrip("/")
     if not path or not os.path.isdir(path):
         return (), []
-    return load_finalize_dropins(os.path.dirname(path))
+    return load_finalize_dropins(os.path.dirname(path), trust=cfg.trust_files)
 
 
 def watched_dirs(cfg: Config) -> set[str]:

@@ -140,7 +140,7 @@ class PodNetworker:
         self.locks = PodLocks()
         self.intents = intents or IntentStore(cfg.state_dir)
         self.runtime_cache = runtime_cache  # ResultCache of the runtime's libcni (secondary mode)
-        self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir)
+        self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
         self.on_operation: Callable[[OpRecord], None] | None = None
         self.on_gc: Callable[[dict], None] | None = None
         self.on_attached: Callable[[PodInfo], None] | None = None
@@ -154,7 +154,7 @@ class PodNetworker:
     def reconfigure(self, cfg: Config) -> None:
         """A new config (hot reload) applies to the next ADD; cached pods keep their config."""
         self.cfg = cfg
-        self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir)
+        self.finalize_dropins = _finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
 
     def _emit(self, record: OpRecord) -> None:
         if self.hooks is not None:
@@ -740,12 +740,12 @@ class PodNetworker:
                     log.warning("cannot remove %s/%s: %s", results, name, exc.strerror)
 
 
-def _finalize_dropins(path: str) -> tuple[PluginConf, ...]:
+def _finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:
     # The config names the `_finalize.d` dir itself (validated); libcni's rule reads it below
     # a conf dir.
     if not path or not os.path.isdir(path):
         return ()
-    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")))
+    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")), trust=trust)
     for err in errors:
         log.error("finalize drop-in skipped: %s", err)
     return plugins

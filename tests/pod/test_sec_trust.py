@@ -109,3 +109,21 @@ def _net(node) -> dict:
         "default": True,
         "conflist": {"cniVersion": "1.1.0", "name": "podnet", "plugins": [node.fake("fake-ok")]},
     }
+
+
+def test_a_finalize_dropin_others_can_write_is_skipped(node):
+    netns_path(node)
+    dropin = node.finalize_dir / "50-extra.conf"
+    dropin.write_text(json.dumps(node.fake("fake-finalize2")))
+    os.chmod(node.finalize_dir, 0o777)
+
+    async def scenario():
+        h = await started(node, node.config("shim", [_net(node)]))
+        try:
+            await normal_add_del(install_shim(node, True), node, new_pod_id())
+            assert "fake-finalize2" not in {c["type"] for c in pod_calls(node)}
+        finally:
+            os.chmod(node.finalize_dir, 0o755)
+            await h.stop()
+
+    run(scenario())
