@@ -96,6 +96,8 @@ class LocalServer:
                     "the network config must be a JSON object", cni_code=CniCode.DECODING_FAILURE
                 )
             version = validate.cni_version(conf.get("cniVersion"), version)
+            if not isinstance(conf.get("runtimeConfig") or {}, dict):
+                raise NriCniError("runtimeConfig must be a JSON object", cni_code=CniCode.DECODING_FAILURE)
             command = env.get("CNI_COMMAND", "")
             if command == "STATUS":
                 self.daemon.check_ready()
@@ -128,6 +130,10 @@ class LocalServer:
             shown = cid if validate.is_valid_id(cid) else validate.quote_whole(cid)
             log.error("shim %s for %s: %s", validate.quote(env.get("CNI_COMMAND", "?"), 20), shown, exc)
             return 1, json.dumps(_cni_error(exc, version)).encode()
+        except Exception as exc:  # noqa: BLE001 - no input may end a request without an answer
+            log.exception("shim %s: unexpected error", validate.quote(env.get("CNI_COMMAND", "?"), 20))
+            err = NriCniError("internal error", details=validate.quote(repr(exc)))
+            return 1, json.dumps(_cni_error(err, version)).encode()
 
     @staticmethod
     def _pod_from_env(env: dict[str, str], conf: dict) -> PodInfo:

@@ -159,6 +159,10 @@ _headers = st.dictionaries(
 )
 _bodies = st.one_of(
     st.binary(max_size=200),
+    st.builds(
+        lambda rc: json.dumps({"cniVersion": "1.0.0", "runtimeConfig": rc}),
+        st.one_of(st.lists(st.integers(), max_size=2), st.text(max_size=5), st.integers(), st.booleans()),
+    ).map(str.encode),
     _deep.map(str.encode),
     st.builds(
         lambda ann: json.dumps(

@@ -251,3 +251,22 @@ def test_the_daemon_answers_while_random_requests_hit_the_local_socket(node):
             await h.stop()
 
     run(scenario())
+
+
+@BUILDS
+def test_a_runtime_config_that_is_not_an_object_is_a_decoding_error(node, compiled):
+    netns_path(node)
+
+    async def scenario():
+        h = await started(node, shim_config(node))
+        try:
+            shim = install_shim(node, compiled)
+            for rc in ([1], "x", 5, True):
+                body = json.dumps({"cniVersion": "1.0.0", "runtimeConfig": rc}).encode()
+                code, out, raw = await call_shim(shim, "ADD", new_pod_id(), conf=body, netns=netns_path(node))
+                assert code == 1 and out is not None and out["code"] == 6, raw
+            await normal_add_del(shim, node, new_pod_id())
+        finally:
+            await h.stop()
+
+    run(scenario())
