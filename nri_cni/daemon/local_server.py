@@ -130,7 +130,7 @@ class LocalServer:
             shown = cid if validate.is_valid_id(cid) else validate.quote_whole(cid)
             log.error("shim %s for %s: %s", validate.quote(env.get("CNI_COMMAND", "?"), 20), shown, exc)
             return 1, json.dumps(_cni_error(exc, version)).encode()
-        except Exception as exc:  # noqa: BLE001 - no input may end a request without an answer
+        except Exception as exc:  # no input may end a request without an answer
             log.exception("shim %s: unexpected error", validate.quote(env.get("CNI_COMMAND", "?"), 20))
             err = NriCniError("internal error", details=validate.quote(repr(exc)))
             return 1, json.dumps(_cni_error(err, version)).encode()
