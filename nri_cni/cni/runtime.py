@@ -406,6 +406,11 @@ class CNIRuntime:
                 self.cache.delete(net.name, rt.container_id, rt.ifname)
             return None
 
+    def network_env(self, command: str) -> dict[str, str]:
+        """The environment of a network-wide verb (GC, STATUS, INIT, DEINIT): the container
+        variables empty, like libcni; PATH and cni.plugin_env as for every plugin."""
+        return self._env(command, None)
+
     def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
         """The inherited environment with all six CNI variables set after it (libcni sets
         empty strings for GC and STATUS)."""
