@@ -22,7 +22,7 @@ from nri_cni.cni.result import parse_result
 from nri_cni.errors import NriCniError
 from nri_cni.pod.select import parse_annotation
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message
-from tests.pod.secharness import call_shim, install_shim, netns_path, shim_config
+from tests.pod.secharness import all_files, call_shim, install_shim, netns_path, shim_config
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 _deep = st.integers(1, 50_000).map(lambda n: "[" * n)
@@ -216,10 +216,16 @@ def test_the_daemon_keeps_answering_during_and_after_random_requests(node):
             except NriCniError:
                 pass
 
+    def outside() -> set[str]:
+        mine = ("state", "cache", "fake.log", "daemon.sock")
+        return {f for f in all_files(node.tmp) if not f.startswith(mine)}
+
     try:
         normal()
+        before = outside()
         hit()
         normal()
+        assert outside() == before  # nothing outside the state dirs was touched
         # nothing was left behind by the refused input
         assert (
             not list((node.state_dir / "intents").glob("*"))
