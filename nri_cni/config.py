@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni.cni import config as cniconf
+from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cni/config.yaml"
@@ -458,9 +460,6 @@ def _local_listen(value: str) -> bool:
 
 
 def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
-    from nri_cni.cni import config as cniconf
-    from nri_cni.cni.config import validate_ifname, validate_network_name
-
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -505,7 +504,7 @@ def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
         if len(sources) != 1:
             r.fail(where, "needs exactly one of conflist (inline), file or conf_dir")
             continue
-        conflist = _load_network_list(r, item, sources[0], name, where, base_dir, cniconf)
+        conflist = _load_network_list(r, item, sources[0], name, where, base_dir)
         if conflist is None:
             continue
         out.append(
@@ -521,7 +520,7 @@ def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
 
 
 def _load_network_list(
-    r: _Reader, item: dict, source: str, name: str, where: str, base_dir: str, cniconf
+    r: _Reader, item: dict[str, Any], source: str, name: str, where: str, base_dir: str
 ) -> Any:
     try:
         if source == "conflist":
@@ -560,6 +559,8 @@ def _load_network_list(
             return None
     try:
         # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
+        # lazy: nri_cni.lifecycle's __init__ loads the manager (asyncio, the CNI runtime: ~40 ms),
+        # and every `nri-cni` command imports this module for its defaults
         from nri_cni.lifecycle.spec import validate_list
 
         validate_list(lst, lst.source)
@@ -604,7 +605,7 @@ def load_config(path: str) -> Config:
 
 
 def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None = None) -> Config:
-    import yaml
+    import yaml  # lazy: PyYAML (~15 ms) only when a config is read, not for `nri-cni --help`
 
     from nri_cni import jsonlimits
 

@@ -1,8 +1,8 @@
 """The daemon's garbage-collector settings.
 
 A pod operation allocates a few thousand short-lived objects (parsed results, dicts, futures)
-and almost no reference cycles, while the start-up heap (modules, config, protobuf classes,
-pyroute2) is large and lives forever. With CPython's defaults a young-generation collection
+and almost no reference cycles, while the start-up heap (modules, config, protobuf classes)
+is large and lives forever. With CPython's defaults a young-generation collection
 runs every 700 allocations and every tenth one also walks the middle generation: measured here
 at 0.1 ms and 1-2 ms, landing inside plugin chains. Freezing the start-up heap keeps the full
 collections from walking it; a higher first threshold makes collections rarer. Cycles are

@@ -69,7 +69,7 @@ def yaml_load(text: str, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MA
     class LimitedLoader(yaml.SafeLoader):
         _depth = 0
 
-        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise yaml.composer.ComposerError(

@@ -17,7 +17,10 @@ One request per connection.
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
+
+from nri_cni.errors import Unavailable
 
 MAX_HEADER = 64 * 1024
 MAX_BODY = 4 * 1024 * 1024
@@ -73,10 +76,6 @@ def call(
     socket_path: str, header: dict[str, str], body: bytes = b"", timeout: float = 300.0
 ) -> tuple[int, bytes]:
     """Blocking client for the CLI: one request, one response."""
-    import socket
-
-    from nri_cni.errors import Unavailable
-
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:

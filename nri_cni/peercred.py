@@ -18,15 +18,14 @@ import asyncio
 import logging
 import socket
 import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from nri_cni import localproto
+from nri_cni.ratelog import RateLimitedLog
 
 log = logging.getLogger("nri_cni.local")
 
-LOG_EVERY = 10.0
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -51,26 +50,6 @@ def peer_of(sock: socket.socket | None) -> Peer | None:
 
 def peer_allowed(peer: Peer | None, uids: tuple[int, ...], gids: tuple[int, ...]) -> bool:
     return peer is not None and (peer.uid in uids or peer.gid in gids)
-
-
-class RateLimitedLog:
-    """One log line per `every` seconds per key; the lines left out are counted in the next."""
-
-    def __init__(self, logger: logging.Logger, every: float = LOG_EVERY) -> None:
-        self.log = logger
-        self.every = every
-        self._last: dict[str, float] = {}
-        self._dropped: dict[str, int] = {}
-
-    def __call__(self, key: str, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last.get(key, -self.every) < self.every:
-            self._dropped[key] = self._dropped.get(key, 0) + 1
-            return
-        dropped = self._dropped.pop(key, 0)
-        self._last[key] = now
-        suffix = f" ({dropped} more like it not logged)" if dropped else ""
-        self.log.error(msg + suffix, *args)
 
 
 def grant_socket(path: str, gids: tuple[int, ...]) -> None:

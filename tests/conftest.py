@@ -1,9 +1,16 @@
-"""Session-wide hygiene for every test that runs real CNI plugins.
+"""Which tests are integration tests, and the host hygiene that only those need.
 
-The plugins leave host-wide state that no DEL removes: portmap's and firewall's shared chains
-(CNI-HOSTPORT-*, CNI-FORWARD, CNI-ADMIN, and the jumps into them), and the bridge plugin turns
-on net.ipv4.ip_forward. At the end of the session, remove the chains this session brought (only
-while nothing else uses them) and put ip_forward back as it was.
+`integration` marks every test that needs root or the machine: network namespaces, real CNI
+plugins, iptables, containerd. It is given here by directory (INTEGRATION_DIRS) and to every
+test marked `e2e` or `netns`; a unit test elsewhere that needs root is marked by hand.
+`pytest -m "not integration"` is the unit subset, which runs as any user (.ci/run runs it as
+nobody).
+
+The real plugins leave host-wide state that no DEL removes: portmap's and firewall's shared
+chains (CNI-HOSTPORT-*, CNI-FORWARD, CNI-ADMIN, and the jumps into them), and the bridge
+plugin turns on net.ipv4.ip_forward. From the first integration test on, the session removes
+at its end the chains it brought (only while nothing else uses them) and puts ip_forward back
+as it was; each test that runs real plugins must leave no per-pod chain behind.
 """
 
 from __future__ import annotations
@@ -17,7 +24,22 @@ from tests.support.netns import iptables_lines, pod_chains, remove_chains, remov
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 
-@pytest.fixture(scope="session", autouse=True)
+# every test under these directories of tests/ is an integration test
+INTEGRATION_DIRS = {"e2e", "cni_real"}
+# markers that imply integration
+INTEGRATION_MARKERS = {"e2e", "netns"}
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        in_dir = Path(str(item.path)).resolve().relative_to(TESTS).parts[0] in INTEGRATION_DIRS
+        if in_dir or any(item.get_closest_marker(m) for m in INTEGRATION_MARKERS):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
 def host_state_restored():
     baseline = set(iptables_lines())
     forward = IP_FORWARD.read_text().strip()
@@ -34,7 +56,12 @@ _REAL_PLUGIN_DIRS = {"e2e", "cni_real", "pod"}
 @pytest.fixture(autouse=True)
 def no_pod_chain_left(request):
     """After each test that runs real plugins: no per-pod iptables chain (portmap's CNI-DN-,
-    bridge's CNI-<hash>) it made may remain. What remains is removed, and the test fails."""
+    bridge's CNI-<hash>) it made may remain. What remains is removed, and the test fails.
+    Integration tests only: a unit test runs as any user and touches no host state."""
+    if request.node.get_closest_marker("integration") is None:
+        yield
+        return
+    request.getfixturevalue("host_state_restored")
     if not _REAL_PLUGIN_DIRS & set(Path(str(request.node.path)).parts):
         yield
         return

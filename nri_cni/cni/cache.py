@@ -51,7 +51,7 @@ def _b64(config: bytes) -> str:
     return base64.b64encode(config).decode()
 
 
-def _result_tail(result: dict | None) -> str:
+def _result_tail(result: dict[str, Any] | None) -> str:
     return f',"result":{_go_json(result)}}}' if result else "}"
 
 
@@ -67,8 +67,8 @@ class CacheEntry:
     config: bytes  # the conflist bytes the attachment was made with
     netns: str = ""
     cni_args: list[tuple[str, str]] = field(default_factory=list)
-    capability_args: dict = field(default_factory=dict)
-    result: dict | None = None  # the final ADD result, in the version it was printed in
+    capability_args: dict[str, Any] = field(default_factory=dict[str, Any])
+    result: dict[str, Any] | None = None  # the final ADD result, in the version it was printed in
     path: str = ""  # where it was read from (not serialised)
 
     def to_json(self) -> bytes:
@@ -308,7 +308,7 @@ class PreparedWrite:
         except (OSError, ConfigError):
             self._file = None
 
-    def commit(self, result: dict | None, *, durable: bool = True) -> None:
+    def commit(self, result: dict[str, Any] | None, *, durable: bool = True) -> None:
         """Writes the entry with `result`; raises CNIError(IO_FAILURE) (or ConfigError for an
         impossible name) and then leaves no temporary file."""
         if self._done:
@@ -317,8 +317,10 @@ class PreparedWrite:
         try:
             if self._file is None:
                 self._begin(path)
-            data = (self._head + _result_tail(result)).encode()
-            file, self._file, self._done = self._file, None, True
+            head, file = self._head, self._file
+            assert head is not None and file is not None  # _begin set both
+            data = (head + _result_tail(result)).encode()
+            self._file, self._done = None, True
             file.commit(data, durable=durable)
         except OSError as exc:
             self.discard()
@@ -346,7 +348,7 @@ class _Syncer:
 
     def __init__(self, cache: ResultCache) -> None:
         self.cache = cache
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[str, str, str] | threading.Event] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="nri-cni-cache-sync", daemon=True)
         self.thread.start()
 

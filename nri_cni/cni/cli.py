@@ -23,11 +23,21 @@ prefixed "nri-cni: warning:"; --quiet drops them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from nri_cni import jsonlimits
-from nri_cni.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from nri_cni.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_code_for
+from nri_cni.cni.config import load_conf_dir, load_conflist_file, validate_ifname
+from nri_cni.cni.versions import CURRENT
+from nri_cni.errors import CNIError, ConfigError, NriCniError
+
+if TYPE_CHECKING:
+    from nri_cni.cni.config import NetworkConfigList
+    from nri_cni.cni.runtime import Attachment, RuntimeConf
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_BIN_DIR = "/opt/cni/bin"
@@ -43,7 +53,7 @@ class _UsageError(Exception):
         self.code = code
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cni = subparsers.add_parser(
         "cni",
         help="run a CNI verb by hand (like cnitool)",
@@ -171,7 +181,7 @@ def _no_verb(parser: argparse.ArgumentParser) -> int:
 
 def default_container_id(netns: str) -> str:
     """cnitool's container ID: "cnitool-" and the first 10 bytes of SHA-512(netns path), in hex."""
-    import hashlib
+    import hashlib  # lazy: ~2 ms (OpenSSL) that every `nri-cni` command would pay at start
 
     return "cnitool-" + hashlib.sha512(netns.encode()).digest()[:10].hex()
 
@@ -187,8 +197,7 @@ def parse_cni_args(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def parse_cap_args(text: str) -> dict:
-
+def parse_cap_args(text: str) -> dict[str, Any]:
     try:
         val = jsonlimits.loads(text)
     except ValueError as exc:
@@ -198,7 +207,8 @@ def parse_cap_args(text: str) -> dict:
     return val
 
 
-def parse_valid(items: list[str]):
+def parse_valid(items: list[str]) -> list[Attachment]:
+    # lazy: the CNI runtime (and asyncio, ~45 ms) loads only for a verb that runs, not for --help
     from nri_cni.cni.runtime import Attachment
 
     out = []
@@ -210,7 +220,7 @@ def parse_valid(items: list[str]):
     return out
 
 
-def bin_dirs(args) -> list[str]:
+def bin_dirs(args: argparse.Namespace) -> list[str]:
     if args.bin_dir:
         return list(args.bin_dir)
     env = os.environ.get("CNI_PATH", "")
@@ -218,11 +228,8 @@ def bin_dirs(args) -> list[str]:
     return dirs or [DEFAULT_BIN_DIR]
 
 
-def load_network(args):
+def load_network(args: argparse.Namespace) -> NetworkConfigList:
     """The NetworkConfigList named args.network (from --conflist or the conf dir)."""
-    from nri_cni.cni.config import load_conf_dir, load_conflist_file
-    from nri_cni.errors import ConfigError
-
     if args.conflist:
         net = load_conflist_file(args.conflist)
         if net.name != args.network:
@@ -243,8 +250,8 @@ def load_network(args):
     )
 
 
-def runtime_conf(args):
-    from nri_cni.cni.config import validate_ifname
+def runtime_conf(args: argparse.Namespace) -> RuntimeConf:
+    # lazy: the CNI runtime (and asyncio, ~45 ms) loads only for a verb that runs, not for --help
     from nri_cni.cni.runtime import RuntimeConf
 
     netns = os.path.abspath(args.netns)
@@ -267,7 +274,7 @@ def runtime_conf(args):
 
 
 def _setup_logging(quiet: bool) -> None:
-    import logging
+    import logging  # lazy: ~2.5 ms that every `nri-cni` command would pay at start
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("nri-cni: %(levelname)s: %(message)s"))
@@ -278,8 +285,8 @@ def _setup_logging(quiet: bool) -> None:
     logging.addLevelName(logging.ERROR, "error")
 
 
-def _handler(verb: str):
-    def handle(args) -> int:
+def _handler(verb: str) -> Callable[[argparse.Namespace], int]:
+    def handle(args: argparse.Namespace) -> int:
         _setup_logging(args.quiet)
         try:
             return _run(verb, args)
@@ -293,9 +300,9 @@ def _handler(verb: str):
     return handle
 
 
-def _run(verb: str, args) -> int:
+def _run(verb: str, args: argparse.Namespace) -> int:
+    # lazy: the CNI runtime and asyncio (~45 ms) load only for a verb that runs, not for --help
     import asyncio
-    import json
 
     from nri_cni.cni.runtime import CNIRuntime
 
@@ -316,6 +323,7 @@ def _run(verb: str, args) -> int:
     if verb == "gc":
         asyncio.run(rt.gc(net, valid))
         return EXIT_OK
+    assert conf is not None  # add, check and del parsed it above
 
     if verb == "add":
         result = asyncio.run(rt.add(net, conf))
@@ -332,12 +340,6 @@ def _run(verb: str, args) -> int:
 
 def _report(exc: BaseException) -> int:
     """Print the CNI error object for `exc` on stderr; return the exit code for it."""
-    import json
-
-    from nri_cni.cli import exit_code_for
-    from nri_cni.cni.versions import CURRENT
-    from nri_cni.errors import CNIError, NriCniError
-
     if isinstance(exc, _UsageError):
         obj = {"cniVersion": CURRENT, "code": exc.code, "msg": exc.msg}
         code = EXIT_USAGE

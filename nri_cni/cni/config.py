@@ -49,7 +49,7 @@ def validate_ifname(name: str) -> None:
 @dataclass(frozen=True)
 class PluginConf:
     type: str  # a bare executable name, looked up in the bin dirs
-    conf: dict  # the plugin's own JSON object as written
+    conf: dict[str, Any]  # the plugin's own JSON object as written
 
     @property
     def capabilities(self) -> dict[str, bool]:
@@ -64,7 +64,7 @@ class NetworkConfigList:
     finalize_plugins: tuple[PluginConf, ...] = ()
     disable_check: bool = False
     disable_gc: bool = False
-    raw: dict = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict[str, Any])
     bytes: builtins.bytes = b""  # exactly what goes into the cache's "config" field
     source: str = ""  # file path, or "inline:<where>"
     load_only_inlined_plugins: bool = False
@@ -87,7 +87,7 @@ def parse_plugin(obj: Any, where: str = "") -> PluginConf:
     return PluginConf(type=ptype, conf=obj)
 
 
-def parse_conflist(data: bytes | str | dict, source: str = "") -> NetworkConfigList:
+def parse_conflist(data: bytes | str | dict[str, Any], source: str = "") -> NetworkConfigList:
     """A whole conflist (raises ConfigError naming `source` and the reason)."""
     net = _parse_list(data, source)
     if not net.plugins:
@@ -95,7 +95,7 @@ def parse_conflist(data: bytes | str | dict, source: str = "") -> NetworkConfigL
     return net
 
 
-def load_conflist_file(path: str | os.PathLike) -> NetworkConfigList:
+def load_conflist_file(path: str | os.PathLike[str]) -> NetworkConfigList:
     """A .conflist (plus drop-ins from <dir>/<name>/*.conf), or a .conf/.json holding one
     plugin, wrapped into a list as libcni's ConfListFromConf does."""
     path = os.fspath(path)
@@ -114,7 +114,7 @@ def load_conflist_file(path: str | os.PathLike) -> NetworkConfigList:
     return net
 
 
-def load_conf_dir(path: str | os.PathLike) -> tuple[list[NetworkConfigList], list[ConfigError]]:
+def load_conf_dir(path: str | os.PathLike[str]) -> tuple[list[NetworkConfigList], list[ConfigError]]:
     """Every network in a conf dir, in lexical file order. A bad file is reported and skipped;
     so is a later file reusing a network name (the cache is keyed by name)."""
     path = os.fspath(path)
@@ -142,7 +142,7 @@ def load_conf_dir(path: str | os.PathLike) -> tuple[list[NetworkConfigList], lis
 
 
 def load_finalize_dropins(
-    confdir: str | os.PathLike, *, trust: bool = True
+    confdir: str | os.PathLike[str], *, trust: bool = True
 ) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
     """FINALIZE plugins from <confdir>/_finalize.d/*.conf, for every network; bad files skipped,
     and so are files another user can write (trust=False: used, with a warning)."""
@@ -187,7 +187,7 @@ def _read_json(path: str) -> Any:
         raise ConfigError(f"invalid JSON: {exc}", location=path) from None
 
 
-def _read_bool(raw: dict, key: str, where: str) -> bool:
+def _read_bool(raw: dict[str, Any], key: str, where: str) -> bool:
     """libcni accepts a JSON bool or the strings "true"/"false" (any case)."""
     val = raw.get(key, False)
     if isinstance(val, bool):
@@ -197,7 +197,7 @@ def _read_bool(raw: dict, key: str, where: str) -> bool:
     raise ConfigError(f"invalid value {val!r} for {key}", location=where)
 
 
-def _parse_list(data: bytes | str | dict, where: str) -> NetworkConfigList:
+def _parse_list(data: bytes | str | dict[str, Any], where: str) -> NetworkConfigList:
     if isinstance(data, dict):
         raw = data
         data = json.dumps(raw, separators=(",", ":")).encode()
@@ -247,7 +247,7 @@ def _parse_list(data: bytes | str | dict, where: str) -> NetworkConfigList:
     )
 
 
-def _plugin_list(raw: dict, key: str, where: str, required: bool) -> tuple[PluginConf, ...]:
+def _plugin_list(raw: dict[str, Any], key: str, where: str, required: bool) -> tuple[PluginConf, ...]:
     items = raw.get(key, [])
     if not isinstance(items, list):
         raise ConfigError(f"'{key}' must be a list", location=where)

@@ -140,7 +140,8 @@ class PluginExecutor:
             try:
                 await run.done
             finally:
-                run.timer.cancel()
+                if run.timer is not None:
+                    run.timer.cancel()
         except BaseException:
             run.abandon()
             raise
@@ -356,10 +357,10 @@ class _Run:
             return
         if not self.abandoned and not self.done.done():
             try:
-                info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             except ChildProcessError:
-                info = True  # reaped by someone else
-            if info is None:
+                exited = True  # reaped by someone else
+            if not exited:
                 self.loop.call_later(0.005, self._poll_exit)
                 return
             self._collect()

@@ -78,7 +78,7 @@ class Result:
     dns: DNS = field(default_factory=DNS)
     extra: dict[str, Any] = field(default_factory=dict)  # unknown top-level keys
 
-    def to_dict(self, version: str = versions.CURRENT) -> dict:
+    def to_dict(self, version: str = versions.CURRENT) -> dict[str, Any]:
         """The spec JSON object of this result in `version`."""
         if version in _V1:
             return _to_v1(self, version)
@@ -89,7 +89,7 @@ class Result:
         raise CNIError(CniCode.INCOMPATIBLE_VERSION, f"cannot convert a result to CNI version {version!r}")
 
 
-def parse_result(obj: dict | bytes | str, version: str | None = None) -> Result:
+def parse_result(obj: dict[str, Any] | bytes | str, version: str | None = None) -> Result:
     """Parses a result of any released version. `version` is used when the result names none
     (libcni takes the config's version then). Raises CNIError(DECODING_FAILURE)."""
     if isinstance(obj, (bytes, bytearray, str)):
@@ -139,7 +139,7 @@ def _bad(msg: str) -> CNIError:
     return CNIError(CniCode.DECODING_FAILURE, f"invalid CNI result: {msg}")
 
 
-def _list(obj: dict, key: str) -> list:
+def _list(obj: dict[str, Any], key: str) -> list[Any]:
     val = obj.get(key)
     if val is None:
         return []
@@ -320,7 +320,7 @@ def _dns(obj: Any) -> DNS:
 # ---- output --------------------------------------------------------------------------------
 
 
-def _route_dict(r: Route) -> dict:
+def _route_dict(r: Route) -> dict[str, Any]:
     out: dict[str, Any] = {"dst": r.dst}
     if r.gw:
         out["gw"] = r.gw
@@ -334,7 +334,7 @@ def _route_dict(r: Route) -> dict:
     return out
 
 
-def _dns_dict(d: DNS) -> dict:
+def _dns_dict(d: DNS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if d.nameservers:
         out["nameservers"] = list(d.nameservers)
@@ -347,7 +347,7 @@ def _dns_dict(d: DNS) -> dict:
     return out
 
 
-def _ip_dict(ip: IPConfig, with_version: bool) -> dict:
+def _ip_dict(ip: IPConfig, with_version: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if with_version:
         out["version"] = "4" if _family(ip.address) == 4 else "6"
@@ -359,7 +359,7 @@ def _ip_dict(ip: IPConfig, with_version: bool) -> dict:
     return out
 
 
-def _to_v1(res: Result, version: str) -> dict:
+def _to_v1(res: Result, version: str) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in res.extra.items()}
     out["cniVersion"] = version
     if res.interfaces:
@@ -389,7 +389,7 @@ def _to_v1(res: Result, version: str) -> dict:
     return out
 
 
-def _to_v04(res: Result, version: str) -> dict:
+def _to_v04(res: Result, version: str) -> dict[str, Any]:
     out: dict[str, Any] = {"cniVersion": version}
     if res.interfaces:
         ifaces = []
@@ -409,7 +409,7 @@ def _to_v04(res: Result, version: str) -> dict:
     return out
 
 
-def _to_v02(res: Result, version: str) -> dict:
+def _to_v02(res: Result, version: str) -> dict[str, Any]:
     out: dict[str, Any] = {"cniVersion": version}
     for key, family in (("ip4", 4), ("ip6", 6)):
         ip = next((i for i in res.ips if _family(i.address) == family), None)

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nri_cni import jsonlimits
 from nri_cni.cni import versions
@@ -45,7 +46,9 @@ class RuntimeConf:
     netns: str
     ifname: str
     args: list[tuple[str, str]] = field(default_factory=list)  # CNI_ARGS pairs (K8S_POD_NAME, ...)
-    capability_args: dict = field(default_factory=dict)  # runtimeConfig, filtered per plugin
+    capability_args: dict[str, Any] = field(
+        default_factory=dict[str, Any]
+    )  # runtimeConfig, filtered per plugin
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ class CNIRuntime:
         if errors:
             raise GCError(net.name, errors)
 
-    async def version(self, plugin_type: str) -> dict:
+    async def version(self, plugin_type: str) -> dict[str, Any]:
         """The plugin's VERSION answer: {"cniVersion", "supportedVersions"}."""
         ref = PluginRef(plugin=plugin_type, command="VERSION")
         env = dict(
@@ -378,7 +381,7 @@ class CNIRuntime:
             capability_args=dict(rt.capability_args),
         )
 
-    def _cached_prev(self, net: NetworkConfigList, rt: RuntimeConf, command: str) -> dict | None:
+    def _cached_prev(self, net: NetworkConfigList, rt: RuntimeConf, command: str) -> dict[str, Any] | None:
         """The cached result in the list's version, or None (with a warning) when there is none
         usable; a corrupt entry is removed on DEL, as libcni does."""
         entry = self.cache.read(net.name, rt.container_id, rt.ifname, drop_corrupt=command == "DEL")
@@ -428,8 +431,8 @@ class CNIRuntime:
         net: NetworkConfigList,
         plugin: PluginConf,
         rt: RuntimeConf | None,
-        prev: dict | None,
-        extra: dict | None = None,
+        prev: dict[str, Any] | None,
+        extra: dict[str, Any] | None = None,
     ) -> bytes:
         """The plugin's config with name, cniVersion, prevResult and runtimeConfig injected
         (runtimeConfig: only the capabilities the plugin declares true, and only if any)."""

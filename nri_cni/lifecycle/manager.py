@@ -141,9 +141,10 @@ class NetworkLifecycle:
                     touched.add(name)
         for name, net in wanted.items():
             gid = generation_id(net.bytes)
-            gen = self._gens.setdefault(name, {}).get(gid)
-            if gen is None:
-                gen = self._gens[name][gid] = Gen(name, gid, net)
+            known = self._gens.setdefault(name, {})
+            if gid not in known:
+                known[gid] = Gen(name, gid, net)
+            gen = known[gid]
             if not gen.current:
                 gen.current = True
                 gen.failures, gen.next_try, gen.deinit_error = 0, 0.0, None

@@ -16,7 +16,6 @@ Writes are atomic and durable, as the intent records are.
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import logging
 import os
@@ -24,11 +23,11 @@ import time
 from dataclasses import dataclass
 
 from nri_cni.errors import CniCode, NriCniError
+from nri_cni.fsutil import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
 PHASES = ("init", "ready", "deinit")
-_tmp_seq = itertools.count()
 
 
 @dataclass
@@ -59,23 +58,10 @@ class RecordStore:
             "error": rec.error,
         }
         path = self._path(rec.network, rec.generation)
-        parent = os.path.dirname(path)
-        tmp = os.path.join(parent, f".{rec.generation}.{os.getpid()}.{next(_tmp_seq)}.tmp")
         try:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, json.dumps(doc, separators=(",", ":")).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-            _fsync_dir(parent)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            write_atomic(path, json.dumps(doc, separators=(",", ":")).encode())
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             raise NriCniError(
                 f"cannot write the lifecycle record {path}: {exc.strerror}", cni_code=CniCode.IO_FAILURE
             ) from exc
@@ -90,7 +76,7 @@ class RecordStore:
         try:
             os.rmdir(parent)  # the network's last generation: leave no empty directory
         except OSError:
-            _fsync_dir(parent)
+            _fsync_dir_if_there(parent)
 
     def load_all(self) -> list[GenerationRecord]:
         out: list[GenerationRecord] = []
@@ -106,7 +92,7 @@ class RecordStore:
                 continue
             for name in names:
                 path = os.path.join(netdir, name)
-                if name.startswith("."):  # a crash while writing: the old record (if any) stands
+                if name.startswith("."):  # a write_atomic cut by a crash: the old record (if any) stands
                     os.unlink(path)
                     continue
                 try:
@@ -130,12 +116,9 @@ class RecordStore:
         return out
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync_dir_if_there(path: str) -> None:
+    """Best effort after a removal: the directory may be gone or unreadable by now."""
     try:
-        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fsync_dir(path)
     except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        pass

@@ -31,7 +31,7 @@ def encode(conn_id: int, data: bytes) -> bytes:
     """The chunks carrying data on conn_id, split at MAX_PAYLOAD as the Go mux does."""
     if len(data) <= MAX_PAYLOAD:
         return HEADER.pack(conn_id, len(data)) + data
-    parts = []
+    parts: list[bytes | memoryview] = []
     with memoryview(data) as view:
         for start in range(0, len(data), MAX_PAYLOAD):
             piece = view[start : start + MAX_PAYLOAD]

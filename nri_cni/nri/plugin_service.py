@@ -35,7 +35,7 @@ PLUGIN_SERVICE = nri_pb2.DESCRIPTOR.services_by_name["Plugin"].full_name
 RUNTIME_SERVICE = nri_pb2.DESCRIPTOR.services_by_name["Runtime"].full_name
 
 # Event → the plugin method handling it, for the pod events nri-cni cares about.
-POD_EVENT_METHODS = {
+POD_EVENT_METHODS: dict[int, str] = {
     nri_pb2.RUN_POD_SANDBOX: "run_pod_sandbox",
     nri_pb2.STOP_POD_SANDBOX: "stop_pod_sandbox",
     nri_pb2.REMOVE_POD_SANDBOX: "remove_pod_sandbox",

@@ -124,7 +124,7 @@ def top_level_strings(text):
     # The string values of the top-level object's keys (the last of a repeated key wins, as in
     # the daemon's parser); {} when the text is not one JSON object. Nested keys never count:
     # a pod annotation named "daemonSocket" must not choose where the shim connects.
-    out = {}
+    out: dict = {}
     n = len(text)
     try:
         i = skip_ws(text, 0)

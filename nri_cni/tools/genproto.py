@@ -19,6 +19,8 @@ import tempfile
 from importlib import metadata, resources
 from pathlib import Path
 
+from grpc_tools import protoc
+
 PINNED_GRPCIO_TOOLS = "1.85.1"
 REPO = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO / "proto"
@@ -45,7 +47,6 @@ def rewrite_imports(text: str) -> str:
 
 def generate(dest: Path) -> list[Path]:
     """Run protoc into dest; returns the files written (imports already rewritten)."""
-    from grpc_tools import protoc
 
     include = resources.files("grpc_tools") / "_proto"
     args = [

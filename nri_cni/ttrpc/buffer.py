@@ -8,6 +8,7 @@ small frames costs no copying, and a large one is copied once, when it is handed
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 _COMPACT_AT = 64 << 10
 
@@ -26,7 +27,7 @@ class HeaderBuffer:
         """Bytes received but not yet consumed."""
         return len(self._buf) - self._pos
 
-    def peek_header(self) -> tuple | None:
+    def peek_header(self) -> tuple[Any, ...] | None:
         """The next header's fields, or None until all of it has arrived."""
         if len(self._buf) - self._pos < self._header.size:
             self._compact()

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable
 
 from nri_cni.errors import GrpcCode, RPCError, Unavailable
-from nri_cni.ttrpc.connection import Connection, Role
+from nri_cni.ttrpc.connection import Connection, ResponseReceived, Role
 from nri_cni.ttrpc.errors import TtrpcProtocolError
 from nri_cni.ttrpc.transport import Transport
 
@@ -32,6 +32,7 @@ class TtrpcClient(asyncio.Protocol):
         try:
             self._conn.receive_data(data)
             for event in self._conn:
+                assert isinstance(event, ResponseReceived)  # a client's connection yields no requests
                 call = self._calls.pop(event.stream_id)
                 if call.done():
                     continue
@@ -80,7 +81,7 @@ class TtrpcClient(asyncio.Protocol):
             )
         except TtrpcProtocolError as exc:  # nothing was sent; the connection is still good
             raise RPCError(GrpcCode.RESOURCE_EXHAUSTED, f"{service}/{method}: {exc}") from None
-        call = asyncio.get_running_loop().create_future()
+        call: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._calls[sid] = call
         self._transport.write(data)
         try:

@@ -11,6 +11,7 @@ import socket
 import struct
 import threading
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -173,6 +174,7 @@ _bodies = st.one_of(
 )
 
 
+@pytest.mark.netns
 def test_the_daemon_keeps_answering_during_and_after_random_requests(node):
     netns = netns_path(node)
     d = _DaemonThread(node, shim_config(node)).start()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import (
     BUILDS,
@@ -21,6 +23,8 @@ from tests.pod.secharness import (
     shim_config,
     started,
 )
+
+pytestmark = pytest.mark.netns  # a daemon, network namespaces, root
 
 
 def _refused(code, out, raw, needle: str) -> None:

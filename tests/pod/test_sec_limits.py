@@ -34,6 +34,7 @@ from tests.pod.secharness import (
 DEEP = "[" * 5000 + "]" * 5000
 
 
+@pytest.mark.netns
 @BUILDS
 def test_deep_json_in_stdin_and_annotation_is_a_decoding_error_not_a_dead_request(node, compiled):
     netns_path(node)
@@ -60,6 +61,7 @@ def test_deep_json_in_stdin_and_annotation_is_a_decoding_error_not_a_dead_reques
     run(scenario())
 
 
+@pytest.mark.netns
 def test_deep_plugin_output_fails_the_add_and_leaves_nothing(node):
     netns_path(node)
     deep_net = {
@@ -118,6 +120,7 @@ i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 """
 
 
+@pytest.mark.netns
 def test_hot_reload_survives_deep_json_deep_yaml_and_alias_bombs(node):
     netns_path(node)
     conflist = node.tmp / "podnet.conflist"
@@ -222,6 +225,7 @@ def test_config_loader_raises_only_config_errors_on_any_text(text):
         pass
 
 
+@pytest.mark.netns
 def test_the_daemon_answers_while_random_requests_hit_the_local_socket(node):
     """Random and extreme requests on the local socket, interleaved with normal ADD/DELs."""
     from nri_cni import localproto
@@ -253,6 +257,7 @@ def test_the_daemon_answers_while_random_requests_hit_the_local_socket(node):
     run(scenario())
 
 
+@pytest.mark.netns
 @BUILDS
 def test_a_runtime_config_that_is_not_an_object_is_a_decoding_error(node, compiled):
     netns_path(node)

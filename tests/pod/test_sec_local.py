@@ -12,9 +12,13 @@ import struct
 import subprocess
 import tempfile
 
+import pytest
+
 from nri_cni import localproto
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import install_shim, netns_path, normal_add_del, shim_config, started
+
+pytestmark = pytest.mark.netns  # a daemon, network namespaces, root
 
 
 async def _closed_by_daemon(reader) -> bool:

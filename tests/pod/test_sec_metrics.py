@@ -8,6 +8,8 @@ import asyncio
 import logging
 import socket
 
+import pytest
+
 from nri_cni import metrics_server
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import install_shim, netns_path, normal_add_del, shim_config, started
@@ -37,6 +39,7 @@ async def _eof(reader) -> bool:
         return True
 
 
+@pytest.mark.netns
 def test_idle_connections_are_capped_and_timed_out_and_pods_still_work(node):
     netns_path(node)
     port = _free_port()

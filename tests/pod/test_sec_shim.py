@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ from tests.pod.secharness import (
 FORGED = b'{"cniVersion":"1.0.0","ips":[{"address":"6.6.6.6/32"}]}'
 
 
+@pytest.mark.netns
 @BUILDS
 def test_an_annotation_named_daemonsocket_does_not_redirect_the_shim(node, compiled):
     evil = node.tmp / "evil.sock"

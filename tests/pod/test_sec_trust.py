@@ -17,6 +17,8 @@ from nri_cni.errors import ConfigError
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import call_shim, install_shim, netns_path, normal_add_del, pod_calls, started
 
+pytestmark = pytest.mark.netns  # a daemon, network namespaces, root
+
 
 @pytest.mark.parametrize("how", ["dir-0777", "file-0666", "owner-65534"])
 def test_a_plugin_others_can_replace_is_not_run(node, how):
