@@ -181,8 +181,8 @@ def main():
         return fail("1.0.0", 4, "the network config is over 4 MiB")
     fields = top_level_strings(conf.decode("utf-8", "surrogateescape"))
     version = fields.get("cniVersion")
-    if not isinstance(version, str) or not 0 < len(version) <= 16:
-        version = "1.0.0"
+    if not version or len(version) > 16 or version.strip("0123456789."):
+        version = "1.0.0"  # echoed in our errors: only what looks like a version
     command = os.environ.get("CNI_COMMAND", "")
     if command == "VERSION":
         sys.stdout.write('{"cniVersion":"1.1.0","supportedVersions":%s}\n' % SUPPORTED)

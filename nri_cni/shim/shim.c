@@ -231,7 +231,9 @@ int main(void) {
         if (conf.len > MAX_STDIN) return fail("1.0.0", 4, "the network config is over 4 MiB", "");
     }
     char *version = top_level_string(&conf, "cniVersion");
-    if (!version || !*version || strlen(version) > 16) version = "1.0.0";
+    /* echoed in our errors: only what looks like a version */
+    if (!version || !*version || strlen(version) > 16 || version[strspn(version, "0123456789.")])
+        version = "1.0.0";
     const char *command = getenv("CNI_COMMAND");
     if (command && strcmp(command, "VERSION") == 0) {
         fputs("{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\","

@@ -78,6 +78,7 @@ DEFAULT = "/nonexistent/nri-cni-default.sock"
 _keys = st.sampled_from(["daemonSocket", "cniVersion", "name", "daemon\u0053ocket", "x", ""])
 _scalars = st.one_of(
     st.none(),
+    st.sampled_from(["1.0.0", "0.4.0", "1.1.0", "99.99.99"]),
     st.booleans(),
     st.integers(-(10**6), 10**6),
     st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\0"), max_size=12),
@@ -115,7 +116,9 @@ def _expected(doc) -> tuple[str, str | None]:
     version = doc.get("cniVersion")
     return (
         sock if isinstance(sock, str) and sock else DEFAULT,
-        version if isinstance(version, str) and 0 < len(version) <= 16 else None,
+        version
+        if isinstance(version, str) and 0 < len(version) <= 16 and not version.strip("0123456789.")
+        else None,
     )
 
 
