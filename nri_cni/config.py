@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits, safefs
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.errors import ConfigError
@@ -551,8 +552,6 @@ def _load_network_list(
         return None
     if source != "conflist":
         # read as root and run: a list (or its dir) another user can write is refused
-        from nri_cni import safefs
-
         problem = safefs.check_trusted(lst.source, enforce=r.trust_files, what="network list")
         if problem:
             r.fail(_join(where, source), f"not trusted: {problem} (files.trust: warn allows it)")
@@ -595,10 +594,8 @@ class ConfigErrors(ConfigError):
 def load_config(path: str) -> Config:
     """Reads and validates the YAML file at `path`."""
     try:
-        from nri_cni.jsonlimits import MAX_YAML_BYTES
-
         with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(MAX_YAML_BYTES + 1)  # a bigger one is refused by its size
+            text = f.read(jsonlimits.MAX_YAML_BYTES + 1)  # a bigger one is refused by its size
     except OSError as exc:
         raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
     return load_config_text(text, path)
@@ -606,8 +603,6 @@ def load_config(path: str) -> Config:
 
 def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None = None) -> Config:
     import yaml  # lazy: PyYAML (~15 ms) only when a config is read, not for `nri-cni --help`
-
-    from nri_cni import jsonlimits
 
     try:
         data = jsonlimits.yaml_load(text)

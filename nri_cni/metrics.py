@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nri_cni import __version__
+from nri_cni import __version__, metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,6 @@ class Metrics:
     async def serve(self, listen: str, limits: Any = None) -> asyncio.base_events.Server:
         """Listens on a unix socket path or HOST:PORT (127.0.0.1, localhost, [::1]); `limits`
         (max_connections, timeout) bound the connections (nri_cni/metrics_server.py)."""
-        from nri_cni import metrics_server
-
         handle, self.guard = metrics_server.guard(self._handle, limits)
         metrics_server.limit_accept_errors(asyncio.get_running_loop())
         if listen.startswith("/"):

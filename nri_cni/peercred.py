@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 from collections.abc import Callable
@@ -55,8 +56,6 @@ def peer_allowed(peer: Peer | None, uids: tuple[int, ...], gids: tuple[int, ...]
 def grant_socket(path: str, gids: tuple[int, ...]) -> None:
     """The socket 0600 root's; with allowed gids, 0660 for the first of them (and its
     directory searchable by that group): the mode is the first gate, SO_PEERCRED the second."""
-    import os
-
     if not gids:
         os.chmod(path, 0o600)
         return
