@@ -106,6 +106,12 @@ def test_interface_names_checked_in_bytes_and_for_control_characters(node, compi
                 conf = runtime_conf({"k8s.v1.cni.cncf.io/networks": annotation})
                 code, out, raw = await call_shim(shim, "ADD", new_pod_id(), netns=netns, conf=conf)
                 assert code == 1 and out["code"] == 7 and "interface name" in out["msg"], raw
+            for ifname in ("eth\x00", "a/b", ".."):  # NUL: only an annotation can carry it
+                conf = runtime_conf(
+                    {"k8s.v1.cni.cncf.io/networks": json.dumps([{"name": "extra", "interface": ifname}])}
+                )
+                code, out, raw = await call_shim(shim, "ADD", new_pod_id(), netns=netns, conf=conf)
+                assert code == 1 and out["code"] == 7 and "interface name" in out["msg"], raw
             assert not pod_calls(node)
             await normal_add_del(shim, node, new_pod_id())
         finally:

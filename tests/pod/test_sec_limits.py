@@ -275,3 +275,32 @@ def test_a_runtime_config_that_is_not_an_object_is_a_decoding_error(node, compil
             await h.stop()
 
     run(scenario())
+
+
+def test_check_config_refuses_an_alias_bomb_as_a_command(tmp_path):
+    """`nri-cni check-config` on the 600-byte alias bomb: a located error, exit 2, at once."""
+    import resource
+    import subprocess
+    import sys
+
+    path = tmp_path / "config.yaml"
+    # the bomb inside an inline conflist, whose JSON text the old loader built: 9**9 strings
+    anchors = "".join("    " + line + "\n" for line in BOMB.splitlines())
+    path.write_text(
+        "networks:\n- name: podnet\n  default: true\n  conflist:\n"
+        + anchors
+        + "    cniVersion: 1.1.0\n    name: podnet\n    plugins: [{type: bridge, x: *i}]\n"
+    )
+
+    def limit_memory():  # the old loader needed gigabytes here
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit_memory,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "aliases" in proc.stderr and f"{path}:6:" in proc.stderr, proc.stderr

@@ -120,6 +120,37 @@ def test_a_client_that_is_not_root_gets_no_answer_even_through_an_open_socket(no
     run(scenario())
 
 
+def test_an_allowed_group_gets_access_and_an_answer(node):
+    netns_path(node)
+    sockdir = tempfile.mkdtemp(prefix="nri-cni-sec-", dir="/tmp")
+    node.jan.track_path(sockdir)
+    sock = os.path.join(sockdir, "d.sock")
+    cfg = shim_config(node)
+    cfg["daemon"] = {"socket": sock, "allowed_gids": [65534]}
+
+    async def scenario():
+        h = await started(node, cfg)
+        try:
+            st = os.stat(sock)
+            assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == 65534
+            proc = await asyncio.create_subprocess_exec(
+                "/usr/bin/python3",
+                "-I",
+                "-c",
+                _CLIENT,
+                sock,
+                stdout=asyncio.subprocess.PIPE,
+                user=1234,
+                group=65534,
+            )
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+            assert int(out or b"0") > 0
+        finally:
+            await h.stop()
+
+    run(scenario())
+
+
 def test_half_sent_requests_are_closed_and_idle_connections_are_capped(node):
     netns_path(node)
     cfg = shim_config(node)
