@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits, safefs
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.errors import ConfigError
@@ -55,6 +56,8 @@ class CniSettings:
     finalize_dir: str = DEFAULT_FINALIZE_DIR
     # Where the runtime's own libcni writes its cache (secondary mode reads the primary's result).
     runtime_cache_dir: str = DEFAULT_RUNTIME_CACHE_DIR
+    # names of the daemon's environment variables passed on to plugins (besides PATH and CNI_*)
+    plugin_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,32 @@ class ReloadSettings:
     watch: bool = True
     rescan_interval: float = 30.0  # 0 = no rescan
     debounce: float = 0.2  # events closer than this are one change (an editor's several writes)
+
+
+@dataclass(frozen=True)
+class LocalSocketSettings:
+    """Who may use the daemon's local socket and how much one connection may take
+    (docs/security.md). The shim runs as root inside the runtime, so root is the default."""
+
+    allowed_uids: tuple[int, ...] = (0,)
+    allowed_gids: tuple[int, ...] = ()
+    max_connections: int = 128
+    read_timeout: float = 10.0  # for the whole request; the answer may take as long as the pod
+    max_request_bytes: int = 4 * 1024 * 1024 + 64 * 1024
+
+
+@dataclass(frozen=True)
+class PodLimits:
+    """What one pod may ask for (its annotation is written by whoever may create the pod)."""
+
+    networks_per_pod: int = 8
+    attachments_per_network: int = 2
+
+
+@dataclass(frozen=True)
+class MetricsServerSettings:
+    max_connections: int = 16
+    timeout: float = 5.0  # to read a request, and to write the answer
 
 
 @dataclass(frozen=True)
@@ -110,6 +139,12 @@ class Config:
     metrics_listen: str = ""
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     reload: ReloadSettings = field(default_factory=ReloadSettings)
+    local: LocalSocketSettings = field(default_factory=LocalSocketSettings)
+    limits: PodLimits = field(default_factory=PodLimits)
+    metrics_server: MetricsServerSettings = field(default_factory=MetricsServerSettings)
+    # files.trust: conf dirs, network lists and plugin binaries another user can write are
+    # refused ("enforce") or only warned about ("warn", for development).
+    trust_files: bool = True
 
     def network(self, name: str) -> NetworkSpec | None:
         for net in self.networks:
@@ -137,6 +172,7 @@ class _Reader:
     def __init__(self, path: str) -> None:
         self.path = path
         self.errors: list[ConfigError] = []
+        self.trust_files = True  # files.trust: enforce
 
     def fail(self, where: str, msg: str) -> None:
         self.errors.append(ConfigError(msg, location=f"{self.path}: {where}" if where else self.path))
@@ -209,6 +245,28 @@ class _Reader:
             return default
         return seconds
 
+    def integer(
+        self, data: dict, key: str, default: int, where: str, *, low: int = 0, high: int = 1 << 31
+    ) -> int:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            self.fail(_join(where, key), f"must be an integer from {low} to {high}, not {value!r}")
+            return default
+        return value
+
+    def id_list(self, data: dict, key: str, default: tuple[int, ...], where: str) -> tuple[int, ...]:
+        if key not in data or data[key] is None:
+            return default
+        value = data[key]
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32 for v in value
+        ):
+            self.fail(_join(where, key), "must be a list of numeric ids")
+            return default
+        return tuple(value)
+
     def string_list(
         self, data: dict, key: str, default: tuple[str, ...], where: str, *, path: bool = False
     ) -> tuple[str, ...]:
@@ -253,6 +311,8 @@ _TOP_KEYS = {
     "metrics",
     "lifecycle",
     "reload",
+    "limits",
+    "files",
 }
 _NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir"}
 
@@ -276,12 +336,36 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         request_timeout=r.duration(nri, "request_timeout", 0.0, "nri"),
     )
     daemon = r.section(data, "daemon")
-    r.unknown_keys(daemon, {"socket"}, "daemon")
+    r.unknown_keys(
+        daemon,
+        {"socket", "allowed_uids", "allowed_gids", "max_connections", "read_timeout", "max_request_bytes"},
+        "daemon",
+    )
+    local_settings = LocalSocketSettings(
+        allowed_uids=r.id_list(daemon, "allowed_uids", (0,), "daemon"),
+        allowed_gids=r.id_list(daemon, "allowed_gids", (), "daemon"),
+        max_connections=r.integer(daemon, "max_connections", 128, "daemon", low=1, high=65536),
+        read_timeout=r.duration(daemon, "read_timeout", 10.0, "daemon"),
+        max_request_bytes=r.integer(
+            daemon, "max_request_bytes", LocalSocketSettings.max_request_bytes, "daemon", low=1024
+        ),
+    )
+    limits = r.section(data, "limits")
+    r.unknown_keys(limits, {"networks_per_pod", "attachments_per_network"}, "limits")
+    pod_limits = PodLimits(
+        networks_per_pod=r.integer(limits, "networks_per_pod", 8, "limits", low=1, high=64),
+        attachments_per_network=r.integer(limits, "attachments_per_network", 2, "limits", low=1, high=64),
+    )
+    files = r.section(data, "files")
+    r.unknown_keys(files, {"trust"}, "files")
+    trust_files = r.string(files, "trust", "enforce", "files", choices=("enforce", "warn")) == "enforce"
     log = r.section(data, "log")
     r.unknown_keys(log, {"level", "format"}, "log")
     cni = r.section(data, "cni")
     r.unknown_keys(
-        cni, {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir", "runtime_cache_dir"}, "cni"
+        cni,
+        {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir", "runtime_cache_dir", "plugin_env"},
+        "cni",
     )
     cni_settings = CniSettings(
         bin_dirs=r.string_list(cni, "bin_dirs", DEFAULT_BIN_DIRS, "cni", path=True),
@@ -289,7 +373,13 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         plugin_timeout=r.duration(cni, "plugin_timeout", 60.0, "cni"),
         finalize_dir=r.string(cni, "finalize_dir", DEFAULT_FINALIZE_DIR, "cni", path=True),
         runtime_cache_dir=r.string(cni, "runtime_cache_dir", DEFAULT_RUNTIME_CACHE_DIR, "cni", path=True),
+        plugin_env=r.string_list(cni, "plugin_env", (), "cni"),
     )
+    for name in cni_settings.plugin_env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name.startswith("CNI_"):
+            r.fail(
+                "cni.plugin_env", f"{name!r} is not an environment variable name (CNI_* are set by nri-cni)"
+            )
     if os.path.basename(cni_settings.finalize_dir.rstrip("/")) != "_finalize.d":
         r.fail("cni.finalize_dir", f"{cni_settings.finalize_dir!r} must be a directory named _finalize.d")
     gc = r.section(data, "gc")
@@ -297,7 +387,11 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     status = r.section(data, "status")
     r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
     metrics = r.section(data, "metrics")
-    r.unknown_keys(metrics, {"listen"}, "metrics")
+    r.unknown_keys(metrics, {"listen", "max_connections", "timeout"}, "metrics")
+    metrics_server = MetricsServerSettings(
+        max_connections=r.integer(metrics, "max_connections", 16, "metrics", low=1, high=1024),
+        timeout=r.duration(metrics, "timeout", 5.0, "metrics"),
+    )
     metrics_listen = r.string(metrics, "listen", "", "metrics")
     if metrics_listen and not _local_listen(metrics_listen):
         r.fail("metrics.listen", f"{metrics_listen!r}: only a unix socket path or 127.0.0.1:PORT")
@@ -320,6 +414,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         debounce=r.duration(reload, "debounce", 0.2, "reload"),
     )
 
+    r.trust_files = trust_files
     networks = _parse_networks(r, data.get("networks"), base_dir)
     mode = r.string(data, "mode", "shim", "", choices=MODES)
     primary_network = r.string(data, "primary_network", "", "")
@@ -349,6 +444,10 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         metrics_listen=metrics_listen,
         lifecycle=lifecycle_settings,
         reload=reload_settings,
+        local=local_settings,
+        limits=pod_limits,
+        metrics_server=metrics_server,
+        trust_files=trust_files,
     )
     if r.errors:
         raise ConfigErrors(r.errors)
@@ -452,6 +551,12 @@ def _load_network_list(
     if lst.name != name:
         r.fail(_join(where, source), f"the network list is named {lst.name!r}, not {name!r}")
         return None
+    if source != "conflist":
+        # read as root and run: a list (or its dir) another user can write is refused
+        problem = safefs.check_trusted(lst.source, enforce=r.trust_files, what="network list")
+        if problem:
+            r.fail(_join(where, source), f"not trusted: {problem} (files.trust: warn allows it)")
+            return None
     try:
         # the "cni.dev/lifecycle" key of each plugin (INIT / DEINIT, docs/lifecycle.md)
         validate_list(lst, lst.source)
@@ -486,8 +591,8 @@ class ConfigErrors(ConfigError):
 def load_config(path: str) -> Config:
     """Reads and validates the YAML file at `path`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(jsonlimits.MAX_YAML_BYTES + 1)  # a bigger one is refused by its size
     except OSError as exc:
         raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
     return load_config_text(text, path)
@@ -497,7 +602,7 @@ def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None 
     import yaml  # lazy: PyYAML (~15 ms) only when a config is read, not for `nri-cni --help`
 
     try:
-        data = yaml.safe_load(text)
+        data = jsonlimits.yaml_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path

@@ -97,6 +97,9 @@ def cmd_run(args) -> int:
 
     cfg = load(args)
     setup_logging(cfg.log_level, cfg.log_format)
+    # plugins start in "/" whatever directory the daemon was started from (issue 15); the
+    # config's relative paths were resolved against its own directory already
+    os.chdir("/")
     daemon = build_daemon(cfg)
     tune_gc()  # after the imports and the config: that heap is never collected again
     asyncio.run(daemon.run())

@@ -57,10 +57,17 @@ def encode_request(header: dict[str, str], body: bytes = b"") -> bytes:
     return _encode_pairs(list(header.items()), body)
 
 
-async def read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], bytes]:
+async def read_request(
+    reader: asyncio.StreamReader, *, max_bytes: int = MAX_HEADER + MAX_BODY
+) -> tuple[dict[str, str], bytes]:
+    """One request; `max_bytes` caps header and body together (checked before reading them)."""
     try:
-        header = decode_header(await reader.readexactly(header_length(await reader.readexactly(4))))
-        body = await reader.readexactly(body_length(await reader.readexactly(4)))
+        hlen = header_length(await reader.readexactly(4))
+        header = decode_header(await reader.readexactly(hlen))
+        blen = body_length(await reader.readexactly(4))
+        if hlen + blen > max_bytes:
+            raise LocalProtocolError(f"request of {hlen + blen} bytes is over the {max_bytes} limit")
+        body = await reader.readexactly(blen)
     except asyncio.IncompleteReadError as exc:
         raise LocalProtocolError("the request ended early") from exc
     return header, body

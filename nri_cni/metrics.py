@@ -18,9 +18,9 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from nri_cni import __version__
+from nri_cni import __version__, metrics_server
 from nri_cni.errors import NriCniError
 
 
@@ -169,6 +169,7 @@ class Metrics:
         self._servers: list[asyncio.base_events.Server] = []
         self._socket_paths: list[str] = []
         self._clients: set[asyncio.Task] = set()
+        self.guard: Any = None  # the connection limits, once serving (nri_cni/metrics_server.py)
 
     # -- observations ------------------------------------------------------------------------
 
@@ -230,12 +231,15 @@ class Metrics:
 
     # -- HTTP --------------------------------------------------------------------------------
 
-    async def serve(self, listen: str) -> asyncio.base_events.Server:
-        """Listens on a unix socket path or HOST:PORT (127.0.0.1, localhost, [::1])."""
+    async def serve(self, listen: str, limits: Any = None) -> asyncio.base_events.Server:
+        """Listens on a unix socket path or HOST:PORT (127.0.0.1, localhost, [::1]); `limits`
+        (max_connections, timeout) bound the connections (nri_cni/metrics_server.py)."""
+        handle, self.guard = metrics_server.guard(self._handle, limits)
+        metrics_server.limit_accept_errors(asyncio.get_running_loop())
         if listen.startswith("/"):
             _remove_stale_socket(listen)
             os.makedirs(os.path.dirname(listen) or "/", mode=0o755, exist_ok=True)
-            server = await asyncio.start_unix_server(self._handle, path=listen)
+            server = await asyncio.start_unix_server(handle, path=listen)
             os.chmod(listen, 0o660)
             self._socket_paths.append(listen)
         else:
@@ -243,7 +247,7 @@ class Metrics:
             host = host.strip("[]") or "127.0.0.1"
             if not port.isdigit():
                 raise ValueError(f"metrics listen address {listen!r}: HOST:PORT or a socket path")
-            server = await asyncio.start_server(self._handle, host=host, port=int(port))
+            server = await asyncio.start_server(handle, host=host, port=int(port))
         self._servers.append(server)
         log.info("metrics on %s", _where(server, listen))
         return server

@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits, safefs
 from nri_cni.errors import CniCode, CNIError, ConfigError
 from nri_cni.fsutil import AtomicFile, fsync_dir
 
@@ -97,7 +98,7 @@ class CacheEntry:
         if not data.strip():
             raise CorruptEntry("empty file")
         try:
-            obj = json.loads(data)
+            obj = jsonlimits.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise CorruptEntry(f"not JSON: {exc}") from None
         if not isinstance(obj, dict):
@@ -149,7 +150,10 @@ class ResultCache:
             # DEL does not validate IDs (libcni doesn't); never let one leave the directory
             if not part or "/" in part or "\0" in part:
                 raise ConfigError(f"cannot name a cache file after {part!r}", location=self.results_dir)
-        return os.path.join(self.results_dir, f"{network}-{container_id}-{ifname}")
+        try:
+            return safefs.child(self.results_dir, f"{network}-{container_id}-{ifname}")
+        except safefs.UnsafePath as exc:
+            raise ConfigError(str(exc), location=self.results_dir) from None
 
     def write(self, entry: CacheEntry, *, durable: bool = True) -> None:
         """Atomic (readers see the old entry or the new one, never a part); raises
@@ -170,7 +174,8 @@ class ResultCache:
         try:
             return AtomicFile(path)
         except FileNotFoundError:  # the first entry, or the directory was removed
-            os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
+            safefs.private_dir(self.cache_dir)  # 0700 whatever the umask (issue 15)
+            safefs.private_dir(self.results_dir)
             return AtomicFile(path)
 
     def sync_later(self, network: str, container_id: str, ifname: str) -> None:

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nri_cni import jsonlimits
 from nri_cni.cni.config import load_conf_dir, load_conflist_file, validate_ifname
 from nri_cni.cni.versions import CURRENT
 from nri_cni.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CNIError, ConfigError, NriCniError, exit_code_for
@@ -197,7 +198,7 @@ def parse_cni_args(text: str) -> list[tuple[str, str]]:
 
 def parse_cap_args(text: str) -> dict[str, Any]:
     try:
-        val = json.loads(text)
+        val = jsonlimits.loads(text)
     except ValueError as exc:
         raise _UsageError(f"capability arguments are not valid JSON: {exc}") from None
     if not isinstance(val, dict):

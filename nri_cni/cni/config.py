@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits, safefs, validate
 from nri_cni.cni import versions
 from nri_cni.errors import ConfigError
 
@@ -35,19 +36,14 @@ def validate_network_name(name: str) -> None:
 def validate_container_id(cid: str) -> None:
     if not cid:
         raise ConfigError("missing container ID")
-    if not isinstance(cid, str) or not _NAME_RE.fullmatch(cid):
-        raise ConfigError(f"invalid characters in container ID {cid!r}")
+    if not validate.is_valid_id(cid):
+        raise ConfigError(f"invalid characters in container ID {validate.quote(cid)}")
 
 
 def validate_ifname(name: str) -> None:
-    if not name:
-        raise ConfigError("interface name is empty")
-    if len(name) > _IFNAME_MAX:
-        raise ConfigError(f"interface name {name!r} is longer than {_IFNAME_MAX} characters")
-    if name in (".", ".."):
-        raise ConfigError(f"interface name {name!r} is not allowed")
-    if any(c in "/:" or c.isspace() for c in name):
-        raise ConfigError(f"interface name {name!r} contains '/', ':' or whitespace")
+    problem = validate.ifname_problem(name)
+    if problem:
+        raise ConfigError(f"interface name {validate.quote(name)} {problem}")
 
 
 @dataclass(frozen=True)
@@ -146,9 +142,10 @@ def load_conf_dir(path: str | os.PathLike[str]) -> tuple[list[NetworkConfigList]
 
 
 def load_finalize_dropins(
-    confdir: str | os.PathLike[str],
+    confdir: str | os.PathLike[str], *, trust: bool = True
 ) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
-    """FINALIZE plugins from <confdir>/_finalize.d/*.conf, for every network; bad files skipped."""
+    """FINALIZE plugins from <confdir>/_finalize.d/*.conf, for every network; bad files skipped,
+    and so are files another user can write (trust=False: used, with a warning)."""
     dropdir = os.path.join(os.fspath(confdir), FINALIZE_DROPIN_DIR)
     plugins: list[PluginConf] = []
     errors: list[ConfigError] = []
@@ -157,6 +154,10 @@ def load_finalize_dropins(
     except OSError as exc:
         return (), [ConfigError(f"cannot list drop-in dir: {exc.strerror}", location=dropdir)]
     for file in files:
+        problem = safefs.check_trusted(file, enforce=trust, what="finalize drop-in")
+        if problem:
+            errors.append(ConfigError(f"not trusted: {problem} (files.trust: warn allows it)", location=file))
+            continue
         try:
             plugins.append(parse_plugin(_read_json(file), file))
         except ConfigError as exc:
@@ -179,7 +180,7 @@ def _conf_files(path: str, extensions: tuple[str, ...]) -> list[str]:
 def _read_json(path: str) -> Any:
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            return jsonlimits.loads(f.read(jsonlimits.MAX_BYTES + 1))
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", location=path) from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -204,7 +205,7 @@ def _parse_list(data: bytes | str | dict[str, Any], where: str) -> NetworkConfig
         if isinstance(data, str):
             data = data.encode()
         try:
-            raw = json.loads(data)
+            raw = jsonlimits.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"invalid JSON: {exc}", location=where) from None
     if not isinstance(raw, dict):
@@ -259,7 +260,7 @@ def _plugin_list(raw: dict[str, Any], key: str, where: str, required: bool) -> t
 
 def _wrap_single(data: bytes, path: str) -> NetworkConfigList:
     try:
-        conf = json.loads(data)
+        conf = jsonlimits.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid JSON: {exc}", location=path) from None
     parse_plugin(conf, path)

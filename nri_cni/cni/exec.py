@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
-import json
 import logging
 import os
 import signal
@@ -28,6 +27,7 @@ import stat
 from collections.abc import Iterable
 from typing import NoReturn
 
+from nri_cni import jsonlimits, safefs
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,30 @@ ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we ba
 _RESTORE_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores these; plugins must not
 
 
+_sealed = False
+
+
+def seal_inherited_fds() -> None:
+    """Marks close-on-exec every descriptor this process inherited (its own are so already,
+    PEP 446), once: posix_spawn passes every inheritable descriptor to a plugin, and a daemon
+    started by a runtime (the pre-registered launch's fd 3) or a shell may hold some."""
+    global _sealed
+    if _sealed:
+        return
+    _sealed = True
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = [str(fd) for fd in range(3, 1024)]
+    for name in names:
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile (the listing's own descriptor)
+
+
 class PluginOutput(bytes):
     """A plugin's stdout, with the tail of its stderr for messages about bad output."""
 
@@ -50,7 +74,13 @@ class PluginOutput(bytes):
 
 
 class PluginExecutor:
-    """Finds and runs plugin binaries. Stateless; one instance serves many calls at once."""
+    """Finds and runs plugin binaries. Stateless; one instance serves many calls at once.
+
+    trust_files: a binary (or its directory) another user can write, or owns, is refused
+    (safefs.trust_problem); False only warns (files.trust: warn)."""
+
+    def __init__(self, *, trust_files: bool = True) -> None:
+        self.trust_files = trust_files
 
     def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
@@ -60,10 +90,17 @@ class PluginExecutor:
         for d in dirs:
             path = os.path.join(d, plugin_type)
             try:
-                if stat.S_ISREG(os.stat(path).st_mode):
-                    return path
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    continue
             except OSError:
                 continue
+            problem = safefs.check_trusted(path, enforce=self.trust_files, what="plugin", executable=True)
+            if problem:
+                raise PluginNotRun(
+                    f"cannot run plugin {plugin_type!r}: not trusted: {problem} (files.trust: warn allows it)",
+                    ref=PluginRef(plugin=plugin_type),
+                )
+            return path
         raise PluginNotRun(
             f"failed to find plugin {plugin_type!r} in path {dirs}", ref=PluginRef(plugin=plugin_type)
         )
@@ -177,6 +214,7 @@ class _Run:
         self.timer: asyncio.TimerHandle | None = None
 
     def spawn(self, path: str, env: dict[str, str]) -> None:
+        seal_inherited_fds()
         fds = self.fds or self._files()
         self.pid = os.posix_spawn(
             path,
@@ -431,7 +469,7 @@ def _failure(run: _Run, plugin_path: str, ref: PluginRef, timeout: float) -> NoR
             f"plugin {name} failed ({how}) with no output", details=excerpt(b"", stderr), ref=ref
         )
     try:
-        obj = json.loads(stdout)
+        obj = jsonlimits.loads(stdout)
     except (ValueError, UnicodeDecodeError):
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("code"), int) and not isinstance(obj["code"], bool):

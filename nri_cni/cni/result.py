@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import json
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits
 from nri_cni.cni import versions
 from nri_cni.errors import CniCode, CNIError
 
@@ -94,7 +94,7 @@ def parse_result(obj: dict[str, Any] | bytes | str, version: str | None = None) 
     (libcni takes the config's version then). Raises CNIError(DECODING_FAILURE)."""
     if isinstance(obj, (bytes, bytearray, str)):
         try:
-            obj = json.loads(obj)
+            obj = jsonlimits.loads(obj)
         except (ValueError, UnicodeDecodeError) as exc:
             raise _bad(f"result is not JSON: {exc}") from None
     if not isinstance(obj, dict):

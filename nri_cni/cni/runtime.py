@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits
 from nri_cni.cni import versions
 from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, PreparedWrite, ResultCache
 from nri_cni.cni.config import (
@@ -148,8 +149,12 @@ class CNIRuntime:
         hooks: RuntimeHooks | None = None,
         durable_cache: bool = False,
         cache: ResultCache | None = None,
+        pass_env: Sequence[str] = (),
+        trust_files: bool = True,
     ) -> None:
-        """durable_cache: ADD returns only once its cache entry is on disk. Off, the entry is
+        """pass_env: names of the daemon's environment variables plugins also get.
+
+        durable_cache: ADD returns only once its cache entry is on disk. Off, the entry is
         written atomically before ADD returns and fsync'd right after, off the ADD's path: a
         journal commit waits for every dirty file on that file system (host-local's leases,
         containerd's writes), measured here at 0.5-3 ms, 10% of a bridge chain's ADD."""
@@ -157,11 +162,15 @@ class CNIRuntime:
         self.cache = cache if cache is not None else ResultCache(cache_dir)
         self.durable_cache = durable_cache
         self.exec_timeout = exec_timeout
-        self.executor = executor or PluginExecutor()
+        self.executor = executor or PluginExecutor(trust_files=trust_files)
         self.hooks = hooks if hooks is not None else RuntimeHooks()  # (PluginHooks has a len)
-        # plugins inherit the daemon's environment (PATH at least: they exec iptables etc.)
-        self._base_env = dict(os.environ)
-        self._base_env.setdefault("PATH", _DEFAULT_PATH)
+        # A plugin gets PATH (it execs iptables etc.), the CNI variables and the variables the
+        # config names (cni.plugin_env), nothing else of the daemon's environment (issue 15).
+        self.pass_env = tuple(pass_env)
+        self._base_env = {"PATH": os.environ.get("PATH") or _DEFAULT_PATH}
+        for name in pass_env:
+            if name in os.environ:
+                self._base_env[name] = os.environ[name]
         self._cni_path = ":".join(self.bin_dirs)
 
     def with_cache(self, cache: ResultCache) -> CNIRuntime:
@@ -174,6 +183,7 @@ class CNIRuntime:
             hooks=self.hooks,
             durable_cache=self.durable_cache,
             cache=cache,
+            pass_env=self.pass_env,
         )
 
     # ---- verbs -----------------------------------------------------------------------------
@@ -333,7 +343,7 @@ class CNIRuntime:
             exc.ref = ref
             raise
         try:
-            info = json.loads(out)
+            info = jsonlimits.loads(out)
         except (ValueError, UnicodeDecodeError):
             info = None
         if (
@@ -419,6 +429,11 @@ class CNIRuntime:
                 self.cache.delete(net.name, rt.container_id, rt.ifname)
             return None
 
+    def network_env(self, command: str) -> dict[str, str]:
+        """The environment of a network-wide verb (GC, STATUS, INIT, DEINIT): the container
+        variables empty, like libcni; PATH and cni.plugin_env as for every plugin."""
+        return self._env(command, None)
+
     def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
         """The inherited environment with all six CNI variables set after it (libcni sets
         empty strings for GC and STATUS)."""
@@ -494,7 +509,7 @@ class CNIRuntime:
     @staticmethod
     def _result(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes) -> Result:
         try:
-            obj = json.loads(out)
+            obj = jsonlimits.loads(out)
         except (ValueError, UnicodeDecodeError):
             obj = None  # parse_result words the error
         if type(obj) is dict:

@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from nri_cni import safefs
 from nri_cni.app.modes import mode_for
 from nri_cni.app.readiness import NetworkReadiness
 from nri_cni.app.service import PodService
@@ -32,6 +33,7 @@ from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.daemon.reports import DaemonReports
 from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_counter
 from nri_cni.metrics import Metrics
+from nri_cni.metrics_server import BackgroundValue
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.plan import PodPlan
@@ -92,6 +94,7 @@ class Daemon:
         handle_signals=False: asyncio's signal wakeup fd is inherited by anything the process
         forks (pyroute2 forks for netns queries), and such a child's own SIGTERM would read
         as ours."""
+        safefs.restrict_umask()  # before any dir, file or socket is made (issue 15)
         if handle_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -111,7 +114,7 @@ class Daemon:
             await stack.enter_async_context(_started(self.local.start(), self.local.close))
             if cfg.metrics_listen:
                 await stack.enter_async_context(
-                    _started(self.metrics.serve(cfg.metrics_listen), self.metrics.close)
+                    _started(self.metrics.serve(cfg.metrics_listen, cfg.metrics_server), self.metrics.close)
                 )
             stack.push_async_callback(self.pods.close)  # GC and repair after a Synchronize
             await self.readiness.refresh()
@@ -177,10 +180,16 @@ def build_daemon(cfg: Config) -> Daemon:
     """Every part of `nri-cni run`, constructed in dependency order; nothing is started."""
     hooks = PluginHooks()  # per-plugin timings, the doomed-delete record, crash points
     cni = CNIRuntime(
-        list(cfg.cni.bin_dirs), cfg.cni.cache_dir, exec_timeout=cfg.cni.plugin_timeout, hooks=hooks
+        list(cfg.cni.bin_dirs),
+        cfg.cni.cache_dir,
+        exec_timeout=cfg.cni.plugin_timeout,
+        hooks=hooks,
+        pass_env=cfg.cni.plugin_env,
+        trust_files=cfg.trust_files,
     )
     # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
-    metrics = Metrics(attachments=lambda: len(cni.cache.entries()))
+    # the count reads every cache file: refreshed off the loop, not per scrape (issue 15)
+    metrics = Metrics(attachments=BackgroundValue(lambda: len(cni.cache.entries())))
     # INIT / DEINIT per network generation, and hot reload (docs/lifecycle.md)
     lifecycle = NetworkLifecycle(
         VerbRunner(cni),

@@ -15,9 +15,10 @@ import logging
 import os
 from typing import Any
 
-from nri_cni import localproto
+from nri_cni import jsonlimits, localproto, peercred, safefs, validate
 from nri_cni.app.readiness import NetworkReadiness
 from nri_cni.app.service import PodService
+from nri_cni.config import Config
 from nri_cni.daemon.reports import DaemonReports
 from nri_cni.errors import ConfigError, Kind, NriCniError
 from nri_cni.pod.model import AttachRequest, PodInfo
@@ -36,15 +37,19 @@ class LocalServer:
         self.reports = reports
         self.path = path
         self._server: asyncio.base_events.Server | None = None
+        # peer credentials, connection cap, read timeout, size cap (nri_cni/peercred.py)
+        self.guard = peercred.LocalGuard(lambda: _guard_settings(self.pods.cfg))
 
     async def start(self) -> None:
+        safefs.restrict_umask()  # the socket is created 0700 by bind: no window before the chmod
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
         try:
             os.unlink(self.path)  # left by a previous run
         except FileNotFoundError:
             pass
         self._server = await asyncio.start_unix_server(self._serve, path=self.path)
-        os.chmod(self.path, 0o600)  # root only: the shim runs as root inside the runtime
+        # root only (the shim runs as root inside the runtime), or the allowed group
+        peercred.grant_socket(self.path, self.pods.cfg.local.allowed_gids)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -56,11 +61,14 @@ class LocalServer:
             pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.guard.admit(writer):
+            writer.close()
+            return
         try:
             try:
-                header, body = await localproto.read_request(reader)
+                header, body = await self.guard.read(reader)
             except localproto.LocalProtocolError as exc:
-                log.error("local socket: malformed request: %s", exc)
+                self.guard.refusals("malformed", "local socket: malformed request: %s", exc)
                 return
             op = header.get(localproto.OP_KEY)
             if op is None:
@@ -72,6 +80,7 @@ class LocalServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the shim was killed (runtime timeout); the work itself is finished regardless
         finally:
+            self.guard.release()
             writer.close()
 
     # -- shim --------------------------------------------------------------------------------
@@ -80,7 +89,7 @@ class LocalServer:
         version = "1.0.0"
         try:
             try:
-                conf = json.loads(stdin or b"{}")
+                conf = jsonlimits.loads(stdin or b"{}")
             except ValueError as exc:
                 raise NriCniError(
                     "the network config on stdin is not JSON",
@@ -89,7 +98,9 @@ class LocalServer:
                 ) from None
             if not isinstance(conf, dict):
                 raise NriCniError("the network config must be a JSON object", kind=Kind.UNDECODABLE)
-            version = str(conf.get("cniVersion") or version)
+            version = validate.cni_version(conf.get("cniVersion"), version)
+            if not isinstance(conf.get("runtimeConfig") or {}, dict):
+                raise NriCniError("runtimeConfig must be a JSON object", kind=Kind.UNDECODABLE)
             command = env.get("CNI_COMMAND", "")
             if command == "STATUS":
                 self.readiness.check()
@@ -101,8 +112,8 @@ class LocalServer:
             if command == "ADD":
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
-                request = AttachRequest(runtime_caps, primary_ifname=env.get("CNI_IFNAME", "eth0"))
-                answer = await self.pods.attach(pod, request)
+                ifname = validate.check_ifname(env.get("CNI_IFNAME", "eth0"))
+                answer = await self.pods.attach(pod, AttachRequest(runtime_caps, primary_ifname=ifname))
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":
@@ -111,23 +122,21 @@ class LocalServer:
             if command == "CHECK":
                 await self.pods.check(pod)
                 return 0, b""
-            raise NriCniError(f"unsupported CNI_COMMAND {command!r}", kind=Kind.BAD_ENV)
+            raise NriCniError(f"unsupported CNI_COMMAND {validate.quote(command)}", kind=Kind.BAD_ENV)
         except NriCniError as exc:
-            log.error(
-                "shim %s for %s: %s", env.get("CNI_COMMAND", "?"), env.get("CNI_CONTAINERID", "?")[:12], exc
-            )
+            cid = env.get("CNI_CONTAINERID", "?")
+            shown = cid if validate.is_valid_id(cid) else validate.quote_whole(cid)
+            log.error("shim %s for %s: %s", validate.quote(env.get("CNI_COMMAND", "?"), 20), shown, exc)
             return 1, json.dumps(_cni_error(exc, version)).encode()
+        except Exception as exc:  # no input may end a request without an answer
+            log.exception("shim %s: unexpected error", validate.quote(env.get("CNI_COMMAND", "?"), 20))
+            err = NriCniError("internal error", details=validate.quote(repr(exc)))
+            return 1, json.dumps(_cni_error(err, version)).encode()
 
     @staticmethod
     def _pod_from_env(env: dict[str, str], conf: dict[str, Any]) -> PodInfo:
-        cid = env.get("CNI_CONTAINERID", "")
-        if not cid:
-            raise NriCniError("CNI_CONTAINERID is not set", kind=Kind.BAD_ENV)
-        args: dict[str, str] = {}
-        for item in env.get("CNI_ARGS", "").split(";"):
-            key, sep, value = item.partition("=")
-            if sep:
-                args[key] = value
+        cid = validate.check_id(env.get("CNI_CONTAINERID", ""), "CNI_CONTAINERID")
+        args = validate.parse_cni_args(env.get("CNI_ARGS", ""))
         annotations = (conf.get("runtimeConfig") or {}).get(POD_ANNOTATIONS_CAP) or {}
         if not isinstance(annotations, dict):
             raise ConfigError(f"runtimeConfig.{POD_ANNOTATIONS_CAP} must be an object")
@@ -142,8 +151,7 @@ class LocalServer:
 
     async def _gc(self, conf: dict[str, Any]) -> None:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
-        valid = conf.get("cni.dev/valid-attachments") or conf.get("cni.dev/attachments") or []
-        pod_ids = {a.get("containerID", "") for a in valid if isinstance(a, dict)}
+        pod_ids = validate.gc_valid_ids(conf)
         report = await self.pods.gc_listed(pod_ids)
         if report["errors"]:
             raise NriCniError(
@@ -170,7 +178,21 @@ class LocalServer:
 
 def _cni_error(exc: NriCniError, version: str) -> dict[str, Any]:
     out = exc.to_cni_error(version)
+    out["msg"] = validate.cap_text(str(out.get("msg", "")))
+    if out.get("details"):
+        out["details"] = validate.cap_text(str(out["details"]))
     # The message a kubelet event shows: the whole chain, not just the outer layer.
     if not out.get("details"):
         out.pop("details", None)
     return out
+
+
+def _guard_settings(cfg: Config) -> peercred.GuardSettings:
+    local = cfg.local
+    return peercred.GuardSettings(
+        allowed_uids=local.allowed_uids,
+        allowed_gids=local.allowed_gids,
+        max_connections=local.max_connections,
+        read_timeout=local.read_timeout,
+        max_request_bytes=local.max_request_bytes,
+    )

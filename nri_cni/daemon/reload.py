@@ -42,6 +42,8 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("cni.bin_dirs", lambda c: c.cni.bin_dirs),
     ("cni.cache_dir", lambda c: c.cni.cache_dir),
     ("cni.plugin_timeout", lambda c: c.cni.plugin_timeout),
+    ("cni.plugin_env", lambda c: c.cni.plugin_env),
+    ("files.trust", lambda c: c.trust_files),
     ("cni.runtime_cache_dir", lambda c: c.cni.runtime_cache_dir),
     ("gc.interval", lambda c: c.gc_interval),
     ("status.interval", lambda c: c.status_interval),
@@ -63,7 +65,7 @@ def finalize_dropins(cfg: Config) -> tuple[tuple[PluginConf, ...], list[ConfigEr
     path = cfg.cni.finalize_dir.rstrip("/")
     if not path or not os.path.isdir(path):
         return (), []
-    return load_finalize_dropins(os.path.dirname(path))
+    return load_finalize_dropins(os.path.dirname(path), trust=cfg.trust_files)
 
 
 def watched_dirs(cfg: Config) -> set[str]:
@@ -141,12 +143,12 @@ class ConfigReloader:
             await self._trigger.wait()
             await asyncio.sleep(self.cfg.reload.debounce)  # let an editor finish its writes
             self._trigger.clear()
-            await self.reload_now("a file changed")
+            await _survive(self.reload_now("a file changed"))
 
     async def _rescan(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await self.reload_now("periodic rescan")
+            await _survive(self.reload_now("periodic rescan"))
 
     async def reload_now(self, reason: str) -> bool:
         """Reads the configuration again; True if a change was applied."""
@@ -159,6 +161,9 @@ class ConfigReloader:
                 self._check_restart_only(new)
             except ConfigError as exc:
                 self._refused(exc, reason)
+                return False
+            except Exception as exc:  # no input may stop hot reload (issue 15)
+                self._refused(ConfigError(f"cannot read the configuration: {exc!r}"[:500]), reason)
                 return False
             old = self.cfg
             await self._apply(new)
@@ -208,6 +213,14 @@ class ConfigReloader:
             "refused": self.state.refused,
             "refusedAt": self.state.refused_at,
         }
+
+
+async def _survive(reload) -> None:
+    # a long-running task outlives whatever one reload meets; the next change is read again
+    try:
+        await reload
+    except Exception:
+        log.exception("configuration reload failed; the running configuration stays")
 
 
 def describe_change(old: Config, new: Config) -> str:

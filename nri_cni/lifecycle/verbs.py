@@ -11,7 +11,6 @@ plugin can keep what a sibling generation still uses.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 from nri_cni.cni.config import NetworkConfigList, PluginConf
@@ -21,7 +20,6 @@ from nri_cni.lifecycle.spec import plugins_for
 
 GENERATION_KEY = "cni.dev/generation"
 OTHER_GENERATIONS_KEY = "cni.dev/other-generations"
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -39,17 +37,8 @@ class VerbRunner:
         self.cni = cni
 
     def env(self, verb: str) -> dict[str, str]:
-        env = dict(os.environ)  # plugins exec ip, iptables...: they need the daemon's PATH
-        env.setdefault("PATH", _DEFAULT_PATH)
-        env.update(
-            CNI_COMMAND=verb,
-            CNI_CONTAINERID="",
-            CNI_NETNS="",
-            CNI_IFNAME="",
-            CNI_ARGS="",
-            CNI_PATH=":".join(self.cni.bin_dirs),
-        )
-        return env
+        # the same minimal environment as every plugin call (docs/security.md)
+        return self.cni.network_env(verb)
 
     @staticmethod
     def stdin(net: NetworkConfigList, plugin: PluginConf, generation: str, siblings: list[Sibling]) -> bytes:

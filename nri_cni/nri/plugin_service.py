@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from nri_cni import validate
 from nri_cni.api import nri_pb2
 from nri_cni.errors import GrpcCode, ProtocolError
 from nri_cni.ttrpc.server import Handler
@@ -104,7 +105,12 @@ class PluginService:
 
     async def synchronize(self, payload: bytes) -> bytes:
         req = _decode(nri_pb2.SynchronizeRequest, payload)
-        self._sync_pods.extend(req.pods)
+        for pod in req.pods:
+            # a pod whose id could name a path is left out: nri-cni never attached it
+            if validate.is_valid_id(pod.id):
+                self._sync_pods.append(pod)
+            else:
+                log.error("Synchronize: pod with invalid id %s left out", validate.quote_whole(pod.id))
         self._sync_containers.extend(req.containers)
         if req.more:  # the runtime wants more=true and no updates until the last page
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
@@ -122,6 +128,7 @@ class PluginService:
 
     async def run_pod_sandbox(self, payload: bytes) -> bytes:
         pod = _decode(nri_pb2.RunPodSandboxRequest, payload).pod
+        _check_pod("RunPodSandbox", pod, whole=True)
         resp = None
         if hasattr(self._plugin, "run_pod_sandbox"):
             resp = await self._plugin.run_pod_sandbox(pod)
@@ -150,4 +157,20 @@ class PluginService:
     async def _pod_event(self, event: int, pod: nri_pb2.PodSandbox) -> Any:
         name = POD_EVENT_METHODS.get(event)
         method = getattr(self._plugin, name, None) if name else None
+        if method is not None:
+            # a new pod must be wholly valid; stop/remove need only a valid id to clean it up
+            _check_pod(name or "", pod, whole=event == nri_pb2.RUN_POD_SANDBOX)
         return await method(pod) if method is not None else None
+
+
+def _check_pod(event: str, pod: nri_pb2.PodSandbox, *, whole: bool) -> None:
+    """Refuses (INVALID_ARGUMENT) a pod event whose id, or for a new pod whose name, namespace or
+    uid, could reach a path or break CNI_ARGS; the id is logged whole, escaped."""
+    try:
+        if whole:
+            validate.check_pod(pod.id, pod.name, pod.namespace, pod.uid, event)
+        else:
+            validate.check_id(pod.id, f"{event} pod id")
+    except validate.InvalidInput as exc:
+        log.error("%s refused: pod id %s: %s", event, validate.quote_whole(pod.id), exc)
+        raise

@@ -83,6 +83,12 @@ class Stub:
         except ValueError:
             raise ConfigError(f"invalid {SOCKET_ENV}={fd!r}: a file descriptor expected") from None
         if self._launch_fd is not None:
+            # the runtime's connection must never reach a CNI plugin (issue 15): fd 3 came
+            # inheritable, as every exec'd child would get it
+            try:
+                os.set_inheritable(self._launch_fd, False)
+            except OSError:
+                pass  # not open: connecting to it reports the error
             name, idx = launch_identity(os.environ, sys.argv[0], name, idx)
         check_identity(name, idx)
         self.plugin = plugin

@@ -59,11 +59,11 @@ class Attacher:
         self.readiness = readiness
         # INIT / DEINIT per network generation: ADDs hold a lease on their generation
         self.lifecycle = lifecycle
-        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir)
+        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
 
     def reconfigure(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir)
+        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
 
     async def attach(
         self,
@@ -259,12 +259,12 @@ def _primary_conf(
     return net, rt, parse_result(entry.result)
 
 
-def finalize_dropins(path: str) -> tuple[PluginConf, ...]:
+def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:
     # The config names the `_finalize.d` dir itself (validated); libcni's rule reads it below
     # a conf dir.
     if not path or not os.path.isdir(path):
         return ()
-    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")))
+    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")), trust=trust)
     for err in errors:
         log.error("finalize drop-in skipped: %s", err)
     return plugins

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits, safefs, validate
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.fsutil import is_temporary, write_atomic
 
@@ -67,10 +68,11 @@ class IntentStore:
         self.dir = os.path.join(state_dir, "intents")
 
     def _path(self, pod_id: str) -> str:
-        return os.path.join(self.dir, pod_id)
+        # the file is named after the pod: it can never leave the directory (nri_cni/validate.py)
+        return os.path.join(self.dir, validate.check_id(pod_id, "pod id"))
 
     def write(self, intent: Intent) -> None:
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        safefs.private_dir(self.dir)
         doc = {
             "podId": intent.pod_id,
             "netns": intent.netns,
@@ -132,7 +134,9 @@ class IntentStore:
     def _read(path: str) -> Intent | None:
         try:
             with open(path, "rb") as f:
-                doc = json.loads(f.read())
+                doc = jsonlimits.loads(f.read())
+            if not validate.is_valid_id(doc["podId"]):
+                raise ValueError(f"pod id {validate.quote(doc['podId'])} is not a valid id")
             return Intent(
                 pod_id=doc["podId"],
                 netns=doc.get("netns", ""),

@@ -10,11 +10,11 @@ which is what a Multus user expects from a bad NetworkAttachmentDefinition refer
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nri_cni import jsonlimits, validate
 from nri_cni.config import Config, NetworkSpec
 from nri_cni.errors import AnnotationRefused
 from nri_cni.pod.model import PrimaryNetwork
@@ -24,7 +24,6 @@ MAX_ANNOTATION_BYTES = 64 * 1024
 MAX_REQUESTED_NETWORKS = 32
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
-_IFNAME_BAD = re.compile(r"[/:\s]")
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 # Keys of a JSON selection element that nri-cni understands; anything else is refused rather
 # than silently ignored, so a user never believes an option took effect when it did not.
@@ -102,6 +101,15 @@ def select_networks(
         seen.add(sel.ifname)
     if not primary.ours and "eth0" in seen:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION}: eth0 belongs to the runtime's own network")
+    try:
+        validate.check_selection(
+            [sel.network.name for sel in out],
+            max_networks=cfg.limits.networks_per_pod,
+            max_per_network=cfg.limits.attachments_per_network,
+            where=NETWORKS_ANNOTATION,
+        )
+    except validate.InvalidInput as exc:
+        raise AnnotationRefused(exc.msg) from None
     return out
 
 
@@ -145,7 +153,7 @@ def _parse_short(item: str, i: int) -> _Request:
 
 def _parse_json(text: str) -> list[_Request]:
     try:
-        items = json.loads(text)
+        items = jsonlimits.loads(text, max_bytes=MAX_ANNOTATION_BYTES)
     except ValueError as exc:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION} is not valid JSON: {exc}") from None
     if not isinstance(items, list):
@@ -158,7 +166,7 @@ def _parse_json(text: str) -> list[_Request]:
         unknown = set(obj) - _JSON_KEYS
         if unknown:
             raise AnnotationRefused(
-                f"{where}: unsupported key(s) {', '.join(sorted(map(str, unknown)))} "
+                f"{where}: unsupported key(s) {validate.shown(', '.join(sorted(map(str, unknown))))} "
                 f"(supported: {', '.join(sorted(_JSON_KEYS))})"
             )
         name = obj.get("name")
@@ -177,23 +185,25 @@ def _parse_json(text: str) -> list[_Request]:
         if "mac" in obj:
             mac = obj["mac"]
             if not isinstance(mac, str) or not _MAC.match(mac):
-                raise AnnotationRefused(f"{where}: mac {mac!r} is not a MAC address")
+                raise AnnotationRefused(f"{where}: mac {validate.quote(mac)} is not a MAC address")
             caps["mac"] = mac
         out.append(_Request(name=name, namespace=namespace, interface=ifname, capability_args=caps))
     return out
 
 
 def _check_name(name: str, where: str, what: str) -> None:
-    if not name or len(name) > 253 or not _NAME.match(name):
+    if not name or len(name) > 253 or not _NAME.fullmatch(name):
         raise AnnotationRefused(
-            f"{where}: {what} {name!r} is not valid (letters, digits, '_', '.', '-'; no path)"
+            f"{where}: {what} {validate.quote(name)} is not valid (letters, digits, '_', '.', '-'; no path)"
         )
 
 
 def _check_ifname(ifname: str, where: str) -> None:
-    if not ifname or len(ifname) > 15 or ifname in (".", "..") or _IFNAME_BAD.search(ifname):
+    problem = validate.ifname_problem(ifname)
+    if problem:
         raise AnnotationRefused(
-            f"{where}: interface name {ifname!r} is not valid (1-15 characters, no '/', ':' or spaces)"
+            f"{where}: interface name {validate.quote(ifname)} {problem} "
+            "(1-15 bytes, no '/', ':', whitespace or control characters)"
         )
 
 
@@ -204,5 +214,5 @@ def _check_ips(value: object, where: str) -> list[str]:
         try:
             ipaddress.ip_interface(ip)
         except ValueError:
-            raise AnnotationRefused(f"{where}: {ip!r} is not an IP address") from None
+            raise AnnotationRefused(f"{where}: {validate.quote(ip)} is not an IP address") from None
     return list(value)

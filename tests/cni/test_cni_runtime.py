@@ -415,8 +415,10 @@ def test_failed_add_no_cache(runtime, make_net, call_log, rt):
 
 def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
     pidfile = tmp_path / "hang.pid"
-    monkeypatch.setenv("HANG_PIDFILE", str(pidfile))  # plugins inherit the runtime's environment
-    runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), exec_timeout=0.3)
+    monkeypatch.setenv("HANG_PIDFILE", str(pidfile))  # passed on by name (cni.plugin_env)
+    runtime = CNIRuntime(
+        [str(fake_bin)], cache_dir=str(tmp_path / "cache"), exec_timeout=0.3, pass_env=["HANG_PIDFILE"]
+    )
     with pytest.raises(PluginTimeout) as err:
         run(runtime.add(make_net(["hang"]), rt))
     assert err.value.ref.network == "testnet"
