@@ -2,6 +2,7 @@
 mode on its embedded default config, and a CRI client to start pods.
 
     python3 config/local/node.py up          # start containerd and nri-cni (background)
+    python3 config/local/node.py status      # is each running, and is nri-cni ready
     python3 config/local/node.py pod NAME    # start a pod through CRI, print its IP
     python3 config/local/node.py rm NAME     # stop and remove that pod
     python3 config/local/node.py down        # remove every pod, stop both, clean up
@@ -11,6 +12,10 @@ node admin merges) with containerd's own dirs under /var/lib/nri-cni-local and i
 /run/nri-cni-local; NRI listens on the default /var/run/nri/nri.sock, CNI uses /etc/cni/net.d and
 /opt/cni/bin, exactly where the embedded default config expects them. No registry is reachable
 here, so the pause image is built locally (tests/support/pause) and imported.
+
+Run with the system's python3 it re-runs itself with the virtualenv `config/local/up.sh` made
+(.venv), which has grpc and the rest. A failure is one line that says what to do, never a
+traceback: after a crash of nri-cni, `pod` says so and where its log is.
 """
 
 from __future__ import annotations
@@ -26,6 +31,21 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def _in_venv_if_needed() -> None:
+    """The system's python3 has no grpc (PEP 668 keeps pip out of it): use the project's venv."""
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != VENV_PYTHON.parents[1].resolve():
+            os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
+        sys.exit(f"node.py: no virtualenv at {VENV_PYTHON}: run `bash config/local/up.sh` first")
+
+
+if __name__ == "__main__":
+    _in_venv_if_needed()
 sys.path.insert(0, str(REPO))
 
 from tests.support import toml_write  # noqa: E402
@@ -40,6 +60,15 @@ CONF_DIR = Path("/etc/cni/net.d")
 BIN_DIR = Path("/opt/cni/bin")
 SHIM_LIST = REPO / "config" / "containerd" / "net.d" / "10-nri-cni.conflist"
 NAMESPACE = "demo"
+STARTED = float(os.environ.get("NRI_CNI_UP_START") or time.time())  # up.sh's clock, if it started us
+
+
+class NodeError(Exception):
+    """What went wrong, in one line for the person at the terminal."""
+
+
+def say(message: str) -> None:
+    print(f"up: [{time.time() - STARTED:3.0f}s] {message}", flush=True)
 
 
 def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
@@ -98,20 +127,31 @@ def cri() -> CriClient:
     return CriClient(str(ADDRESS), cgroup_parent="/nri-cni-local")
 
 
+def nri_cni(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nri_cni.cli", *args], capture_output=True, text=True)
+
+
 def up() -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     RUN.mkdir(parents=True, exist_ok=True)
+    say(f"installing the CNI plugins and nri-cni-shim into {BIN_DIR}, the shim list into {CONF_DIR}")
     install_cni()
+    say("building the pause image (no registry here)")
     pause = build_pause_image()
     if not pid_of("containerd"):
+        say("starting containerd (NRI on)")
         env = dict(os.environ, PATH=f"{bin_dir()}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         start_background(
             "containerd", [str(bin_dir() / "containerd"), "--config", str(containerd_config(pause.ref))], env
         )
+        say(f"waiting for containerd's socket {ADDRESS}")
         for _ in range(200):
             if ADDRESS.exists():
                 break
             time.sleep(0.05)
+        else:
+            raise NodeError(f"containerd did not start; see {STATE / 'containerd.log'}")
+        say("importing the pause image")
         sh(
             str(bin_dir() / "ctr"),
             "--address",
@@ -123,23 +163,61 @@ def up() -> int:
             str(pause.archive),
             stdout=subprocess.DEVNULL,
         )
-    print(f"containerd: running (pid {pid_of('containerd')}, log {STATE / 'containerd.log'})")
+    say(f"containerd: running (pid {pid_of('containerd')}, log {STATE / 'containerd.log'})")
     if not pid_of("nri-cni"):
+        say("starting nri-cni (shim mode, embedded default config)")
         start_background("nri-cni", [sys.executable, "-m", "nri_cni.cli", "run"])
+    say("waiting for nri-cni to register with containerd and report ready")
     for _ in range(200):
-        ok = subprocess.run([sys.executable, "-m", "nri_cni.cli", "status"], capture_output=True)
-        if ok.returncode == 0:
+        if nri_cni("status").returncode == 0:
             break
+        if not pid_of("nri-cni"):
+            raise NodeError(f"nri-cni exited at start; see {STATE / 'nri-cni.log'}")
         time.sleep(0.1)
     else:
-        print(f"nri-cni did not become ready; see {STATE / 'nri-cni.log'}", file=sys.stderr)
-        return 1
-    print(f"nri-cni:    running (pid {pid_of('nri-cni')}, log {STATE / 'nri-cni.log'})")
-    print("try:        python3 config/local/node.py pod demo-1 && nri-cni pods")
+        raise NodeError(f"nri-cni did not become ready; see {STATE / 'nri-cni.log'}")
+    say(f"nri-cni:    ready (pid {pid_of('nri-cni')}, log {STATE / 'nri-cni.log'})")
+    print(f"try:  python3 config/local/node.py pod demo-1 && {REPO / '.venv/bin/nri-cni'} pods")
     return 0
 
 
+def require_running() -> None:
+    """Pod commands need both; after a crash, say which one is gone and where its log is."""
+    if not pid_of("containerd"):
+        raise NodeError("the local node is not up: run `bash config/local/up.sh`")
+    if not pid_of("nri-cni"):
+        log = STATE / "nri-cni.log"
+        last = _last_line(log)
+        raise NodeError(
+            f"nri-cni is not running (it exited{': ' + last if last else ''}); see {log}, "
+            "then start it again with `python3 config/local/node.py up`"
+        )
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip()[:200] if lines else ""
+
+
+def status() -> int:
+    for name in ("containerd", "nri-cni"):
+        pid = pid_of(name)
+        print(
+            f"{name + ':':12}{f'running (pid {pid})' if pid else 'not running'}, log {STATE / (name + '.log')}"
+        )
+    if not pid_of("nri-cni"):
+        return 2
+    result = nri_cni("status")
+    print(result.stdout, end="")
+    print(result.stderr, end="", file=sys.stderr)
+    return result.returncode
+
+
 def pod(name: str) -> int:
+    require_running()
     client = cri()
     pod_id = client.run_pod(name, NAMESPACE, str(uuid.uuid4()))
     st = client.pod_status(pod_id)
@@ -148,6 +226,7 @@ def pod(name: str) -> int:
 
 
 def rm(name: str) -> int:
+    require_running()
     client = cri()
     for p in client.list_pods():
         if p.name == name:
@@ -182,16 +261,35 @@ def down() -> int:
     return 0
 
 
+COMMANDS = {"up": up, "status": status, "down": down}
+POD_COMMANDS = {"pod": pod, "rm": rm}
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("up", "pod", "rm", "down"):
+    if not argv or argv[0] not in (*COMMANDS, *POD_COMMANDS):
         print(__doc__, file=sys.stderr)
         return 2
-    if argv[0] in ("pod", "rm"):
-        if len(argv) != 2:
-            print(f"usage: node.py {argv[0]} NAME", file=sys.stderr)
-            return 2
-        return {"pod": pod, "rm": rm}[argv[0]](argv[1])
-    return {"up": up, "down": down}[argv[0]]()
+    try:
+        if argv[0] in POD_COMMANDS:
+            if len(argv) != 2:
+                print(f"usage: node.py {argv[0]} NAME", file=sys.stderr)
+                return 2
+            return POD_COMMANDS[argv[0]](argv[1])
+        return COMMANDS[argv[0]]()
+    except NodeError as exc:
+        print(f"node.py {argv[0]}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # grpc.RpcError, OSError, a failed command: one line, not a traceback
+        print(f"node.py {argv[0]}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    text = details() if callable(details) else str(exc)  # a grpc error's own message
+    return " ".join(str(text or type(exc).__name__).split())
 
 
 if __name__ == "__main__":
