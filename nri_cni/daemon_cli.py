@@ -34,6 +34,17 @@ def register(sub) -> None:
         )
         p.add_argument("-o", "--output", choices=("table", "json"), default="table")
         p.set_defaults(func=func)
+        if name == "status":
+            p.add_argument(
+                "--watch",
+                "-w",
+                type=float,
+                nargs="?",
+                const=2.0,
+                default=None,
+                metavar="SECONDS",
+                help="ask again every SECONDS (default 2) and print the report when it changes",
+            )
 
     p = sub.add_parser("install-shim", help="write the nri-cni-shim CNI plugin into a CNI bin dir")
     p.add_argument("dest", nargs="?", default="/opt/cni/bin")
@@ -145,31 +156,87 @@ def _report(args, op: str, show_table, ok=lambda data: True) -> int:
 
 
 def cmd_status(args) -> int:
-    return _report(args, "status", _status_table, ok=lambda data: data["ready"])
+    """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/health.py)."""
+    if args.watch is None:
+        return _status_once(args)[0]
+    import time
+
+    last = None
+    code = 2
+    try:
+        while True:
+            code, text = _status_once(args, quiet=True)
+            if text != last:
+                if args.output == "table":
+                    print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {health_name(code)}")
+                print(text, flush=True)
+                last = text
+            time.sleep(max(0.1, args.watch))
+    except KeyboardInterrupt:
+        return code
 
 
-def _status_table(data) -> None:
+def health_name(code: int) -> str:
+    from nri_cni import health
+
+    return health.NAMES[code]
+
+
+def _status_once(args, quiet: bool = False) -> tuple[int, str]:
+    """(exit code, what to print). Unreachable is `not ready` for a probe: exit 2."""
+    from nri_cni import health, localproto
+    from nri_cni.errors import Unavailable
+
+    try:
+        status, payload = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
+        data = json.loads(payload or b"null")
+        if status != 0:
+            raise Unavailable(str(data.get("error", data)))
+    except (Unavailable, OSError, ValueError) as exc:
+        verdict = health.unreachable(f"nri-cni: {exc}")
+        text = json.dumps({"health": verdict.name, "reasons": verdict.reasons}, indent=None if quiet else 2)
+        if args.output == "table":
+            text = f"health:     {verdict.line()}"
+        if not quiet:
+            print(text, file=sys.stderr if args.output == "table" else sys.stdout)
+        return verdict.code, text
+    verdict = health.assess(data)
+    if args.output == "json":
+        data = {**data, "health": verdict.name, "reasons": verdict.reasons}
+        if quiet:  # --watch: one JSON line per change, and the uptime is no change
+            data.pop("uptimeSeconds", None)
+        text = json.dumps(data, indent=None if quiet else 2)
+    else:
+        text = _status_table(data, verdict)
+    if not quiet:
+        print(text)
+    return verdict.code, text
+
+
+def _status_table(data, verdict) -> str:
     nri = data["nri"]
-    print(f"mode:       {data['mode']}")
-    print(f"ready:      {'yes' if data['ready'] else 'NO'}")
-    print(
+    lines = [
+        f"mode:       {data['mode']}",
+        f"ready:      {'yes' if data['ready'] else 'NO'}",
+        f"health:     {verdict.line()}",
         f"runtime:    {nri['runtime'] or '-'} (registered: {nri['registered']}, "
-        f"synchronized: {nri['synchronized']})"
-    )
-    print(f"pods:       {data['pods']}  attachments: {data['attachments']}")
+        f"synchronized: {nri['synchronized']})",
+        f"pods:       {data['pods']}  attachments: {data['attachments']}",
+    ]
     for name, st in data["networks"].items():
         state = "ready" if st["ready"] else f"NOT READY: {st['error']}"
-        print(f"network {name}: {state}")
+        lines.append(f"network {name}: {state}")
     for name, lc in (data.get("lifecycle") or {}).items():
         for old in lc.get("retired", []):
-            print(
+            lines.append(
                 f"network {name}: generation {old['generation']} retired, "
                 f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
                 + (f": {old['error']}" if old["error"] else "")
             )
     reload = data.get("reload") or {}
     if reload.get("refused"):
-        print(f"config reload REFUSED (running config kept): {reload['refused']}")
+        lines.append(f"config reload REFUSED (running config kept): {reload['refused']}")
+    return "\n".join(lines)
 
 
 def cmd_pods(args) -> int:
@@ -177,17 +244,27 @@ def cmd_pods(args) -> int:
 
 
 def _pods_table(data) -> None:
-    rows = [("POD", "NETWORK", "INTERFACE", "IPS", "MAC")]
+    import time
+
+    from nri_cni.podreport import format_age
+
+    now = time.time()
+    rows = [("POD", "STATE", "NETWORK", "INTERFACE", "IPS", "MAC", "AGE")]
     for pod in data:
         label = f"{pod['namespace']}/{pod['name']}" if pod["name"] else pod["id"][:12]
-        for i, net in enumerate(pod["networks"]):
+        age = format_age(now - pod["attachedAt"]) if pod.get("attachedAt") else "-"
+        networks = pod["network-status"] or [{"name": "-", "interface": "-"}]
+        for i, net in enumerate(networks):
+            first = i == 0
             rows.append(
                 (
-                    label if i == 0 else "",
-                    net["network"],
-                    net["interface"],
-                    ",".join(net["ips"]) or "-",
-                    net["mac"] or "-",
+                    label if first else "",
+                    pod["state"] if first else "",
+                    net["name"],
+                    net.get("interface") or "-",
+                    ",".join(net.get("ips") or ()) or "-",
+                    net.get("mac") or "-",
+                    age if first else "",
                 )
             )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

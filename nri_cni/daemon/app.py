@@ -25,8 +25,8 @@ import signal
 import socket
 import time
 
+from nri_cni import podreport
 from nri_cni.cni.cache import ResultCache
-from nri_cni.cni.result import parse_result
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
 from nri_cni.daemon.local_server import LocalServer
@@ -37,7 +37,7 @@ from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_c
 from nri_cni.metrics import Metrics
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
-from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
+from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodNetworker, netns_gone
 
 log = logging.getLogger("nri_cni.daemon")
@@ -362,32 +362,12 @@ class Daemon:
         }
 
     def pods_report(self) -> list[dict]:
-        pods: dict[str, dict] = {}
-        for entry in self.networker.cached():
-            args = dict(entry.cni_args)
-            pod = pods.setdefault(
-                entry.container_id,
-                {
-                    "id": entry.container_id,
-                    "namespace": args.get(K8S_POD_NAMESPACE, ""),
-                    "name": args.get(K8S_POD_NAME, ""),
-                    "networks": [],
-                },
-            )
-            result = parse_result(entry.result) if entry.result else None
-            pod["networks"].append(
-                {
-                    "network": entry.network_name,
-                    "interface": entry.ifname,
-                    "ips": [ip.address for ip in result.ips] if result else [],
-                    "mac": next((i.mac for i in result.interfaces if i.name == entry.ifname), "")
-                    if result
-                    else "",
-                }
-            )
-        for pod in pods.values():
-            pod["networks"].sort(key=lambda n: (n["interface"] != "eth0", n["interface"]))
-        return sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["id"]))
+        runtime = self.networker.runtime_cache if self.cfg.mode == "secondary" else None
+        return podreport.pods_report(
+            self.networker.cached(),
+            podreport.PodState(self.pods, set(self._repair), set(self.networker.pending_rollbacks())),
+            runtime_entries=podreport.runtime_primaries(runtime, self.cfg.primary_network),
+        )
 
 
 def sd_notify(message: str) -> None:

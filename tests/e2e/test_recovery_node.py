@@ -298,7 +298,7 @@ def wait_settled(daemon: NriCni, log_offset: int = 0, timeout: float = 20) -> No
 
 def pod_ids_in(daemon: NriCni) -> dict[str, list[str]]:
     """`nri-cni pods`: pod id -> interfaces."""
-    return {p["id"]: [n["interface"] for n in p["networks"]] for p in daemon.pods()}
+    return {p["id"]: [n["interface"] for n in p["network-status"]] for p in daemon.pods()}
 
 
 @pytest.fixture
