@@ -536,7 +536,12 @@ class PodNetworker:
             errors = await self._detach_locked(pod, record)
             if errors:
                 record.error = "; ".join(errors)
-            self._emit(record)
+            if record.networks or errors:
+                self._emit(record)
+            else:  # NRI stop, NRI remove and the runtime's CNI DELs all arrive: one did the work
+                if self.hooks is not None:
+                    self.hooks.drain(pod.id)
+                log.debug("pod %s: %s found nothing to detach", pod.label(), op)
             if errors:
                 raise PodError(
                     f"pod {pod.label()}: DEL failed for {len(errors)} network(s): " + "; ".join(errors)
