@@ -115,6 +115,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_check_config(args) -> int:
+    from nri_cni.cli import EXIT_USAGE
+    from nri_cni.cni.config import load_finalize_dropins
+
     cfg = load(args)
     print(f"{cfg.path}: ok ({cfg.mode} mode)")
     for net in cfg.networks:
@@ -125,8 +128,23 @@ def cmd_check_config(args) -> int:
             f"  network {net.name}: cniVersion {net.conflist.cni_version}, plugins [{kinds}]"
             + (f", finalize [{fin}]" if fin else "")
             + f", {who}"
+            + (f" (NetworkAttachmentDefinition {net.nad}, {net.conflist.source})" if net.nad else "")
         )
-    return 0
+    if cfg.nad_dir:
+        count = sum(1 for n in cfg.networks if n.nad)
+        print(f"  NetworkAttachmentDefinitions from {cfg.nad_dir}: {count}")
+    # FINALIZE drop-ins: <conf dir>/_finalize.d/*.conf, run for every network after its own
+    finalize_dir = cfg.cni.finalize_dir.rstrip("/")
+    plugins, errors = load_finalize_dropins(os.path.dirname(finalize_dir))
+    if plugins:
+        print(
+            f"  finalize drop-ins from {finalize_dir}, for every network: [{' '.join(p.type for p in plugins)}]"
+        )
+    else:
+        print(f"  finalize drop-ins: none in {finalize_dir}")
+    for err in errors:
+        print(f"nri-cni: {err}", file=sys.stderr)
+    return EXIT_USAGE if errors else 0
 
 
 def _ask(args, op: str):

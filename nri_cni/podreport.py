@@ -46,10 +46,11 @@ class _Pod:
     status: list[tuple[bool, str, dict]] = field(default_factory=list)  # (runtime's?, ifname, element)
 
 
-def network_status(entry: CacheEntry) -> dict:
-    """One element of the network-status list for one cache entry (one pod, one interface)."""
+def network_status(entry: CacheEntry, name: str = "") -> dict:
+    """One element of the network-status list for one cache entry (one pod, one interface);
+    `name` as Multus names it ("namespace/name" for a NetworkAttachmentDefinition)."""
     result = parse_result(entry.result) if entry.result else Result()
-    element: dict = {"name": entry.network_name, "interface": entry.ifname}
+    element: dict = {"name": name or entry.network_name, "interface": entry.ifname}
     ips = _ips_of(result, entry.ifname)
     if ips:
         element["ips"] = ips
@@ -120,10 +121,15 @@ def runtime_primaries(cache: ResultCache | None, network: str) -> list[CacheEntr
 
 
 def pods_report(
-    entries: Iterable[CacheEntry], state: PodState, *, runtime_entries: Iterable[CacheEntry] = ()
+    entries: Iterable[CacheEntry],
+    state: PodState,
+    *,
+    runtime_entries: Iterable[CacheEntry] = (),
+    names: Mapping[str, str] | None = None,
 ) -> list[dict]:
     """Every pod nri-cni attached, or the runtime listed, or the runtime attached (secondary):
-    {id, namespace, name, state, attachedAt, network-status}, sorted by namespace and name."""
+    {id, namespace, name, state, attachedAt, network-status}, sorted by namespace and name.
+    `names`: CNI network name -> the name to report (a NAD's "namespace/name")."""
     pods: dict[str, _Pod] = {}
 
     def pod_of(pod_id: str) -> _Pod:
@@ -143,7 +149,8 @@ def pods_report(
             at = _attached_at(entry)
             if at is not None and (pod.attached_at is None or at < pod.attached_at):
                 pod.attached_at = at
-            pod.status.append((runtimes, entry.ifname, network_status(entry)))
+            name = (names or {}).get(entry.network_name, "")
+            pod.status.append((runtimes, entry.ifname, network_status(entry, name)))
     for info in state.listed.values():
         pod = pod_of(info.id)
         pod.namespace, pod.name = info.namespace or pod.namespace, info.name or pod.name

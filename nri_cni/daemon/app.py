@@ -367,6 +367,7 @@ class Daemon:
             self.networker.cached(),
             podreport.PodState(self.pods, set(self._repair), set(self.networker.pending_rollbacks())),
             runtime_entries=podreport.runtime_primaries(runtime, self.cfg.primary_network),
+            names={n.name: n.nad for n in self.cfg.networks if n.nad},
         )
 
 

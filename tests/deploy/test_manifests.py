@@ -268,12 +268,12 @@ def test_probes(docs, tmp_path, status_exit, ready, alive):
 
 
 def test_status_fails_when_the_daemon_is_down(tmp_path):
-    """What the readiness probe runs, against no daemon: exit 3, "not reachable"."""
+    """What the readiness probe runs, against no daemon: exit 2 (not ready), "not reachable"."""
     run = subprocess.run(
         [sys.executable, "-m", "nri_cni.cli", "status", "--socket", str(tmp_path / "none.sock")],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert run.returncode == 3
+    assert run.returncode == 2
     assert "not reachable" in run.stderr
