@@ -504,7 +504,9 @@ def load_config(path: str) -> Config:
             text = f.read()
     except OSError as exc:
         raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
-    return load_config_text(text, path)
+    from nri_cni.nodevalues import expand
+
+    return load_config_text(expand(text, path), path)  # ${node.KEY}: per-node values
 
 
 def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None = None) -> Config:

@@ -45,6 +45,11 @@ def register(sub) -> None:
                 metavar="SECONDS",
                 help="ask again every SECONDS (default 2) and print the report when it changes",
             )
+            p.add_argument(
+                "--ping",
+                action="store_true",
+                help="only whether the daemon answers (a liveness probe): exit 0, or 2 if it does not",
+            )
 
     p = sub.add_parser("install-shim", help="write the nri-cni-shim CNI plugin into a CNI bin dir")
     p.add_argument("dest", nargs="?", default="/opt/cni/bin")
@@ -175,6 +180,8 @@ def _report(args, op: str, show_table, ok=lambda data: True) -> int:
 
 def cmd_status(args) -> int:
     """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/health.py)."""
+    if args.ping:
+        return _ping(args)
     if args.watch is None:
         return _status_once(args)[0]
     import time
@@ -192,6 +199,19 @@ def cmd_status(args) -> int:
             time.sleep(max(0.1, args.watch))
     except KeyboardInterrupt:
         return code
+
+
+def _ping(args) -> int:
+    from nri_cni import health, localproto
+    from nri_cni.errors import Unavailable
+
+    try:
+        status, _ = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
+    except (Unavailable, OSError) as exc:
+        print(f"nri-cni: {exc}", file=sys.stderr)
+        return health.NOT_READY
+    print("nri-cni: the daemon answers")
+    return health.READY if status == 0 else health.NOT_READY
 
 
 def health_name(code: int) -> str:
