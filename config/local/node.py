@@ -68,7 +68,7 @@ class NodeError(Exception):
 
 
 def say(message: str) -> None:
-    print(f"up: [{time.time() - STARTED:3.0f}s] {message}", flush=True)
+    print(f"up: [{int(time.time()) - int(STARTED):3d}s] {message}", flush=True)  # as up.sh counts
 
 
 def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
@@ -76,12 +76,17 @@ def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
 
 
 def pid_of(name: str) -> int | None:
+    """The pid in RUN/<name>.pid if that process is alive and is the one we started: a daemon
+    killed a moment ago may linger as a zombie, and its pid may be reused by anything."""
     try:
         pid = int((RUN / f"{name}.pid").read_text())
-        os.kill(pid, 0)
-        return pid
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError):
         return None
+    state = stat.rpartition(")")[2].split()[0]
+    marker = "nri_cni.cli run" if name == "nri-cni" else name
+    return pid if state not in ("Z", "X") and marker in cmdline else None
 
 
 def start_background(name: str, argv: list[str], env: dict | None = None) -> int:

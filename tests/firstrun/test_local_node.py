@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -86,12 +87,33 @@ def node(tmp_path, monkeypatch):
     return module
 
 
-def test_pod_after_a_daemon_crash_says_so_without_a_traceback(node, capsys):
-    # containerd "runs" (a live pid: ours); nri-cni's pid file names a process that is gone
-    (node.RUN / "containerd.pid").write_text(str(os.getpid()))
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (node.RUN / "nri-cni.pid").write_text(str(dead.pid))
+@pytest.fixture
+def stand_in():
+    """Processes whose command line looks like containerd's or nri-cni's (what pid_of checks)."""
+    procs = []
+
+    def start(*marker: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *marker])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("how", ["exited", "zombie"])
+def test_pod_after_a_daemon_crash_says_so_without_a_traceback(node, capsys, stand_in, how):
+    (node.RUN / "containerd.pid").write_text(str(stand_in("containerd").pid))
+    daemon = stand_in("nri_cni.cli", "run")
+    daemon.kill()  # a crash: not reaped yet, it lingers as a zombie under its pid
+    if how == "exited":
+        daemon.wait()
+    else:
+        while Path(f"/proc/{daemon.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            time.sleep(0.01)
+    (node.RUN / "nri-cni.pid").write_text(str(daemon.pid))
     (node.STATE / "nri-cni.log").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     assert node.main(["pod", "demo-1"]) == 1
     err = capsys.readouterr().err
@@ -101,10 +123,10 @@ def test_pod_after_a_daemon_crash_says_so_without_a_traceback(node, capsys):
     assert str(node.STATE / "nri-cni.log") in err
 
 
-def test_a_runtime_error_is_one_line(node, capsys, monkeypatch):
+def test_a_runtime_error_is_one_line(node, capsys, monkeypatch, stand_in):
     """Both run, but the pod fails (the shim cannot reach a daemon that just died)."""
-    (node.RUN / "containerd.pid").write_text(str(os.getpid()))
-    (node.RUN / "nri-cni.pid").write_text(str(os.getpid()))
+    (node.RUN / "containerd.pid").write_text(str(stand_in("containerd").pid))
+    (node.RUN / "nri-cni.pid").write_text(str(stand_in("nri_cni.cli", "run").pid))
 
     class Failed(grpc.RpcError):
         def details(self):
