@@ -169,6 +169,12 @@ def up() -> int:
             stdout=subprocess.DEVNULL,
         )
     say(f"containerd: running (pid {pid_of('containerd')}, log {STATE / 'containerd.log'})")
+    start_nri_cni()
+    print(f"try:  python3 config/local/node.py pod demo-1 && {REPO / '.venv/bin/nri-cni'} pods")
+    return 0
+
+
+def start_nri_cni() -> None:
     if not pid_of("nri-cni"):
         say("starting nri-cni (shim mode, embedded default config)")
         start_background("nri-cni", [sys.executable, "-m", "nri_cni.cli", "run"])
@@ -182,8 +188,6 @@ def up() -> int:
     else:
         raise NodeError(f"nri-cni did not become ready; see {STATE / 'nri-cni.log'}")
     say(f"nri-cni:    ready (pid {pid_of('nri-cni')}, log {STATE / 'nri-cni.log'})")
-    print(f"try:  python3 config/local/node.py pod demo-1 && {REPO / '.venv/bin/nri-cni'} pods")
-    return 0
 
 
 def require_running() -> None:
@@ -242,6 +246,8 @@ def rm(name: str) -> int:
 
 def down() -> int:
     if pid_of("containerd"):
+        if not pid_of("nri-cni"):  # crashed: the pods' DELs need it (IPAM leases, links)
+            start_nri_cni()
         client = cri()
         for p in client.list_pods():
             client.stop_pod(p.id)
@@ -251,9 +257,7 @@ def down() -> int:
         if pid:
             os.kill(pid, signal.SIGTERM)
             for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except OSError:
+                if not pid_of(name):
                     break
                 time.sleep(0.1)
         (RUN / f"{name}.pid").unlink(missing_ok=True)
@@ -262,6 +266,13 @@ def down() -> int:
     subprocess.run(["umount", "-R", str(RUN / "state")], capture_output=True, check=False)
     shutil.rmtree(RUN, ignore_errors=True)
     subprocess.run(["ip", "link", "del", "nricni0"], capture_output=True, check=False)
+    # what up installed: the shim's list (a real containerd would take it) and the binaries
+    (CONF_DIR / SHIM_LIST.name).unlink(missing_ok=True)
+    (BIN_DIR / "nri-cni-shim").unlink(missing_ok=True)
+    plugins = cni_plugin_dir()
+    for link in BIN_DIR.glob("*") if BIN_DIR.is_dir() else ():
+        if link.is_symlink() and Path(os.readlink(link)).parent == plugins:
+            link.unlink()
     print("local node stopped")
     return 0
 
