@@ -67,8 +67,11 @@ class NodeError(Exception):
     """What went wrong, in one line for the person at the terminal."""
 
 
+_command = "up"  # the prefix of progress lines: the command that prints them
+
+
 def say(message: str) -> None:
-    print(f"up: [{int(time.time()) - int(STARTED):3d}s] {message}", flush=True)  # as up.sh counts
+    print(f"{_command}: [{int(time.time()) - int(STARTED):3d}s] {message}", flush=True)  # as up.sh counts
 
 
 def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
@@ -282,9 +285,11 @@ POD_COMMANDS = {"pod": pod, "rm": rm}
 
 
 def main(argv: list[str]) -> int:
+    global _command
     if not argv or argv[0] not in (*COMMANDS, *POD_COMMANDS):
         print(__doc__, file=sys.stderr)
         return 2
+    _command = argv[0]
     try:
         if argv[0] in POD_COMMANDS:
             if len(argv) != 2:
