@@ -26,7 +26,7 @@ def _pyproject() -> dict:
 
 def third_party_imports(files: list[Path]) -> set[str]:
     """Top-level names of the modules imported (anywhere in the file) that are not the stdlib's
-    nor nri_cni's own."""
+    nor the project's own (nri_cni, tests, bench)."""
     found: set[str] = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -34,7 +34,7 @@ def third_party_imports(files: list[Path]) -> set[str]:
                 found.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 found.add(node.module.split(".")[0])
-    return {n for n in found if n not in sys.stdlib_module_names and n not in ("nri_cni", "tests")}
+    return {n for n in found if n not in sys.stdlib_module_names and n not in ("nri_cni", "tests", "bench")}
 
 
 def distributions_of(imports: set[str]) -> set[str]:
