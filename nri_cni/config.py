@@ -112,6 +112,7 @@ class NetworkSpec:
     interface: str = ""  # "" = assigned in order: eth0 for the primary, then net1, net2, ...
     default: bool = False  # attached to every pod
     namespaces: tuple[str, ...] = ()  # who may ask for it by annotation; "*" = every namespace
+    nad: str = ""  # "namespace/name" of the NetworkAttachmentDefinition it came from (nri_cni/nad.py)
 
     def allowed_in(self, namespace: str) -> bool:
         return "*" in self.namespaces or namespace in self.namespaces
@@ -128,6 +129,7 @@ class Config:
     log_format: str = "text"
     cni: CniSettings = field(default_factory=CniSettings)
     networks: tuple[NetworkSpec, ...] = ()
+    nad_dir: str = ""  # NetworkAttachmentDefinition files (nri_cni/nad.py)
     # Secondary mode: the runtime's own network (its result is read from the runtime's cache and
     # FINALIZE runs for it too). Other modes: the network whose result is the pod's primary one.
     primary_network: str = ""
@@ -303,6 +305,7 @@ _TOP_KEYS = {
     "log",
     "cni",
     "networks",
+    "nad_dir",
     "primary_network",
     "failure_policy",
     "gc",
@@ -416,6 +419,17 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
 
     r.trust_files = trust_files
     networks = _parse_networks(r, data.get("networks"), base_dir)
+    nad_dir = r.string(data, "nad_dir", "", "", path=True)
+    if nad_dir:
+        from nri_cni.nad import nad_networks  # lazy: only configs with nad_dir read NAD files
+
+        nad_dir = _resolve(nad_dir, base_dir)
+        nads, nad_errors = nad_networks(nad_dir, (n.name for n in networks))
+        networks += [
+            NetworkSpec(name=lst.name, conflist=lst, namespaces=(key.split("/", 1)[0],), nad=key)
+            for key, lst in nads
+        ]
+        r.errors += nad_errors
     mode = r.string(data, "mode", "shim", "", choices=MODES)
     primary_network = r.string(data, "primary_network", "", "")
     if mode != "secondary" and primary_network and primary_network not in {n.name for n in networks}:
@@ -435,6 +449,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         log_format=r.string(log, "format", "text", "log", choices=("text", "json")),
         cni=cni_settings,
         networks=tuple(networks),
+        nad_dir=nad_dir,
         primary_network=primary_network,
         failure_policy=r.string(data, "failure_policy", "auto", "", choices=FAILURE_POLICIES),
         gc_interval=r.duration(gc, "interval", 600.0, "gc"),
@@ -595,7 +610,9 @@ def load_config(path: str) -> Config:
             text = f.read(jsonlimits.MAX_YAML_BYTES + 1)  # a bigger one is refused by its size
     except OSError as exc:
         raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
-    return load_config_text(text, path)
+    from nri_cni.nodevalues import expand  # lazy: it imports PyYAML, as load_config_text does
+
+    return load_config_text(expand(text, path), path)  # ${node.KEY}: per-node values
 
 
 def load_config_text(text: str, path: str = "<config>", *, base_dir: str | None = None) -> Config:

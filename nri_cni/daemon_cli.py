@@ -6,9 +6,12 @@ import argparse
 import json
 import os
 import sys
+import time
 
+from nri_cni import health
+from nri_cni.cni.config import load_finalize_dropins
 from nri_cni.config import DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_SOCKET, load_config, load_config_text
-from nri_cni.errors import EXIT_FAILED
+from nri_cni.errors import EXIT_FAILED, EXIT_USAGE, Kind, NriCniError, Unavailable
 
 EMBEDDED_DEFAULT = "embedded default"
 
@@ -35,6 +38,22 @@ def register(sub) -> None:
         )
         p.add_argument("-o", "--output", choices=("table", "json"), default="table")
         p.set_defaults(func=func)
+        if name == "status":
+            p.add_argument(
+                "--watch",
+                "-w",
+                type=float,
+                nargs="?",
+                const=2.0,
+                default=None,
+                metavar="SECONDS",
+                help="ask again every SECONDS (default 2) and print the report when it changes",
+            )
+            p.add_argument(
+                "--ping",
+                action="store_true",
+                help="only whether the daemon answers (a liveness probe): exit 0, or 2 if it does not",
+            )
 
     p = sub.add_parser("install-shim", help="write the nri-cni-shim CNI plugin into a CNI bin dir")
     p.add_argument("dest", nargs="?", default="/opt/cni/bin")
@@ -107,6 +126,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_check_config(args) -> int:
+
     cfg = load(args)
     print(f"{cfg.path}: ok ({cfg.mode} mode)")
     for net in cfg.networks:
@@ -117,8 +137,23 @@ def cmd_check_config(args) -> int:
             f"  network {net.name}: cniVersion {net.conflist.cni_version}, plugins [{kinds}]"
             + (f", finalize [{fin}]" if fin else "")
             + f", {who}"
+            + (f" (NetworkAttachmentDefinition {net.nad}, {net.conflist.source})" if net.nad else "")
         )
-    return 0
+    if cfg.nad_dir:
+        count = sum(1 for n in cfg.networks if n.nad)
+        print(f"  NetworkAttachmentDefinitions from {cfg.nad_dir}: {count}")
+    # FINALIZE drop-ins: <conf dir>/_finalize.d/*.conf, run for every network after its own
+    finalize_dir = cfg.cni.finalize_dir.rstrip("/")
+    plugins, errors = load_finalize_dropins(os.path.dirname(finalize_dir))
+    if plugins:
+        print(
+            f"  finalize drop-ins from {finalize_dir}, for every network: [{' '.join(p.type for p in plugins)}]"
+        )
+    else:
+        print(f"  finalize drop-ins: none in {finalize_dir}")
+    for err in errors:
+        print(f"nri-cni: {err}", file=sys.stderr)
+    return EXIT_USAGE if errors else 0
 
 
 def _ask(args, op: str):
@@ -146,31 +181,105 @@ def _report(args, op: str, show_table, ok=lambda data: True) -> int:
 
 
 def cmd_status(args) -> int:
-    return _report(args, "status", _status_table, ok=lambda data: data["ready"])
+    """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/health.py)."""
+    if args.ping:
+        return _ping(args)
+    if args.watch is None:
+        return _status_once(args)[0]
+    last = None
+    code = 2
+    try:
+        while True:
+            code, text = _status_once(args, quiet=True)
+            if text != last:
+                if args.output == "table":
+                    print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {health_name(code)}")
+                print(text, flush=True)
+                last = text
+            time.sleep(max(0.1, args.watch))
+    except KeyboardInterrupt:
+        return code
 
 
-def _status_table(data) -> None:
+def _unreachable(exc: BaseException) -> bool:
+    """The daemon is not there (nothing listens, or it went away): read by the error's kind."""
+    return isinstance(exc, OSError) or (isinstance(exc, NriCniError) and exc.kind is Kind.UNAVAILABLE)
+
+
+def _ping(args) -> int:
+    from nri_cni import localproto  # lazy: the local protocol's asyncio (~25 ms)
+
+    try:
+        status, _ = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
+    except (NriCniError, OSError) as exc:
+        if not _unreachable(exc):
+            raise
+        print(f"nri-cni: {exc}", file=sys.stderr)
+        return health.NOT_READY
+    print("nri-cni: the daemon answers")
+    return health.READY if status == 0 else health.NOT_READY
+
+
+def health_name(code: int) -> str:
+    return health.NAMES[code]
+
+
+def _status_once(args, quiet: bool = False) -> tuple[int, str]:
+    """(exit code, what to print). Unreachable is `not ready` for a probe: exit 2."""
+    from nri_cni import localproto  # lazy: the local protocol's asyncio (~25 ms)
+
+    try:
+        status, payload = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
+        data = json.loads(payload or b"null")
+        if status != 0:
+            raise Unavailable(str(data.get("error", data)))
+    except (NriCniError, OSError, ValueError) as exc:
+        if not isinstance(exc, ValueError) and not _unreachable(exc):
+            raise
+        verdict = health.unreachable(f"nri-cni: {exc}")
+        text = json.dumps({"health": verdict.name, "reasons": verdict.reasons}, indent=None if quiet else 2)
+        if args.output == "table":
+            text = f"health:     {verdict.line()}"
+        if not quiet:
+            print(text, file=sys.stderr if args.output == "table" else sys.stdout)
+        return verdict.code, text
+    verdict = health.assess(data)
+    if args.output == "json":
+        data = {**data, "health": verdict.name, "reasons": verdict.reasons}
+        if quiet:  # --watch: one JSON line per change, and the uptime is no change
+            data.pop("uptimeSeconds", None)
+        text = json.dumps(data, indent=None if quiet else 2)
+    else:
+        text = _status_table(data, verdict)
+    if not quiet:
+        print(text)
+    return verdict.code, text
+
+
+def _status_table(data, verdict) -> str:
     nri = data["nri"]
-    print(f"mode:       {data['mode']}")
-    print(f"ready:      {'yes' if data['ready'] else 'NO'}")
-    print(
+    lines = [
+        f"mode:       {data['mode']}",
+        f"ready:      {'yes' if data['ready'] else 'NO'}",
+        f"health:     {verdict.line()}",
         f"runtime:    {nri['runtime'] or '-'} (registered: {nri['registered']}, "
-        f"synchronized: {nri['synchronized']})"
-    )
-    print(f"pods:       {data['pods']}  attachments: {data['attachments']}")
+        f"synchronized: {nri['synchronized']})",
+        f"pods:       {data['pods']}  attachments: {data['attachments']}",
+    ]
     for name, st in data["networks"].items():
         state = "ready" if st["ready"] else f"NOT READY: {st['error']}"
-        print(f"network {name}: {state}")
+        lines.append(f"network {name}: {state}")
     for name, lc in (data.get("lifecycle") or {}).items():
         for old in lc.get("retired", []):
-            print(
+            lines.append(
                 f"network {name}: generation {old['generation']} retired, "
                 f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
                 + (f": {old['error']}" if old["error"] else "")
             )
     reload = data.get("reload") or {}
     if reload.get("refused"):
-        print(f"config reload REFUSED (running config kept): {reload['refused']}")
+        lines.append(f"config reload REFUSED (running config kept): {reload['refused']}")
+    return "\n".join(lines)
 
 
 def cmd_pods(args) -> int:
@@ -178,17 +287,25 @@ def cmd_pods(args) -> int:
 
 
 def _pods_table(data) -> None:
-    rows = [("POD", "NETWORK", "INTERFACE", "IPS", "MAC")]
+    from nri_cni.podreport import format_age  # lazy: the report's cache and result parsers
+
+    now = time.time()
+    rows = [("POD", "STATE", "NETWORK", "INTERFACE", "IPS", "MAC", "AGE")]
     for pod in data:
         label = f"{pod['namespace']}/{pod['name']}" if pod["name"] else pod["id"][:12]
-        for i, net in enumerate(pod["networks"]):
+        age = format_age(now - pod["attachedAt"]) if pod.get("attachedAt") else "-"
+        networks = pod["network-status"] or [{"name": "-", "interface": "-"}]
+        for i, net in enumerate(networks):
+            first = i == 0
             rows.append(
                 (
-                    label if i == 0 else "",
-                    net["network"],
-                    net["interface"],
-                    ",".join(net["ips"]) or "-",
-                    net["mac"] or "-",
+                    label if first else "",
+                    pod["state"] if first else "",
+                    net["name"],
+                    net.get("interface") or "-",
+                    ",".join(net.get("ips") or ()) or "-",
+                    net.get("mac") or "-",
+                    age if first else "",
                 )
             )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

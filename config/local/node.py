@@ -2,6 +2,7 @@
 mode on its embedded default config, and a CRI client to start pods.
 
     python3 config/local/node.py up          # start containerd and nri-cni (background)
+    python3 config/local/node.py status      # is each running, and is nri-cni ready
     python3 config/local/node.py pod NAME    # start a pod through CRI, print its IP
     python3 config/local/node.py rm NAME     # stop and remove that pod
     python3 config/local/node.py down        # remove every pod, stop both, clean up
@@ -11,6 +12,10 @@ node admin merges) with containerd's own dirs under /var/lib/nri-cni-local and i
 /run/nri-cni-local; NRI listens on the default /var/run/nri/nri.sock, CNI uses /etc/cni/net.d and
 /opt/cni/bin, exactly where the embedded default config expects them. No registry is reachable
 here, so the pause image is built locally (tests/support/pause) and imported.
+
+Run with the system's python3 it re-runs itself with the virtualenv `config/local/up.sh` made
+(.venv), which has grpc and the rest. A failure is one line that says what to do, never a
+traceback: after a crash of nri-cni, `pod` says so and where its log is.
 """
 
 from __future__ import annotations
@@ -26,6 +31,21 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def _in_venv_if_needed() -> None:
+    """The system's python3 has no grpc (PEP 668 keeps pip out of it): use the project's venv."""
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != VENV_PYTHON.parents[1].resolve():
+            os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
+        sys.exit(f"node.py: no virtualenv at {VENV_PYTHON}: run `bash config/local/up.sh` first")
+
+
+if __name__ == "__main__":
+    _in_venv_if_needed()
 sys.path.insert(0, str(REPO))
 
 from tests.support import toml_write  # noqa: E402
@@ -40,6 +60,18 @@ CONF_DIR = Path("/etc/cni/net.d")
 BIN_DIR = Path("/opt/cni/bin")
 SHIM_LIST = REPO / "config" / "containerd" / "net.d" / "10-nri-cni.conflist"
 NAMESPACE = "demo"
+STARTED = float(os.environ.get("NRI_CNI_UP_START") or time.time())  # up.sh's clock, if it started us
+
+
+class NodeError(Exception):
+    """What went wrong, in one line for the person at the terminal."""
+
+
+_command = "up"  # the prefix of progress lines: the command that prints them
+
+
+def say(message: str) -> None:
+    print(f"{_command}: [{int(time.time()) - int(STARTED):3d}s] {message}", flush=True)  # as up.sh counts
 
 
 def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
@@ -47,12 +79,17 @@ def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
 
 
 def pid_of(name: str) -> int | None:
+    """The pid in RUN/<name>.pid if that process is alive and is the one we started: a daemon
+    killed a moment ago may linger as a zombie, and its pid may be reused by anything."""
     try:
         pid = int((RUN / f"{name}.pid").read_text())
-        os.kill(pid, 0)
-        return pid
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError):
         return None
+    state = stat.rpartition(")")[2].split()[0]
+    marker = "nri_cni.cli run" if name == "nri-cni" else name
+    return pid if state not in ("Z", "X") and marker in cmdline else None
 
 
 def start_background(name: str, argv: list[str], env: dict | None = None) -> int:
@@ -98,20 +135,31 @@ def cri() -> CriClient:
     return CriClient(str(ADDRESS), cgroup_parent="/nri-cni-local")
 
 
+def nri_cni(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nri_cni.cli", *args], capture_output=True, text=True)
+
+
 def up() -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     RUN.mkdir(parents=True, exist_ok=True)
+    say(f"installing the CNI plugins and nri-cni-shim into {BIN_DIR}, the shim list into {CONF_DIR}")
     install_cni()
+    say("building the pause image (no registry here)")
     pause = build_pause_image()
     if not pid_of("containerd"):
+        say("starting containerd (NRI on)")
         env = dict(os.environ, PATH=f"{bin_dir()}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         start_background(
             "containerd", [str(bin_dir() / "containerd"), "--config", str(containerd_config(pause.ref))], env
         )
+        say(f"waiting for containerd's socket {ADDRESS}")
         for _ in range(200):
             if ADDRESS.exists():
                 break
             time.sleep(0.05)
+        else:
+            raise NodeError(f"containerd did not start; see {STATE / 'containerd.log'}")
+        say("importing the pause image")
         sh(
             str(bin_dir() / "ctr"),
             "--address",
@@ -123,23 +171,65 @@ def up() -> int:
             str(pause.archive),
             stdout=subprocess.DEVNULL,
         )
-    print(f"containerd: running (pid {pid_of('containerd')}, log {STATE / 'containerd.log'})")
-    if not pid_of("nri-cni"):
-        start_background("nri-cni", [sys.executable, "-m", "nri_cni.cli", "run"])
-    for _ in range(200):
-        ok = subprocess.run([sys.executable, "-m", "nri_cni.cli", "status"], capture_output=True)
-        if ok.returncode == 0:
-            break
-        time.sleep(0.1)
-    else:
-        print(f"nri-cni did not become ready; see {STATE / 'nri-cni.log'}", file=sys.stderr)
-        return 1
-    print(f"nri-cni:    running (pid {pid_of('nri-cni')}, log {STATE / 'nri-cni.log'})")
-    print("try:        python3 config/local/node.py pod demo-1 && nri-cni pods")
+    say(f"containerd: running (pid {pid_of('containerd')}, log {STATE / 'containerd.log'})")
+    start_nri_cni()
+    print(f"try:  python3 config/local/node.py pod demo-1 && {REPO / '.venv/bin/nri-cni'} pods")
     return 0
 
 
+def start_nri_cni() -> None:
+    if not pid_of("nri-cni"):
+        say("starting nri-cni (shim mode, embedded default config)")
+        start_background("nri-cni", [sys.executable, "-m", "nri_cni.cli", "run"])
+    say("waiting for nri-cni to register with containerd and report ready")
+    for _ in range(200):
+        if nri_cni("status").returncode == 0:
+            break
+        if not pid_of("nri-cni"):
+            raise NodeError(f"nri-cni exited at start; see {STATE / 'nri-cni.log'}")
+        time.sleep(0.1)
+    else:
+        raise NodeError(f"nri-cni did not become ready; see {STATE / 'nri-cni.log'}")
+    say(f"nri-cni:    ready (pid {pid_of('nri-cni')}, log {STATE / 'nri-cni.log'})")
+
+
+def require_running() -> None:
+    """Pod commands need both; after a crash, say which one is gone and where its log is."""
+    if not pid_of("containerd"):
+        raise NodeError("the local node is not up: run `bash config/local/up.sh`")
+    if not pid_of("nri-cni"):
+        log = STATE / "nri-cni.log"
+        last = _last_line(log)
+        raise NodeError(
+            f"nri-cni is not running (it exited{': ' + last if last else ''}); see {log}, "
+            "then start it again with `python3 config/local/node.py up`"
+        )
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip()[:200] if lines else ""
+
+
+def status() -> int:
+    for name in ("containerd", "nri-cni"):
+        pid = pid_of(name)
+        print(
+            f"{name + ':':12}{f'running (pid {pid})' if pid else 'not running'}, log {STATE / (name + '.log')}"
+        )
+    if not pid_of("nri-cni"):
+        return 2
+    result = nri_cni("status")
+    print(result.stdout, end="")
+    print(result.stderr, end="", file=sys.stderr)
+    return result.returncode
+
+
 def pod(name: str) -> int:
+    require_running()
     client = cri()
     pod_id = client.run_pod(name, NAMESPACE, str(uuid.uuid4()))
     st = client.pod_status(pod_id)
@@ -148,6 +238,7 @@ def pod(name: str) -> int:
 
 
 def rm(name: str) -> int:
+    require_running()
     client = cri()
     for p in client.list_pods():
         if p.name == name:
@@ -158,6 +249,8 @@ def rm(name: str) -> int:
 
 def down() -> int:
     if pid_of("containerd"):
+        if not pid_of("nri-cni"):  # crashed: the pods' DELs need it (IPAM leases, links)
+            start_nri_cni()
         client = cri()
         for p in client.list_pods():
             client.stop_pod(p.id)
@@ -167,9 +260,7 @@ def down() -> int:
         if pid:
             os.kill(pid, signal.SIGTERM)
             for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except OSError:
+                if not pid_of(name):
                     break
                 time.sleep(0.1)
         (RUN / f"{name}.pid").unlink(missing_ok=True)
@@ -178,20 +269,48 @@ def down() -> int:
     subprocess.run(["umount", "-R", str(RUN / "state")], capture_output=True, check=False)
     shutil.rmtree(RUN, ignore_errors=True)
     subprocess.run(["ip", "link", "del", "nricni0"], capture_output=True, check=False)
+    # what up installed: the shim's list (a real containerd would take it) and the binaries
+    (CONF_DIR / SHIM_LIST.name).unlink(missing_ok=True)
+    (BIN_DIR / "nri-cni-shim").unlink(missing_ok=True)
+    plugins = cni_plugin_dir()
+    for link in BIN_DIR.glob("*") if BIN_DIR.is_dir() else ():
+        if link.is_symlink() and Path(os.readlink(link)).parent == plugins:
+            link.unlink()
     print("local node stopped")
     return 0
 
 
+COMMANDS = {"up": up, "status": status, "down": down}
+POD_COMMANDS = {"pod": pod, "rm": rm}
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("up", "pod", "rm", "down"):
+    global _command
+    if not argv or argv[0] not in (*COMMANDS, *POD_COMMANDS):
         print(__doc__, file=sys.stderr)
         return 2
-    if argv[0] in ("pod", "rm"):
-        if len(argv) != 2:
-            print(f"usage: node.py {argv[0]} NAME", file=sys.stderr)
-            return 2
-        return {"pod": pod, "rm": rm}[argv[0]](argv[1])
-    return {"up": up, "down": down}[argv[0]]()
+    _command = argv[0]
+    try:
+        if argv[0] in POD_COMMANDS:
+            if len(argv) != 2:
+                print(f"usage: node.py {argv[0]} NAME", file=sys.stderr)
+                return 2
+            return POD_COMMANDS[argv[0]](argv[1])
+        return COMMANDS[argv[0]]()
+    except NodeError as exc:
+        print(f"node.py {argv[0]}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # grpc.RpcError, OSError, a failed command: one line, not a traceback
+        print(f"node.py {argv[0]}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    text = details() if callable(details) else str(exc)  # a grpc error's own message
+    return " ".join(str(text or type(exc).__name__).split())
 
 
 if __name__ == "__main__":

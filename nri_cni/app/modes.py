@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nri_cni.cni.cache import ResultCache
+from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.config import Config
 from nri_cni.pod.model import PodInfo, PrimaryNetwork, RuntimePrimary
 
@@ -51,6 +51,11 @@ class Mode(Protocol):
         when the primary is nri-cni's."""
         ...
 
+    def runtime_attachments(self) -> list[CacheEntry]:
+        """The runtime's own primary attachments (eth0), from its libcni cache: what
+        `nri-cni pods` shows besides nri-cni's own; [] when the primary is nri-cni's."""
+        ...
+
 
 @dataclass(frozen=True)
 class ShimMode:
@@ -65,6 +70,9 @@ class ShimMode:
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
 
+    def runtime_attachments(self) -> list[CacheEntry]:
+        return []
+
 
 @dataclass(frozen=True)
 class NativeMode:
@@ -78,6 +86,9 @@ class NativeMode:
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
+
+    def runtime_attachments(self) -> list[CacheEntry]:
+        return []
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,11 @@ class SecondaryMode:
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")
         return RuntimePrimary(self.primary.name, entry)
+
+    def runtime_attachments(self) -> list[CacheEntry]:
+        if not self.primary.name:
+            return []
+        return [e for e in self.runtime_cache.entries(network=self.primary.name) if e.ifname == "eth0"]
 
 
 def mode_for(cfg: Config) -> Mode:

@@ -79,6 +79,8 @@ def watched_dirs(cfg: Config) -> set[str]:
         if source and os.path.isabs(source):
             conf_dir = os.path.dirname(source)
             dirs.update((conf_dir, os.path.join(conf_dir, spec.conflist.name)))
+    if cfg.nad_dir:  # NetworkAttachmentDefinitions (nri_cni/nad.py): a new file is a new network
+        dirs.add(cfg.nad_dir)
     finalize = cfg.cni.finalize_dir.rstrip("/")
     if os.path.basename(finalize) == FINALIZE_DROPIN_DIR:
         dirs.update((finalize, os.path.dirname(finalize)))
@@ -157,6 +159,7 @@ class ConfigReloader:
             try:
                 new, dropins = await asyncio.to_thread(self._read)
                 if new == self.cfg and dropins == self._dropins:
+                    self._back_to_running(reason)  # the refused change was undone
                     return False
                 self._check_restart_only(new)
             except ConfigError as exc:
@@ -194,9 +197,20 @@ class ConfigReloader:
     def _refused(self, exc: ConfigError, reason: str) -> None:
         text = str(exc)
         if text != self.state.refused:  # the rescan finds the same error again and again
-            log.error("configuration change refused (%s); the running configuration stays:\n%s", reason, text)
+            # one line (a collector keeps time and level with it); the errors joined by " | "
+            flat = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+            log.error("configuration change refused (%s); the running configuration stays: %s", reason, flat)
         self.state.refused = text
         self.state.refused_at = time.time()
+
+    def _back_to_running(self, reason: str) -> None:
+        """The files say what runs again (the bad change was fixed or reverted): nothing to
+        apply, and the refusal no longer holds."""
+        if self.state.refused:
+            log.info(
+                "configuration files match the running configuration again (%s): refusal cleared", reason
+            )
+            self.state.refused = ""
 
     def _rewatch(self) -> set[str]:
         """Watches the running config's directories (retrying those missing so far)."""

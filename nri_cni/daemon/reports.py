@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from nri_cni import podreport
 from nri_cni.app.readiness import NetworkReadiness
 from nri_cni.app.service import PodService
-from nri_cni.cni.result import parse_result
 from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.nri.stub import Stub
-from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE
 
 
 class DaemonReports:
@@ -70,29 +69,11 @@ class DaemonReports:
         }
 
     def pods(self) -> list[dict[str, Any]]:
-        pods: dict[str, dict[str, Any]] = {}
-        for entry in self.service.attachments():
-            args = dict(entry.cni_args)
-            pod = pods.setdefault(
-                entry.container_id,
-                {
-                    "id": entry.container_id,
-                    "namespace": args.get(K8S_POD_NAMESPACE, ""),
-                    "name": args.get(K8S_POD_NAME, ""),
-                    "networks": [],
-                },
-            )
-            result = parse_result(entry.result) if entry.result else None
-            pod["networks"].append(
-                {
-                    "network": entry.network_name,
-                    "interface": entry.ifname,
-                    "ips": [ip.address for ip in result.ips] if result else [],
-                    "mac": next((i.mac for i in result.interfaces if i.name == entry.ifname), "")
-                    if result
-                    else "",
-                }
-            )
-        for pod in pods.values():
-            pod["networks"].sort(key=lambda n: (n["interface"] != "eth0", n["interface"]))
-        return sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["id"]))
+        """Every pod, in the shape of Multus's network-status (nri_cni/podreport.py)."""
+        cfg, ledger = self.service.cfg, self.service.ledger
+        return podreport.pods_report(
+            self.service.attachments(),
+            podreport.PodState(ledger.pods, set(ledger.repair), set(self.service.pending_rollbacks())),
+            runtime_entries=self.service.mode.runtime_attachments(),
+            names={n.name: n.nad for n in cfg.networks if n.nad},
+        )

@@ -1,4 +1,5 @@
-"""Directory watches with Linux inotify, through libc (ctypes): no dependency, no thread.
+"""Directory watches with Linux inotify, through asyncinotify (a maintained, asyncio-native
+binding) instead of nri-cni's own ctypes code.
 
 Only "something changed in one of these directories" is reported: the reloader re-reads
 everything anyway, so event details (which file, which kind) would be noise. Directories, not
@@ -9,127 +10,96 @@ old inode would go quiet.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import errno
 import logging
 import os
-import struct
 from collections.abc import Callable, Iterable
+
+from asyncinotify import Inotify, Mask, Watch
 
 log = logging.getLogger("nri_cni.reload")
 
-IN_MODIFY = 0x002
-IN_ATTRIB = 0x004
-IN_CLOSE_WRITE = 0x008
-IN_MOVED_FROM = 0x040
-IN_MOVED_TO = 0x080
-IN_CREATE = 0x100
-IN_DELETE = 0x200
-IN_DELETE_SELF = 0x400
-IN_MOVE_SELF = 0x800
-IN_Q_OVERFLOW = 0x4000
-IN_IGNORED = 0x8000
-IN_ONLYDIR = 0x01000000
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
 DIR_EVENTS = (
-    IN_MODIFY
-    | IN_ATTRIB
-    | IN_CLOSE_WRITE
-    | IN_MOVED_FROM
-    | IN_MOVED_TO
-    | IN_CREATE
-    | IN_DELETE
-    | IN_DELETE_SELF
-    | IN_MOVE_SELF
-    | IN_ONLYDIR
+    Mask.MODIFY
+    | Mask.ATTRIB
+    | Mask.CLOSE_WRITE
+    | Mask.MOVED_FROM
+    | Mask.MOVED_TO
+    | Mask.CREATE
+    | Mask.DELETE
+    | Mask.DELETE_SELF
+    | Mask.MOVE_SELF
+    | Mask.ONLYDIR
 )
-_EVENT = struct.Struct("=iIII")  # struct inotify_event: int wd; u32 mask, cookie, len; name[len]
-_EVENT_HEADER = _EVENT.size
 
 
 class InotifyUnavailable(OSError):
-    """No inotify here (not Linux, no libc symbol, or the instance limit is reached)."""
-
-
-def _libc():
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    for name in ("inotify_init1", "inotify_add_watch", "inotify_rm_watch"):
-        if not hasattr(libc, name):
-            raise InotifyUnavailable(errno.ENOSYS, f"libc has no {name}")
-    libc.inotify_init1.argtypes = [ctypes.c_int]
-    libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-    libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
-    return libc
+    """No inotify here (not Linux, or the instance limit is reached)."""
 
 
 class DirWatcher:
     """Watches a set of directories; calls `on_change()` from the loop after any event."""
 
     def __init__(self, on_change: Callable[[], None]) -> None:
-        self._libc = _libc()
-        fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise InotifyUnavailable(err, f"inotify_init1: {os.strerror(err)}")
-        self.fd = fd
+        try:
+            self._inotify = Inotify()
+        except OSError as exc:
+            raise InotifyUnavailable(
+                exc.errno or errno.ENOSYS, f"inotify_init1: {exc.strerror or exc}"
+            ) from exc
         self._on_change = on_change
-        self._wds: dict[str, int] = {}  # path -> watch descriptor
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(fd, self._readable)
+        self._watches: dict[str, Watch] = {}  # path -> its watch
+        self._task: asyncio.Task | None = asyncio.get_running_loop().create_task(
+            self._events(), name="inotify"
+        )
 
     @property
     def watched(self) -> set[str]:
-        return set(self._wds)
+        return set(self._watches)
 
     def watch(self, paths: Iterable[str]) -> set[str]:
         """Makes the watched set exactly `paths` (those that exist and are directories);
         returns the paths watched now that were not before."""
         added: set[str] = set()
         wanted = {os.path.abspath(p) for p in paths}
-        for path in set(self._wds) - wanted:
-            self._libc.inotify_rm_watch(self.fd, self._wds.pop(path))  # EINVAL if already gone
-        for path in sorted(wanted - set(self._wds)):
-            wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), DIR_EVENTS)
-            if wd < 0:
-                err = ctypes.get_errno()
-                if err not in (errno.ENOENT, errno.ENOTDIR):  # missing: the rescan covers it
+        for path in set(self._watches) - wanted:
+            try:
+                self._inotify.rm_watch(self._watches.pop(path))
+            except OSError:
+                pass  # EINVAL: the directory (and its watch) is gone already
+        for path in sorted(wanted - set(self._watches)):
+            try:
+                self._watches[path] = self._inotify.add_watch(path, DIR_EVENTS)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # missing: the rescan covers it
                     log.warning(
-                        "cannot watch %s: %s (the periodic rescan still sees changes)", path, os.strerror(err)
+                        "cannot watch %s: %s (the periodic rescan still sees changes)",
+                        path,
+                        exc.strerror or exc,
                     )
                 continue
-            self._wds[path] = wd
             added.add(path)
         return added
 
-    def _readable(self) -> None:
-        changed = False
-        while True:
-            try:
-                data = os.read(self.fd, 64 * 1024)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                log.error("reading inotify events failed: %s", exc)
-                break
-            if not data:
-                break
-            pos = 0
-            while pos + _EVENT_HEADER <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-                pos += _EVENT_HEADER + length
-                if mask & IN_IGNORED:  # the directory went away: its watch is gone
-                    for path, known in list(self._wds.items()):
-                        if known == wd:
-                            del self._wds[path]
-                changed = True
-        if changed:
-            self._on_change()
+    async def _events(self) -> None:
+        try:
+            async for event in self._inotify:
+                if Mask.IGNORED in event.mask:  # the directory went away: its watch is gone
+                    for path, known in list(self._watches.items()):
+                        if event.watch is known:
+                            del self._watches[path]
+                self._on_change()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the fd broke: the periodic rescan is what is left
+            log.error("reading inotify events failed: %s", exc)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            self._loop.remove_reader(self.fd)
-            os.close(self.fd)
-            self.fd = -1
-            self._wds.clear()
+        if self._task is not None:
+            # the reader goes before the fd closes: the cancelled task would remove it later,
+            # by number, when that number may already be another file's
+            asyncio.get_running_loop().remove_reader(self._inotify.fd)
+            self._task.cancel()
+            self._task = None
+            self._inotify.close()
+            self._watches.clear()

@@ -112,3 +112,8 @@ class OperationLog:
             record.plugins = self.hooks.drain(record.pod.id)
         record.emit()
         self.sink.observe_operation(record)
+
+    def discard(self, record: OpRecord) -> None:
+        """An operation that did nothing: no record, and the plugins' timings (none) go."""
+        if self.hooks is not None:
+            self.hooks.drain(record.pod.id)

@@ -131,7 +131,11 @@ class PodPlan:
         errors = await self.detacher.detach(pod, record)
         for failure in errors:
             record.fail(failure.error)
-        self.oplog.emit(record)
+        if record.networks or errors:
+            self.oplog.emit(record)
+        else:  # NRI stop, NRI remove and the runtime's CNI DELs all arrive: one did the work
+            self.oplog.discard(record)
+            log.debug("pod %s: %s found nothing to detach", pod.label(), op)
         if errors:
             raise PodError(
                 f"pod {pod.label()}: DEL failed for {len(errors)} network(s): " + "; ".join(map(str, errors))

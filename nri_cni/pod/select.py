@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import jsonlimits, validate
+from nri_cni import jsonlimits, nad, validate
 from nri_cni.config import Config, NetworkSpec
 from nri_cni.errors import AnnotationRefused
 from nri_cni.pod.model import PrimaryNetwork
@@ -70,7 +70,7 @@ def select_networks(
                 f"{where}: network {req.namespace}/{req.name} is in another namespace; a pod may "
                 f"only ask for networks of its own namespace ({namespace!r})"
             )
-        net = cfg.network(req.name)
+        net = nad.lookup(cfg.networks, namespace, req.name)
         if net is None or not net.allowed_in(namespace):
             raise AnnotationRefused(
                 f"{where}: network {req.name!r} is not allowed for pods in namespace {namespace!r}"

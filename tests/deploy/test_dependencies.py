@@ -26,7 +26,7 @@ def _pyproject() -> dict:
 
 def third_party_imports(files: list[Path]) -> set[str]:
     """Top-level names of the modules imported (anywhere in the file) that are not the stdlib's
-    nor the repo's own (nri_cni, tests, bench)."""
+    nor the project's own (nri_cni, tests, bench)."""
     found: set[str] = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -23,9 +23,10 @@ from nri_cni.config import (
     DEFAULT_NRI_SOCKET,
     DEFAULT_RUNTIME_CACHE_DIR,
     DEFAULT_STATE_DIR,
-    load_config_text,
+    load_config,
 )
 from nri_cni.daemon.local_server import POD_ANNOTATIONS_CAP
+from nri_cni.errors import ConfigError
 from nri_cni.shim import SHIM_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +141,9 @@ def test_daemonset_shape(docs):
     (main,) = spec["containers"]
     assert main["securityContext"]["privileged"] is True
     assert main["command"] == ["nri-cni", "run", "--config", DEFAULT_CONFIG_PATH]
-    assert main["readinessProbe"]["exec"]["command"] == ["nri-cni", "status"]
+    assert main["livenessProbe"]["exec"]["command"] == ["nri-cni", "status", "--ping"]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
 def test_daemonset_mounts_the_default_paths_where_the_host_has_them(docs):
@@ -170,10 +173,21 @@ def test_daemonset_mounts_the_default_paths_where_the_host_has_them(docs):
     assert volume["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
 
 
-def test_configmap_holds_a_valid_config_with_default_paths(docs, tmp_path):
+def configmap_dir(docs, tmp_path: Path) -> Path:
+    """The ConfigMap as the container sees it: one file per key."""
+    configmap = tmp_path / "configmap"
+    configmap.mkdir(exist_ok=True)
+    for key, value in docs["ConfigMap"]["data"].items():
+        (configmap / key).write_text(value)
+    return configmap
+
+
+def test_configmap_holds_a_valid_config_with_default_paths(docs, tmp_path, monkeypatch):
     data = docs["ConfigMap"]["data"]
     assert json.loads(data["10-nri-cni.conflist"]) == json.loads(SHIM_LIST.read_text())
-    cfg = load_config_text(data["config.yaml"], "configmap:config.yaml", base_dir=str(tmp_path))
+    monkeypatch.setenv("NODE_NAME", "node-b")
+    monkeypatch.delenv("NRI_CNI_NODE_VALUES", raising=False)
+    cfg = load_config(str(configmap_dir(docs, tmp_path) / "config.yaml"))
     assert cfg.mode == "shim"
     assert cfg.nri.socket == DEFAULT_NRI_SOCKET
     assert cfg.daemon_socket == DEFAULT_DAEMON_SOCKET
@@ -181,6 +195,17 @@ def test_configmap_holds_a_valid_config_with_default_paths(docs, tmp_path):
     assert cfg.cni.cache_dir == DEFAULT_CACHE_DIR
     assert cfg.cni.bin_dirs == DEFAULT_BIN_DIRS
     assert cfg.cni.finalize_dir == DEFAULT_FINALIZE_DIR
+    # the pod subnet is the node's own (nodes.yaml), not one subnet for every node
+    (bridge,) = [p for p in cfg.network("pods").conflist.plugins if p.type == "bridge"]
+    assert bridge.conf["ipam"]["ranges"] == [[{"subnet": "10.244.2.0/24"}]]
+
+
+def test_a_node_without_its_subnet_is_refused_by_name(docs, tmp_path, monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "node-z")
+    monkeypatch.delenv("NRI_CNI_NODE_VALUES", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(configmap_dir(docs, tmp_path) / "config.yaml"))
+    assert "no value for ${node.podSubnet} on node 'node-z'" in str(info.value)
 
 
 def _init_script(docs, host: Path, configmap: Path) -> str:
@@ -192,16 +217,17 @@ def _init_script(docs, host: Path, configmap: Path) -> str:
     return script.replace("/host", str(host)).replace("/etc/nri-cni/", f"{configmap}/")
 
 
-def _run_init(docs, tmp_path: Path, host_python: str) -> subprocess.CompletedProcess:
+def _run_init(docs, tmp_path: Path, host_python: str, **env_over: str) -> subprocess.CompletedProcess:
     host, configmap = tmp_path / "host", tmp_path / "configmap"
     for d in ("opt/cni/bin", "etc/cni/net.d"):
-        (host / d).mkdir(parents=True)
+        (host / d).mkdir(parents=True, exist_ok=True)
     configmap.mkdir()
     for key, value in docs["ConfigMap"]["data"].items():
         (configmap / key).write_text(value)
     (init,) = pod_spec(docs)["initContainers"]
     env = {e["name"]: e["value"] for e in init["env"]}
     env["HOST_PYTHON"] = host_python
+    env.update(env_over)
     env["PATH"] = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
     return subprocess.run(
         ["/bin/sh", "-ec", _init_script(docs, host, configmap)],
@@ -243,6 +269,29 @@ def test_init_container_installs_a_working_shim_and_the_list(docs, tmp_path):
     assert err["msg"] == f"nri-cni daemon is not reachable at {tmp_path / 'nobody.sock'}"
 
 
+def test_init_container_copies_the_images_static_shim_and_missing_plugins(docs, tmp_path):
+    """The Containerfile's image: a prebuilt shim (no Python needed on the node) and the CNI
+    plugins it carries, copied where the node has none of that name."""
+    image = tmp_path / "image"
+    (image / "cni").mkdir(parents=True)
+    shim = image / "nri-cni-shim"
+    shim.write_text("#!/bin/sh\necho static shim\n")
+    shim.chmod(0o755)
+    for name in ("bridge", "macvlan"):
+        (image / "cni" / name).write_text(f"image's {name}\n")
+    bin_dir = tmp_path / "host/opt/cni/bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "bridge").write_text("the node's own bridge\n")
+    run = _run_init(
+        docs, tmp_path, "/usr/bin/no-such-python", SHIM_PREBUILT=str(shim), CNI_PLUGINS=str(image / "cni")
+    )
+    assert run.returncode == 0, run.stderr
+    assert (bin_dir / SHIM_NAME).read_text() == shim.read_text()
+    assert (bin_dir / "bridge").read_text() == "the node's own bridge\n"
+    assert (bin_dir / "macvlan").read_text() == "image's macvlan\n"
+    assert sorted(p.name for p in bin_dir.iterdir()) == ["bridge", "macvlan", SHIM_NAME]
+
+
 def test_init_container_refuses_a_node_without_python(docs, tmp_path):
     run = _run_init(docs, tmp_path, "/usr/bin/no-such-python")
     assert run.returncode != 0
@@ -250,30 +299,44 @@ def test_init_container_refuses_a_node_without_python(docs, tmp_path):
     assert not (tmp_path / "host/opt/cni/bin" / SHIM_NAME).exists()
 
 
-def _probe(command: list[str], tmp_path: Path, exit_code: int) -> int:
-    bindir = tmp_path / f"bin{exit_code}"
+def _probe(command: list[str], tmp_path: Path, exit_code: int, ping_code: int) -> int:
+    bindir = tmp_path / f"bin{exit_code}-{ping_code}"
     bindir.mkdir(exist_ok=True)
     fake = bindir / "nri-cni"
-    fake.write_text(f"#!/bin/sh\nexit {exit_code}\n")
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *--ping*) exit {ping_code};; esac\nexit {exit_code}\n')
     fake.chmod(0o755)
     return subprocess.run(command, env={"PATH": f"{bindir}:/usr/bin:/bin"}, timeout=30).returncode
 
 
-@pytest.mark.parametrize("status_exit, ready, alive", [(0, True, True), (1, False, True), (3, False, False)])
-def test_probes(docs, tmp_path, status_exit, ready, alive):
-    """Ready only when `nri-cni status` says so; restarted only when the daemon is unreachable."""
+@pytest.mark.parametrize(
+    "status_exit, ping_exit, ready, alive",
+    [(0, 0, True, True), (1, 0, True, True), (2, 0, False, True), (2, 2, False, False)],
+)
+def test_probes(docs, tmp_path, status_exit, ping_exit, ready, alive):
+    """Ready when `nri-cni status` says ready or degraded (pods can start); restarted only when
+    the daemon does not answer (`status --ping`), never because the runtime or a network is down."""
     (main,) = pod_spec(docs)["containers"]
-    assert (_probe(main["readinessProbe"]["exec"]["command"], tmp_path, status_exit) == 0) is ready
-    assert (_probe(main["livenessProbe"]["exec"]["command"], tmp_path, status_exit) == 0) is alive
+    assert (_probe(main["readinessProbe"]["exec"]["command"], tmp_path, status_exit, ping_exit) == 0) is ready
+    assert (_probe(main["livenessProbe"]["exec"]["command"], tmp_path, status_exit, ping_exit) == 0) is alive
+
+
+def test_ping_fails_only_when_the_daemon_is_down(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "nri_cni.cli", "status", "--ping", "--socket", str(tmp_path / "none.sock")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "not reachable" in run.stderr
 
 
 def test_status_fails_when_the_daemon_is_down(tmp_path):
-    """What the readiness probe runs, against no daemon: exit 3, "not reachable"."""
+    """What the readiness probe runs, against no daemon: exit 2 (not ready), "not reachable"."""
     run = subprocess.run(
         [sys.executable, "-m", "nri_cni.cli", "status", "--socket", str(tmp_path / "none.sock")],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert run.returncode == 3
+    assert run.returncode == 2
     assert "not reachable" in run.stderr

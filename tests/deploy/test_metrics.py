@@ -289,3 +289,38 @@ def test_serve_on_localhost_tcp():
             await asyncio.open_connection("127.0.0.1", port)
 
     run(scenario())
+
+
+# The families dashboards read (issue #13: the names stay when the exposition moves to
+# prometheus_client).
+STABLE_FAMILIES = {
+    "nri_cni_build_info": "gauge",
+    "nri_cni_start_time_seconds": "gauge",
+    "nri_cni_attachments": "gauge",
+    "nri_cni_pod_operation_duration_seconds": "histogram",
+    "nri_cni_network_operation_duration_seconds": "histogram",
+    "nri_cni_pod_operations": "counter",
+    "nri_cni_pod_operation_failures": "counter",
+    "nri_cni_network_rollbacks": "counter",
+    "nri_cni_gc_runs": "counter",
+    "nri_cni_gc_deleted_attachments": "counter",
+    "nri_cni_gc_errors": "counter",
+}
+
+
+def test_the_exposition_is_prometheus_clients_with_the_stable_names():
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    metrics = Metrics(attachments=lambda: 2)
+    feed(metrics)
+    assert isinstance(metrics.registry, CollectorRegistry)
+    text = metrics.render()
+    assert text == generate_latest(metrics.registry).decode()
+    fams = families(text)
+    assert {name: f.type for name, f in fams.items()} == STABLE_FAMILIES
+    assert "_created" not in text  # no series the hand-written exposition did not have
+    # per network and verb: a histogram of ADD, FINALIZE and DEL time
+    dur = "nri_cni_network_operation_duration_seconds"
+    verbs = {(s.labels["op"], s.labels["network"]) for s in fams[dur].samples if s.name == dur + "_count"}
+    assert verbs == {("add", "pods"), ("add", "lan"), ("finalize", "pods"), ("del", "lan"), ("del", "pods")}

@@ -118,7 +118,7 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
     pod = ctd.cri.run_pod(f"pre-{uuid.uuid4().hex[:6]}", "nct-e2e", str(uuid.uuid4()))
     ip = ctd.cri.pod_status(pod).ip
     pods = daemon.pods()
-    assert [(p["id"], p["networks"][0]["ips"]) for p in pods] == [(pod, [f"{ip}/24"])]
+    assert [(p["id"], p["network-status"][0]["ips"]) for p in pods] == [(pod, [ip])]
     ctd.cri.stop_pod(pod)
     ctd.cri.remove_pod(pod)
     assert host_local_reservations(setup.ipam_dir) == []

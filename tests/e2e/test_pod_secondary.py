@@ -181,6 +181,11 @@ def _remove(ctd, pod: str) -> None:
     ctd.cri.remove_pod(pod)
 
 
+def _listed(daemon) -> list[tuple[str, str, list[str]]]:
+    """`nri-cni pods`: (pod id, state, interfaces) of every pod."""
+    return [(p["id"], p["state"], [n["interface"] for n in p["network-status"]]) for p in daemon.pods()]
+
+
 def _assert_pod_gone_clean(node: SecondaryNode, pods: list[str]) -> None:
     for pod in pods:
         assert cni_cache_files(pod) == [], "containerd's cache entry of the pod remains"
@@ -235,10 +240,12 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         text=True,
     )
     assert ping.returncode == 0, ping.stdout + ping.stderr
-    # `nri-cni pods` lists what nri-cni attached: net1, not containerd's eth0
+    # `nri-cni pods` lists containerd's eth0 (read from its libcni cache, the default) and net1
     table = {p["id"]: p for p in daemon.pods()}
     assert set(table) == set(pods)
-    assert [n["interface"] for n in table[pods[0]]["networks"]] == ["net1"]
+    status = table[pods[0]]["network-status"]
+    assert [(n["name"], n["interface"]) for n in status] == [(node.primary.name, "eth0"), ("fastnet", "net1")]
+    assert status[0]["default"] is True and "default" not in status[1]
     # one op line per pod: the ADD of fastnet, FINALIZE of both networks
     adds = [op for op in daemon.op_lines() if op["op"] == "add" and op["podId"] == pods[0]]
     assert len(adds) == 1 and adds[0]["result"] == "ok", adds
@@ -272,7 +279,7 @@ def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later
     # nri-cni's network is absent, rolled back entirely; the error is in its log
     assert _links(st.netns_path) == ["eth0", "lo"]
     assert host_local_reservations(node.setup.ipam_dir) == []
-    assert daemon.pods() == []
+    assert _listed(daemon) == [(pod, "repair", ["eth0"])]  # containerd's eth0 only, net1 retried
     assert not (node.setup.state_dir / "intents" / pod).exists()  # no intent record left
     log = daemon.log_path.read_text()
     kept = [ln for ln in log.splitlines() if "the pod is kept and the attachment retried" in ln]
@@ -290,7 +297,7 @@ def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later
         ("FINALIZE", "eth0", "eth0,lo,net1"),
         ("FINALIZE", "net1", "eth0,lo,net1"),
     ]
-    assert [n["interface"] for n in daemon.pods()[0]["networks"]] == ["net1"]
+    assert [n["interface"] for n in daemon.pods()[0]["network-status"]] == ["eth0", "net1"]
     node.leaks.learn()
     _remove(ctd, pod)
     _assert_pod_gone_clean(node, [pod])
@@ -353,7 +360,7 @@ def test_net1_finalize_failure_auto_policy_keeps_the_pod_without_net1(make_node)
     assert st.ready
     assert _links(st.netns_path) == ["eth0", "lo"]  # net1 rolled back
     assert host_local_reservations(node.setup.ipam_dir) == []
-    assert daemon.pods() == []
+    assert _listed(daemon) == [(pod, "repair", ["eth0"])]
     assert pod in daemon.status()["pendingRepair"]
     assert "nct no" in daemon.log_path.read_text()
     node.leaks.learn()
@@ -402,7 +409,7 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     assert _links(st.netns_path) == ["eth0", "lo", "net1"]
     mine = sorted(p.name for p in (node.setup.cache_dir / "results").iterdir() if pod in p.name)
     assert mine == [f"fastnet-{pod}-net1"]
-    assert [n["interface"] for n in daemon.pods()[0]["networks"]] == ["net1"]
+    assert [n["interface"] for n in daemon.pods()[0]["network-status"]] == ["eth0", "net1"]
     node.leaks.learn()
     _remove(node.ctd, pod)
     _assert_pod_gone_clean(node, [pod])

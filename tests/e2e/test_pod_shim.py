@@ -157,8 +157,8 @@ def test_two_networks_finalize_cri_ip_reachability_and_clean_removal(shim_node):
     # `nri-cni pods` shows both pods with both networks
     table = {p["id"]: p for p in daemon.pods()}
     assert set(table) == set(pods)
-    assert [n["interface"] for n in table[pods[0]]["networks"]] == ["eth0", "net1"]
-    assert table[pods[0]]["networks"][0]["ips"] == [f"{statuses[0].ip}/24"]
+    assert [n["interface"] for n in table[pods[0]]["network-status"]] == ["eth0", "net1"]
+    assert table[pods[0]]["network-status"][0]["ips"] == [statuses[0].ip]
 
     for pod in pods:
         ctd.cri.stop_pod(pod)

@@ -46,7 +46,7 @@ def test_pods_removed_while_nri_cni_was_down_are_collected_at_reconnection(rnode
     assert _net1_holders(rnode) == {keep, *gone}  # net1's addresses still held
 
     daemon = rnode.start_daemon(daemon.cfg)  # Synchronize lists `keep` only, then GC
-    assert pod_ids_in(daemon) == {keep: ["net1"]}
+    assert pod_ids_in(daemon) == {keep: ["eth0", "net1"]}  # eth0: containerd's
     assert _net1_holders(rnode) == {keep}
     ops = [(op["op"], op["podId"]) for op in daemon.op_lines() if op["op"] == "gc-del"]
     assert sorted(ops) == sorted(("gc-del", p) for p in gone)
@@ -105,7 +105,7 @@ def test_reaper_detaches_pods_containerd_removed_after_its_restart(rnode):
     mark = daemon.log_path.stat().st_size
     rnode.ctd.restart()
     wait_settled(daemon, mark)  # reconnected, synchronized: the pod is listed, kept
-    assert pod_ids_in(daemon) == {pod: ["net1"]}
+    assert pod_ids_in(daemon) == {pod: ["eth0", "net1"]}
 
     rnode.remove_pod(pod)  # the new containerd sends nri-cni nothing for this pod
     assert pod not in {p.id for p in rnode.ctd.cri.list_pods()}

@@ -3,7 +3,7 @@
 - Acceptance 5: nri-cni's cache dir on a full tmpfs. The ADD's plugins succeed, the cache write
   fails (ENOSPC): the pod fails with a clear error, the networks are rolled back, no half-written
   cache file is left, nothing leaks; with room again pods work.
-- STATUS: a network whose STATUS fails makes `nri-cni status` say so and exit 1. By default a
+- STATUS: a network whose STATUS fails makes `nri-cni status` say so and exit 2 (not ready). By default a
   pod is still attempted; with status.refuse_when_not_ready the pod is refused with the STATUS
   error (nothing is attached), and accepted again as soon as STATUS passes.
 """
@@ -103,7 +103,7 @@ def test_status_failure_readiness_and_refuse_when_not_ready(rnode):
     # default: reported, not ready, but pods are still attempted (and work)
     daemon = rnode.start_daemon(rnode.daemon_config(nets))
     cli = _status_cli(daemon)
-    assert cli.returncode == 1, cli
+    assert cli.returncode == 2, cli  # the default network: not ready (a probe's exit code)
     assert "ready:      NO" in cli.stdout and "ctl: upstream agent unreachable" in cli.stdout
     assert daemon.status()["networks"]["podnet"]["ready"] is False
     assert "network podnet is not ready" in daemon.log_path.read_text()

@@ -297,8 +297,10 @@ def wait_settled(daemon: NriCni, log_offset: int = 0, timeout: float = 20) -> No
 
 
 def pod_ids_in(daemon: NriCni) -> dict[str, list[str]]:
-    """`nri-cni pods`: pod id -> interfaces."""
-    return {p["id"]: [n["interface"] for n in p["networks"]] for p in daemon.pods()}
+    """`nri-cni pods`: pod id -> interfaces, for the pods that have any (the report also lists
+    the runtime's pods without an attachment; in secondary mode eth0 is the runtime's)."""
+    pods = {p["id"]: [n["interface"] for n in p["network-status"]] for p in daemon.pods()}
+    return {pod: ifs for pod, ifs in pods.items() if ifs}
 
 
 @pytest.fixture

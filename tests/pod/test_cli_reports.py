@@ -44,14 +44,14 @@ def test_status_and_pods_tables_and_json(node):
             assert code == 0
             row = [ln for ln in table.splitlines() if ln.startswith("default/web")]
             assert row and "podnet" in row[0] and "eth0" in row[0]
-            assert f"{resp.adjust.network.ips[0]}/24" in row[0]
+            assert f" {resp.adjust.network.ips[0]} " in row[0]
             code, raw = await _cli("pods", "--socket", sock, "-o", "json")
             data = json.loads(raw)
-            assert data[0]["id"] == pod.id and data[0]["networks"][0]["interface"] == "eth0"
+            assert data[0]["id"] == pod.id and data[0]["network-status"][0]["interface"] == "eth0"
             await h.runtime.stop_pod_sandbox(pod)
             await h.runtime.remove_pod_sandbox(pod)
-        # daemon gone: a distinct exit code and a message on stderr
+        # daemon gone: not ready for a probe (exit 2), and a message on stderr
         code, out = await _cli("status", "--socket", sock)
-        assert code == 3 and "not reachable" in out
+        assert code == 2 and "not reachable" in out
 
     run(scenario())

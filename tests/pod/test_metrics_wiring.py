@@ -44,8 +44,10 @@ def test_metrics_endpoint_reports_operations_failures_and_gc(node):
 
     text = run(scenario())
     lines = text.splitlines()
-    assert any(ln.startswith("nri_cni_gc_runs") and ln.split()[-1] == "1" for ln in lines), text
-    assert any('network="podnet"' in ln and "_count" in ln and ln.split()[-1] == "1" for ln in lines), text
+    assert any(ln.startswith("nri_cni_gc_runs") and float(ln.split()[-1]) == 1 for ln in lines), text
+    assert any('network="podnet"' in ln and "_count" in ln and float(ln.split()[-1]) == 1 for ln in lines), (
+        text
+    )
     # the refused annotation: an add that failed with CNI code 7 (invalid config)
     assert any("failures" in ln and 'code="7"' in ln for ln in lines), text
-    assert any(ln.startswith("nri_cni_attachments") and ln.split()[-1] == "1" for ln in lines), text
+    assert any(ln.startswith("nri_cni_attachments") and float(ln.split()[-1]) == 1 for ln in lines), text

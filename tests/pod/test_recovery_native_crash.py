@@ -61,7 +61,10 @@ async def _wait_whole(node, daemon: NriCni, pod_ids, timeout: float = 20) -> Non
     want = {p: ["eth0", "net1"] for p in pod_ids}
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        got = {p["id"]: [n["interface"] for n in p["networks"]] for p in await asyncio.to_thread(daemon.pods)}
+        got = {
+            p["id"]: [n["interface"] for n in p["network-status"]]
+            for p in await asyncio.to_thread(daemon.pods)
+        }
         st = await asyncio.to_thread(daemon.status)
         if got == want and not st["pendingRollback"] and not st["pendingRepair"]:
             return

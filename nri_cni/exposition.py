@@ -1,0 +1,150 @@
+"""What nri-cni's metrics collect and how they render: Prometheus's own client library.
+
+The serving (HTTP on a unix socket or 127.0.0.1, connection limits) is nri_cni/metrics.py;
+this module only observes and renders, so either can change without the other. Names are
+stable (dashboards use them); each counter is rendered without the `_created` series, as
+before. Per network and verb (add, finalize, del), `nri_cni_network_operation_duration_seconds`
+is a histogram of that network's part of each pod operation.
+
+What is measured comes from the pod plan's OpRecord (nri_cni/pod/plan.py), handed over when an
+operation ends, and from GC reports; the number of attachments is read when scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from nri_cni import __version__
+
+log = logging.getLogger("nri_cni.metrics")
+
+# nri-cni never had `_created` series; keep the exposition what dashboards already read
+disable_created_metrics()
+
+# Seconds. Pod operations run CNI chains: tens of milliseconds for a fast ADD, hundreds for
+# a DEL (iptables, veth deletion), seconds for DHCP or a plugin near its timeout.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Attachments:
+    """A collector asked at every scrape: how many attachments the cache holds."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            held = int(self._count())
+        except Exception as exc:
+            log.warning("metrics: cannot count attachments: %s", exc)
+            return
+        yield GaugeMetricFamily(
+            "nri_cni_attachments", "Network attachments nri-cni holds (cache entries).", value=held
+        )
+
+
+class Exposition:
+    """nri-cni's metrics in their own registry (never the process-global one: a test or an
+    embedding program may build several)."""
+
+    def __init__(
+        self,
+        attachments: Callable[[], int] | None = None,
+        *,
+        error_code: Callable[[Any], str],
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> None:
+        self._error_code = error_code
+        self.registry = CollectorRegistry(auto_describe=False)
+        reg = self.registry
+        Gauge("nri_cni_build_info", "The running nri-cni's version.", ("version",), registry=reg).labels(
+            __version__
+        ).set(1)
+        Gauge(
+            "nri_cni_start_time_seconds",
+            "When the metrics started, in seconds since the epoch.",
+            registry=reg,
+        ).set(round(time.time(), 3))
+        if attachments is not None:
+            reg.register(_Attachments(attachments))
+        self.pod_duration = Histogram(
+            "nri_cni_pod_operation_duration_seconds",
+            "Duration of pod operations (add: attach every network of a pod; del: detach them).",
+            ("op",),
+            buckets=buckets,
+            registry=reg,
+        )
+        self.network_duration = Histogram(
+            "nri_cni_network_operation_duration_seconds",
+            "Duration of one network's part of a pod operation (add, finalize, del).",
+            ("op", "network"),
+            buckets=buckets,
+            registry=reg,
+        )
+        self.operations = Counter(
+            "nri_cni_pod_operations", "Pod operations by result (ok, error).", ("op", "result"), registry=reg
+        )
+        self.failures = Counter(
+            "nri_cni_pod_operation_failures",
+            "Failed pod operations by CNI error code (unknown: no code, e.g. a refused annotation).",
+            ("op", "code"),
+            registry=reg,
+        )
+        self.rollbacks = Counter(
+            "nri_cni_network_rollbacks",
+            "Networks deleted again after a later step of their pod's ADD failed.",
+            ("network",),
+            registry=reg,
+        )
+        self.gc_runs = Counter("nri_cni_gc_runs", "Garbage collection runs.", registry=reg)
+        self.gc_deleted = Counter(
+            "nri_cni_gc_deleted_attachments",
+            "Attachments deleted by garbage collection (pods the runtime no longer has).",
+            registry=reg,
+        )
+        self.gc_errors = Counter(
+            "nri_cni_gc_errors", "Errors reported by garbage collection runs.", registry=reg
+        )
+
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric, *labels: str):
+        """`metric.labels(...)`, kept: the pod path then skips the library's label checks."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def observe_operation(self, record) -> None:
+        """One pod operation (an OpRecord), when it ended."""
+        op = record.op
+        self._child(self.pod_duration, op).observe(max(0.0, time.time() - record.started))
+        for step in record.networks:
+            name = str(step.get("network", ""))
+            if step.get("op") == "rollback":
+                self._child(self.rollbacks, name).inc()
+            ms = step.get("ms")
+            if isinstance(ms, (int, float)) and not isinstance(ms, bool):
+                self._child(self.network_duration, str(step.get("op", op)), name).observe(ms / 1000.0)
+        self._child(self.operations, op, "error" if record.error else "ok").inc()
+        if record.error:
+            self._child(self.failures, op, self._error_code(record)).inc()
+
+    def observe_gc(self, report: dict) -> None:
+        """One GC run's report: {"deleted": [...], "errors": [...]} (PodPlan.collect_garbage)."""
+        self.gc_runs.inc()
+        self.gc_deleted.inc(len(report.get("deleted") or ()))
+        self.gc_errors.inc(len(report.get("errors") or ()))
+
+    def render(self) -> str:
+        """The text exposition format 0.0.4."""
+        return generate_latest(self.registry).decode()
