@@ -11,291 +11,37 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from nri_cni import jsonlimits, safefs
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
+from nri_cni.config.model import (
+    _K8S_NAMESPACE,
+    _PLUGIN_IDX,
+    _PLUGIN_NAME,
+    DEFAULT_BIN_DIRS,
+    DEFAULT_CACHE_DIR,
+    DEFAULT_DAEMON_SOCKET,
+    DEFAULT_FINALIZE_DIR,
+    DEFAULT_NRI_SOCKET,
+    DEFAULT_RUNTIME_CACHE_DIR,
+    DEFAULT_STATE_DIR,
+    FAILURE_POLICIES,
+    MODES,
+    CniSettings,
+    Config,
+    LifecycleSettings,
+    LocalSocketSettings,
+    MetricsServerSettings,
+    NetworkSpec,
+    NriSettings,
+    PodLimits,
+    ReloadSettings,
+)
+from nri_cni.config.reader import _join, _kind, _Reader
 from nri_cni.errors import ConfigError
 from nri_cni.lifecycle.spec import validate_list
-
-DEFAULT_CONFIG_PATH = "/etc/nri-cni/config.yaml"
-DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
-DEFAULT_DAEMON_SOCKET = "/run/nri-cni/nri-cni.sock"
-DEFAULT_STATE_DIR = "/var/lib/nri-cni"
-# nri-cni keeps its attachments in a cache dir of its own (libcni layout, like Multus does with
-# /var/lib/cni/multus) so that it never mistakes the runtime's own attachments for its own.
-DEFAULT_CACHE_DIR = "/var/lib/cni/nri-cni"
-DEFAULT_RUNTIME_CACHE_DIR = "/var/lib/cni"
-DEFAULT_BIN_DIRS = ("/opt/cni/bin",)
-DEFAULT_FINALIZE_DIR = "/etc/cni/net.d/_finalize.d"
-
-MODES = ("shim", "native", "secondary")
-FAILURE_POLICIES = ("auto", "fail", "keep")
-_PLUGIN_NAME = re.compile(r"^[a-zA-Z0-9_.+-]+$")
-_PLUGIN_IDX = re.compile(r"^[0-9]{2}$")
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$")
-_K8S_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-@dataclass(frozen=True)
-class NriSettings:
-    socket: str = DEFAULT_NRI_SOCKET
-    plugin_name: str = "cni"
-    plugin_index: str = "10"
-    # What nri-cni asks the runtime for in ConfigureResponse (NRI PR #304); 0 = do not ask.
-    request_timeout: float = 0.0
-
-
-@dataclass(frozen=True)
-class CniSettings:
-    bin_dirs: tuple[str, ...] = DEFAULT_BIN_DIRS
-    cache_dir: str = DEFAULT_CACHE_DIR
-    plugin_timeout: float = 60.0
-    finalize_dir: str = DEFAULT_FINALIZE_DIR
-    # Where the runtime's own libcni writes its cache (secondary mode reads the primary's result).
-    runtime_cache_dir: str = DEFAULT_RUNTIME_CACHE_DIR
-    # names of the daemon's environment variables passed on to plugins (besides PATH and CNI_*)
-    plugin_env: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class LifecycleSettings:
-    """INIT / DEINIT retries (docs/lifecycle.md): back-off doubles from initial up to max."""
-
-    retry_initial: float = 1.0
-    retry_max: float = 300.0
-
-
-@dataclass(frozen=True)
-class ReloadSettings:
-    """Hot reload: inotify on the files' directories, and a periodic rescan as the fallback."""
-
-    watch: bool = True
-    rescan_interval: float = 30.0  # 0 = no rescan
-    debounce: float = 0.2  # events closer than this are one change (an editor's several writes)
-
-
-@dataclass(frozen=True)
-class LocalSocketSettings:
-    """Who may use the daemon's local socket and how much one connection may take
-    (docs/security.md). The shim runs as root inside the runtime, so root is the default."""
-
-    allowed_uids: tuple[int, ...] = (0,)
-    allowed_gids: tuple[int, ...] = ()
-    max_connections: int = 128
-    read_timeout: float = 10.0  # for the whole request; the answer may take as long as the pod
-    max_request_bytes: int = 4 * 1024 * 1024 + 64 * 1024
-
-
-@dataclass(frozen=True)
-class PodLimits:
-    """What one pod may ask for (its annotation is written by whoever may create the pod)."""
-
-    networks_per_pod: int = 8
-    attachments_per_network: int = 2
-
-
-@dataclass(frozen=True)
-class MetricsServerSettings:
-    max_connections: int = 16
-    timeout: float = 5.0  # to read a request, and to write the answer
-
-
-@dataclass(frozen=True)
-class NetworkSpec:
-    """One network nri-cni may attach: a CNI network list plus how pods get it."""
-
-    name: str
-    conflist: Any  # nri_cni.cni.config.NetworkConfigList
-    interface: str = ""  # "" = assigned in order: eth0 for the primary, then net1, net2, ...
-    default: bool = False  # attached to every pod
-    namespaces: tuple[str, ...] = ()  # who may ask for it by annotation; "*" = every namespace
-    nad: str = ""  # "namespace/name" of the NetworkAttachmentDefinition it came from (nri_cni/nad.py)
-
-    def allowed_in(self, namespace: str) -> bool:
-        return "*" in self.namespaces or namespace in self.namespaces
-
-
-@dataclass(frozen=True)
-class Config:
-    path: str = ""
-    mode: str = "shim"
-    nri: NriSettings = field(default_factory=NriSettings)
-    daemon_socket: str = DEFAULT_DAEMON_SOCKET
-    state_dir: str = DEFAULT_STATE_DIR
-    log_level: str = "info"
-    log_format: str = "text"
-    cni: CniSettings = field(default_factory=CniSettings)
-    networks: tuple[NetworkSpec, ...] = ()
-    nad_dir: str = ""  # NetworkAttachmentDefinition files (nri_cni/nad.py)
-    # Secondary mode: the runtime's own network (its result is read from the runtime's cache and
-    # FINALIZE runs for it too). Other modes: the network whose result is the pod's primary one.
-    primary_network: str = ""
-    failure_policy: str = "auto"
-    gc_interval: float = 600.0
-    status_interval: float = 30.0
-    refuse_when_not_ready: bool = False
-    repair_on_sync: bool = True
-    metrics_listen: str = ""
-    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
-    reload: ReloadSettings = field(default_factory=ReloadSettings)
-    local: LocalSocketSettings = field(default_factory=LocalSocketSettings)
-    limits: PodLimits = field(default_factory=PodLimits)
-    metrics_server: MetricsServerSettings = field(default_factory=MetricsServerSettings)
-    # files.trust: conf dirs, network lists and plugin binaries another user can write are
-    # refused ("enforce") or only warned about ("warn", for development).
-    trust_files: bool = True
-
-    def network(self, name: str) -> NetworkSpec | None:
-        for net in self.networks:
-            if net.name == name:
-                return net
-        return None
-
-    @property
-    def default_networks(self) -> tuple[NetworkSpec, ...]:
-        return tuple(n for n in self.networks if n.default)
-
-    @property
-    def primary(self) -> NetworkSpec | None:
-        if self.mode == "secondary":
-            return None
-        if self.primary_network:
-            return self.network(self.primary_network)
-        defaults = self.default_networks
-        return defaults[0] if defaults else None
-
-
-class _Reader:
-    """Walks the parsed YAML, collecting every error with its key path instead of stopping."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.errors: list[ConfigError] = []
-        self.trust_files = True  # files.trust: enforce
-
-    def fail(self, where: str, msg: str) -> None:
-        self.errors.append(ConfigError(msg, location=f"{self.path}: {where}" if where else self.path))
-
-    def section(self, data: dict, key: str, where: str = "") -> dict:
-        value = data.get(key, {})
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.fail(_join(where, key), f"must be a mapping, not {_kind(value)}")
-            return {}
-        return value
-
-    def unknown_keys(self, data: dict, known: set[str], where: str) -> None:
-        for key in data:
-            if key not in known:
-                self.fail(_join(where, str(key)), f"unknown key (known: {', '.join(sorted(known))})")
-
-    def string(
-        self,
-        data: dict,
-        key: str,
-        default: str,
-        where: str,
-        *,
-        choices=None,
-        pattern: re.Pattern | None = None,
-        path: bool = False,
-    ) -> str:
-        if key not in data or data[key] is None:
-            return default
-        value = data[key]
-        if isinstance(value, int) and not isinstance(value, bool) and pattern is _PLUGIN_IDX:
-            value = f"{value:02d}"  # YAML reads `10` as a number
-        if not isinstance(value, str):
-            self.fail(_join(where, key), f"must be a string, not {_kind(value)}")
-            return default
-        if choices and value not in choices:
-            self.fail(_join(where, key), f"{value!r} is not one of {', '.join(choices)}")
-            return default
-        if pattern and not pattern.match(value):
-            self.fail(_join(where, key), f"{value!r} is not valid (must match {pattern.pattern})")
-            return default
-        if path and not os.path.isabs(value):
-            self.fail(_join(where, key), f"{value!r} must be an absolute path")
-            return default
-        return value
-
-    def boolean(self, data: dict, key: str, default: bool, where: str) -> bool:
-        value = data.get(key, default)
-        if not isinstance(value, bool):
-            self.fail(_join(where, key), f"must be true or false, not {value!r}")
-            return default
-        return value
-
-    def duration(self, data: dict, key: str, default: float, where: str) -> float:
-        if key not in data or data[key] is None:
-            return default
-        value = data[key]
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            seconds = float(value)
-        elif isinstance(value, str) and (m := _DURATION.match(value)):
-            scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
-            seconds = float(m.group(1)) * scale
-        else:
-            self.fail(_join(where, key), f"{value!r} is not a duration (e.g. 30s, 500ms, 10m)")
-            return default
-        if seconds < 0:
-            self.fail(_join(where, key), "must not be negative")
-            return default
-        return seconds
-
-    def integer(
-        self, data: dict, key: str, default: int, where: str, *, low: int = 0, high: int = 1 << 31
-    ) -> int:
-        if key not in data or data[key] is None:
-            return default
-        value = data[key]
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            self.fail(_join(where, key), f"must be an integer from {low} to {high}, not {value!r}")
-            return default
-        return value
-
-    def id_list(self, data: dict, key: str, default: tuple[int, ...], where: str) -> tuple[int, ...]:
-        if key not in data or data[key] is None:
-            return default
-        value = data[key]
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32 for v in value
-        ):
-            self.fail(_join(where, key), "must be a list of numeric ids")
-            return default
-        return tuple(value)
-
-    def string_list(
-        self, data: dict, key: str, default: tuple[str, ...], where: str, *, path: bool = False
-    ) -> tuple[str, ...]:
-        if key not in data or data[key] is None:
-            return default
-        value = data[key]
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.fail(_join(where, key), "must be a list of strings")
-            return default
-        if path:
-            for i, item in enumerate(value):
-                if not os.path.isabs(item):
-                    self.fail(f"{_join(where, key)}[{i}]", f"{item!r} must be an absolute path")
-        return tuple(value)
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__
-    )
-
 
 _TOP_KEYS = {
     "mode",
