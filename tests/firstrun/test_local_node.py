@@ -43,6 +43,7 @@ def executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.integration  # up.sh refuses to run as any user but root
 def test_up_sh_says_what_it_does_with_times(tmp_path):
     """up.sh under the system PATH only, with stand-ins for the slow parts: every step is
     announced with its time, in order, and it ends with the node script."""
@@ -144,6 +145,7 @@ def test_a_runtime_error_is_one_line(node, capsys, monkeypatch, stand_in):
     )
 
 
+@pytest.mark.integration  # needs the checkout's own .venv (made by .ci/run as root)
 def test_node_py_under_the_system_python_uses_the_venv():
     """`python3 config/local/node.py` (Debian's python3, no grpc) re-runs itself in .venv."""
     python3 = shutil.which("python3", path=SYSTEM_PATH)
