@@ -9,7 +9,8 @@ from typing import Any
 from nri_cni import jsonlimits
 from nri_cni.cni.config import NetworkConfigList, PluginConf
 from nri_cni.cni.exec_errors import excerpt
-from nri_cni.cni.result import Result, parse_result
+from nri_cni.cni.result import Result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime_types import RuntimeConf
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef
 

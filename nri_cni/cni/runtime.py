@@ -28,7 +28,8 @@ from nri_cni.cni.config import (
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.plugin_env import cni_args, cni_env
 from nri_cni.cni.plugin_io import plugin_result, plugin_stdin, version_answer
-from nri_cni.cni.result import Result, parse_result
+from nri_cni.cni.result import Result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime_types import Attachment, GCError, RuntimeConf, RuntimeHooks
 from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginRef
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from nri_cni.app.readiness import NetworkReadiness
 from nri_cni.app.service import PodService
-from nri_cni.cni.result import parse_result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.nri.stub import Stub
