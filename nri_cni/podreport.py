@@ -16,7 +16,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.cni.result import Result, parse_result
+from nri_cni.cni.result import Result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 
 PRIMARY_IFNAME = "eth0"

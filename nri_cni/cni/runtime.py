@@ -12,12 +12,9 @@ import asyncio
 import json
 import logging
 import os
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from nri_cni import jsonlimits
 from nri_cni.cni import versions
 from nri_cni.cni.cache import DEFAULT_CACHE_DIR, CacheEntry, PreparedWrite, ResultCache
 from nri_cni.cni.config import (
@@ -28,114 +25,28 @@ from nri_cni.cni.config import (
     validate_ifname,
     validate_network_name,
 )
-from nri_cni.cni.exec import PluginExecutor, excerpt
-from nri_cni.cni.result import Result, parse_result
-from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginExecError, PluginRef
+from nri_cni.cni.exec import PluginExecutor
+from nri_cni.cni.plugin_env import cni_args, cni_env
+from nri_cni.cni.plugin_io import plugin_result, plugin_stdin, version_answer
+from nri_cni.cni.result import Result
+from nri_cni.cni.result_parse import parse_result
+from nri_cni.cni.runtime_types import Attachment, GCError, RuntimeConf, RuntimeHooks
+from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginRef
+
+# re-exported: callers import these from here
+__all__ = [
+    "Attachment",
+    "CNIRuntime",
+    "GCError",
+    "RuntimeConf",
+    "RuntimeHooks",
+    "cni_args",
+    "cni_env",
+]
 
 log = logging.getLogger(__name__)
 
-_ARG_KEY_RE = re.compile(r"[A-Za-z0-9_]+")
-_RESULT_KEYS = {"interfaces", "ips", "routes", "dns", "ip4", "ip6"}
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps() with options makes one per call
-
-
-@dataclass
-class RuntimeConf:
-    container_id: str
-    netns: str
-    ifname: str
-    args: list[tuple[str, str]] = field(default_factory=list)  # CNI_ARGS pairs (K8S_POD_NAME, ...)
-    capability_args: dict[str, Any] = field(
-        default_factory=dict[str, Any]
-    )  # runtimeConfig, filtered per plugin
-
-
-@dataclass(frozen=True)
-class Attachment:
-    container_id: str
-    ifname: str
-
-
-class RuntimeHooks:
-    """Optional callbacks around plugin calls (crash-safe intent records, fault injection).
-
-    Subclass and override what you need (the methods here do nothing). An exception raised
-    here aborts the operation as a plugin failure would.
-    """
-
-    async def before_plugin(
-        self, command: str, net: NetworkConfigList, plugin_index: int, rt: RuntimeConf | None
-    ) -> None:
-        """Before each plugin of ADD, CHECK, DEL or FINALIZE is exec'd."""
-
-    async def after_plugin(
-        self,
-        command: str,
-        net: NetworkConfigList,
-        plugin_index: int,
-        rt: RuntimeConf | None,
-        result: Result | None,
-    ) -> None:
-        """After each plugin returned successfully; `result` is the chain's result so far."""
-
-    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
-        """After a successful chain, before its result is cached."""
-
-
-class GCError(CNIError):
-    """One or more steps of a GC failed (GC runs them all); `errors` holds each, the code is the
-    first one's."""
-
-    def __init__(self, network: str, errors: list[NriCniError]) -> None:
-        first = errors[0]
-        super().__init__(
-            getattr(first, "code", first.cni_code),
-            f"GC of network {network!r} failed in {len(errors)} step(s)",
-            details="; ".join(str(e) for e in errors),
-            ref=PluginRef(network=network),
-        )
-        self.errors = errors
-
-
-def cni_args(pairs: Sequence[tuple[str, str]]) -> str:
-    """CNI_ARGS with IgnoreUnknown=1 first. A key or value that could smuggle in another key
-    (a pod name or annotation is user input) is refused rather than escaped: CNI_ARGS has no
-    escaping, and a plugin would read `K8S_POD_NAME=a;IP=10.0.0.1` as two keys."""
-    parts = [] if any(k == "IgnoreUnknown" for k, _ in pairs) else ["IgnoreUnknown=1"]
-    for key, value in pairs:
-        if not isinstance(key, str) or not _ARG_KEY_RE.fullmatch(key):
-            raise ConfigError(f"invalid CNI_ARGS key {key!r}", location="CNI_ARGS")
-        if not isinstance(value, str) or any(c in value for c in ";=\0"):
-            raise ConfigError(
-                f"CNI_ARGS value for {key} must not contain ';', '=' or NUL: {value!r}", location="CNI_ARGS"
-            )
-        parts.append(f"{key}={value}")
-    return ";".join(parts)
-
-
-def cni_env(
-    base: Mapping[str, str],
-    command: str,
-    *,
-    container_id: str = "",
-    netns: str = "",
-    ifname: str = "",
-    args: str = "",
-    path: str = "",
-) -> dict[str, str]:
-    """The one place a plugin's environment is made: `base`, then all six CNI variables set
-    after it (libcni sets empty strings for what a verb does not use)."""
-    env = dict(base)
-    env.update(
-        CNI_COMMAND=command,
-        CNI_CONTAINERID=container_id,
-        CNI_NETNS=netns,
-        CNI_IFNAME=ifname,
-        CNI_ARGS=args,
-        CNI_PATH=path,
-    )
-    return env
 
 
 class CNIRuntime:
@@ -342,33 +253,7 @@ class CNIRuntime:
                 return {"cniVersion": versions.CURRENT, "supportedVersions": ["0.1.0"]}
             exc.ref = ref
             raise
-        try:
-            info = jsonlimits.loads(out)
-        except (ValueError, UnicodeDecodeError):
-            info = None
-        if (
-            not isinstance(info, dict)
-            or not isinstance(info.get("cniVersion"), str)
-            or not info["cniVersion"]
-        ):
-            raise PluginExecError(
-                f"plugin {plugin_type} printed no valid VERSION answer",
-                details=excerpt(out, getattr(out, "stderr", b"")),
-                ref=ref,
-                code=CniCode.DECODING_FAILURE,
-            )
-        supported = info.get("supportedVersions")
-        if not supported and info["cniVersion"] == "0.2.0":
-            info["supportedVersions"] = ["0.1.0", "0.2.0"]
-        elif (
-            not isinstance(supported, list) or not supported or not all(isinstance(v, str) for v in supported)
-        ):
-            raise PluginExecError(
-                f"plugin {plugin_type} VERSION answer has no supportedVersions",
-                ref=ref,
-                code=CniCode.DECODING_FAILURE,
-            )
-        return info
+        return version_answer(plugin_type, out, ref)
 
     # ---- steps -----------------------------------------------------------------------------
 
@@ -449,32 +334,7 @@ class CNIRuntime:
             path=self._cni_path,
         )
 
-    @staticmethod
-    def _stdin(
-        net: NetworkConfigList,
-        plugin: PluginConf,
-        rt: RuntimeConf | None,
-        prev: dict[str, Any] | None,
-        extra: dict[str, Any] | None = None,
-    ) -> bytes:
-        """The plugin's config with name, cniVersion, prevResult and runtimeConfig injected
-        (runtimeConfig: only the capabilities the plugin declares true, and only if any)."""
-        conf = dict(plugin.conf)
-        conf["name"] = net.name
-        conf["cniVersion"] = net.cni_version
-        if prev is not None:
-            conf["prevResult"] = prev
-        if rt is not None and rt.capability_args:
-            rc = {
-                cap: rt.capability_args[cap]
-                for cap, on in plugin.capabilities.items()
-                if on and cap in rt.capability_args
-            }
-            if rc:
-                conf["runtimeConfig"] = rc
-        if extra:
-            conf.update(extra)
-        return _COMPACT.encode(conf).encode()
+    _stdin = staticmethod(plugin_stdin)
 
     def _find_all(self, net: NetworkConfigList, plugins: Sequence[PluginConf], command: str) -> list[str]:
         """Every binary of a chain that creates things, found before the first one runs: a
@@ -506,50 +366,7 @@ class CNIRuntime:
             exc.ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
             raise
 
-    @staticmethod
-    def _result(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes) -> Result:
-        try:
-            obj = jsonlimits.loads(out)
-        except (ValueError, UnicodeDecodeError):
-            obj = None  # parse_result words the error
-        if type(obj) is dict:
-            code = obj.get("code")
-            if type(code) is int and "msg" in obj and not _RESULT_KEYS & obj.keys():
-                # an error object with exit status 0: libcni would take it for an empty result
-                details = obj.get("details")
-                raise CNIError(
-                    code,
-                    str(obj["msg"]),
-                    details=details if isinstance(details, str) else "",
-                    ref=PluginRef(network=net.name, plugin=plugin.type, command=command),
-                )
-            try:
-                return parse_result(obj, net.cni_version)
-            except CNIError as exc:
-                error = exc
-        else:
-            error = None
-        ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
-        stderr = getattr(out, "stderr", b"")
-        if not out.strip():
-            raise PluginExecError(
-                f"plugin {plugin.type} exited 0 but printed no result",
-                details=excerpt(b"", stderr),
-                ref=ref,
-                code=CniCode.DECODING_FAILURE,
-            )
-        if error is None:
-            try:
-                parse_result(out if obj is None else obj, net.cni_version)
-            except CNIError as exc:
-                error = exc
-        assert error is not None  # only a dict parses
-        raise PluginExecError(
-            f"plugin {plugin.type} printed an unusable result: {error.msg}",
-            details=excerpt(out, stderr),
-            ref=ref,
-            code=error.code,
-        ) from None
+    _result = staticmethod(plugin_result)
 
 
 def _rt_of(entry: CacheEntry) -> RuntimeConf:

@@ -19,7 +19,8 @@ from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
-from nri_cni.cni.result import Result, parse_result
+from nri_cni.cni.result import Result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.config import Config
 from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError

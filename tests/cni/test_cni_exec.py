@@ -10,6 +10,7 @@ import time
 import pytest
 
 from nri_cni.cni import exec as cni_exec
+from nri_cni.cni import plugin_process as cni_child
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginTimeout
 
@@ -167,7 +168,7 @@ def test_large_stdin_and_stdout(fake_bin, tmp_path):
 
 
 def test_stdout_limit(fake_bin, monkeypatch):
-    monkeypatch.setattr(cni_exec, "MAX_STDOUT", 1000)
+    monkeypatch.setattr(cni_child, "MAX_STDOUT", 1000)
     with pytest.raises(PluginExecError, match="more than 1000 bytes"):
         fake(fake_bin, {"print": "z" * 5000})
 
@@ -291,19 +292,19 @@ def test_helper_holding_stdout_does_not_hold_the_call(tmp_path):
 
 def test_stdout_flood_killed(tmp_path, monkeypatch):
     """A plugin printing without end is killed once past MAX_STDOUT; nri-cni holds no more."""
-    monkeypatch.setattr(cni_exec, "MAX_STDOUT", 1000)
+    monkeypatch.setattr(cni_child, "MAX_STDOUT", 1000)
     script = tmp_path / "bin" / "flood"
     script.parent.mkdir(exist_ok=True)
     script.write_text("#!/bin/sh\nexec cat /dev/zero\n")
     script.chmod(0o755)
     held = []
-    real = cni_exec._Run._read_stdout
+    real = cni_child.ChildRun._read_stdout
 
     def spy(self):
         real(self)
         held.append(self.stdout_len)
 
-    monkeypatch.setattr(cni_exec._Run, "_read_stdout", spy)
+    monkeypatch.setattr(cni_child.ChildRun, "_read_stdout", spy)
     t0 = time.monotonic()
     with pytest.raises(PluginExecError, match="more than 1000 bytes"):
         run(PluginExecutor().exec(str(script), ENV, b"", 10))

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nri_cni.cni import result
-from nri_cni.cni.result import parse_result
+from nri_cni.cni import result_addr
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.errors import CniCode, CNIError
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "results.json").read_text())
@@ -145,9 +145,9 @@ def test_fast_address_canonical_form_matches_ipaddress(text):
     """The C-parser fast path gives exactly what the ipaddress module gives (validity and
     canonical text), for addresses and address/prefix."""
     for with_prefix in (True, False):
-        result._canonical.cache_clear()
-        fast = result._canonical(text, with_prefix)
+        result_addr.canonical.cache_clear()
+        fast = result_addr.canonical(text, with_prefix)
         if ("/" in text) != with_prefix:
             assert fast is None
         else:
-            assert fast == result._canonical_slow(text, with_prefix)
+            assert fast == result_addr.canonical_slow(text, with_prefix)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import PluginConf, parse_conflist
-from nri_cni.cni.result import parse_result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, GCError, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, ConfigError, PluginExecError, PluginTimeout
 

@@ -138,7 +138,7 @@ def test_nri_cni_del_takes_prev_result_from_a_libcni_cache_file(cni_env: CniEnv,
 
 
 def test_nri_cni_cache_file_is_libcni_cached_info(cni_env: CniEnv, ip_forward_restored):
-    from nri_cni.cni.result import parse_result
+    from nri_cni.cni.result_parse import parse_result
 
     env = cni_env
     bridge = unique_name("br")

@@ -19,7 +19,7 @@ from nri_cni import localproto, validate
 from nri_cni.api import nri_pb2
 from nri_cni.cni.cache import CacheEntry, CorruptEntry
 from nri_cni.cni.config import parse_conflist
-from nri_cni.cni.result import parse_result
+from nri_cni.cni.result_parse import parse_result
 from nri_cni.errors import NriCniError
 from nri_cni.pod.select import parse_annotation
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message

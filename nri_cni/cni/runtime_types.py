@@ -1,0 +1,69 @@
+"""What the CNI runtime's verbs take and raise: an attachment's runtime config, the hooks
+around plugin calls, and GC's collected error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nri_cni.cni.config import NetworkConfigList
+from nri_cni.cni.result import Result
+from nri_cni.errors import CNIError, NriCniError, PluginRef
+
+
+@dataclass
+class RuntimeConf:
+    container_id: str
+    netns: str
+    ifname: str
+    args: list[tuple[str, str]] = field(default_factory=list)  # CNI_ARGS pairs (K8S_POD_NAME, ...)
+    capability_args: dict[str, Any] = field(
+        default_factory=dict[str, Any]
+    )  # runtimeConfig, filtered per plugin
+
+
+@dataclass(frozen=True)
+class Attachment:
+    container_id: str
+    ifname: str
+
+
+class RuntimeHooks:
+    """Optional callbacks around plugin calls (crash-safe intent records, fault injection).
+
+    Subclass and override what you need (the methods here do nothing). An exception raised
+    here aborts the operation as a plugin failure would.
+    """
+
+    async def before_plugin(
+        self, command: str, net: NetworkConfigList, plugin_index: int, rt: RuntimeConf | None
+    ) -> None:
+        """Before each plugin of ADD, CHECK, DEL or FINALIZE is exec'd."""
+
+    async def after_plugin(
+        self,
+        command: str,
+        net: NetworkConfigList,
+        plugin_index: int,
+        rt: RuntimeConf | None,
+        result: Result | None,
+    ) -> None:
+        """After each plugin returned successfully; `result` is the chain's result so far."""
+
+    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
+        """After a successful chain, before its result is cached."""
+
+
+class GCError(CNIError):
+    """One or more steps of a GC failed (GC runs them all); `errors` holds each, the code is the
+    first one's."""
+
+    def __init__(self, network: str, errors: list[NriCniError]) -> None:
+        first = errors[0]
+        super().__init__(
+            getattr(first, "code", first.cni_code),
+            f"GC of network {network!r} failed in {len(errors)} step(s)",
+            details="; ".join(str(e) for e in errors),
+            ref=PluginRef(network=network),
+        )
+        self.errors = errors
