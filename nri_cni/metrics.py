@@ -57,6 +57,7 @@ class Metrics:
     def __init__(self, attachments: Callable[[], int] | None = None) -> None:
         # what is collected and rendered: nri_cni/exposition.py (prometheus_client)
         self.exposition = Exposition(attachments, error_code=error_code)
+        self.attachments = attachments  # the count a scrape reads (a BackgroundValue in the daemon)
         self._servers: list[asyncio.base_events.Server] = []
         self._socket_paths: list[str] = []
         self._clients: set[asyncio.Task] = set()

@@ -61,7 +61,7 @@ def test_idle_connections_are_capped_and_timed_out_and_pods_still_work(node):
             for _ in range(20):
                 text = await _scrape(port)
             assert "nri_cni_attachments 0" in text
-            assert h.daemon.metrics._attachments.computed <= 2
+            assert h.daemon.metrics.attachments.computed <= 2
             await normal_add_del(shim, node, new_pod_id())
         finally:
             await h.stop()
