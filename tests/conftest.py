@@ -11,10 +11,19 @@ chains (CNI-HOSTPORT-*, CNI-FORWARD, CNI-ADMIN, and the jumps into them), and th
 plugin turns on net.ipv4.ip_forward. From the first integration test on, the session removes
 at its end the chains it brought (only while nothing else uses them) and puts ip_forward back
 as it was; each test that runs real plugins must leave no per-pod chain behind.
+
+Several test runs may share one machine (developers, CI). Their integration tests take turns:
+each holds a machine-wide lock (MACHINE_LOCK) from its setup to its teardown, so the checks
+above, which compare host state before and after a test, only ever see one test's doing.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +38,7 @@ INTEGRATION_DIRS = {"e2e", "cni_real"}
 # markers that imply integration
 INTEGRATION_MARKERS = {"e2e", "netns"}
 TESTS = Path(__file__).resolve().parent
+MACHINE_LOCK = Path("/run/lock/nri-cni-tests.lock")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -37,6 +47,34 @@ def pytest_collection_modifyitems(config, items):
         in_dir = Path(str(item.path)).resolve().relative_to(TESTS).parts[0] in INTEGRATION_DIRS
         if in_dir or any(item.get_closest_marker(m) for m in INTEGRATION_MARKERS):
             item.add_marker(pytest.mark.integration)
+
+
+@contextmanager
+def _machine_turn() -> Iterator[None]:
+    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"\n[waiting for {MACHINE_LOCK}: another test run's integration test]", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Integration tests take turns with other runs' (setup, call and teardown, the session's
+    own teardown included when it comes last). Unit tests run as any user and need no turn."""
+    if item.get_closest_marker("integration") is None and nextitem is not None:
+        yield
+        return
+    if os.geteuid() != 0 and item.get_closest_marker("integration") is None:
+        yield  # the unit subset as nobody: its last test tears down no host state
+        return
+    with _machine_turn():
+        yield
 
 
 @pytest.fixture(scope="session")
