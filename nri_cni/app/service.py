@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from nri_cni.app.ledger import PodLedger
 from nri_cni.app.modes import Mode, mode_for
+from nri_cni.app.podstate import HealthBook
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import NriCniError
@@ -49,6 +50,7 @@ class PodService:
         self.mode = mode
         self.ledger = ledger or PodLedger()
         self.locks = locks or PodLocks()
+        self.health = HealthBook()  # each pod's verdict from the last verify (podstate.py)
         self._background: set[asyncio.Task[None]] = set()
 
     def reconfigure(self, cfg: Config) -> None:
@@ -90,6 +92,7 @@ class PodService:
             await _detached(self._detach(pod))
         finally:
             self.ledger.gone(pod.id)
+            self.health.forget(pod.id)
 
     async def _detach(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):

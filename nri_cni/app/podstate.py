@@ -1,0 +1,146 @@
+"""Each pod's verdict from the last verify: ok, repaired or broken (docs/reliability.md).
+
+The node inspector says what differs; the pod service decides what that means for the pod and
+records it here; `nri-cni status`, `nri-cni pods`, `nri-cni verify` and the metrics read it. A
+pod the daemon has never verified has no entry (it is not reported as anything yet).
+
+broken: nri-cni cannot make the pod's networks true again by itself, and an admin must act.
+The reason says why, in words an admin can act on; `code` is the stable token scripts and
+metrics use.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class PodState(Enum):
+    OK = "ok"  # what the records say is what the node has
+    REPAIRED = "repaired"  # it differed, and a repair made it true again (with the same IPs)
+    BROKEN = "broken"  # it differs and nri-cni will not (or cannot) repair it
+
+
+class BrokenCode(Enum):
+    """Why a pod is broken: the only reasons docs/reliability.md lists."""
+
+    IP_TAKEN = "ip-taken"  # the IP the runtime reports for it now belongs to another pod
+    REPAIR_FAILED = "repair-failed"  # repairs kept failing; backed off
+    MISSED = "missed"  # native mode: the runtime created it without nri-cni's answer
+    REPAIR_OFF = "repair-off"  # it differs and `repair` is off or verify-only
+
+
+@dataclass(frozen=True)
+class AttachmentVerdict:
+    """One attachment as the last verify saw it."""
+
+    network: str
+    ifname: str
+    finding: str  # a FindingKind value ("ok", "link-missing", ...) or "check-failed"
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "network": self.network,
+            "interface": self.ifname,
+            "finding": self.finding,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class PodHealth:
+    pod_id: str
+    state: PodState
+    reason: str = ""  # for people; empty when ok
+    code: BrokenCode | None = None  # set when broken
+    since: float = field(default_factory=time.time)  # when the pod entered this state
+    repairs: int = 0  # repairs done since nri-cni started
+    attachments: list[AttachmentVerdict] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod_id,
+            "state": self.state.value,
+            "reason": self.reason,
+            "code": self.code.value if self.code else "",
+            "since": round(self.since, 3),
+            "repairs": self.repairs,
+            "attachments": [a.to_dict() for a in self.attachments],
+        }
+
+
+class HealthBook:
+    """pod id -> PodHealth. Written by the pod service only; read by the reports."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, PodHealth] = {}
+
+    def get(self, pod_id: str) -> PodHealth | None:
+        return self._pods.get(pod_id)
+
+    def ok(self, pod_id: str, attachments: list[AttachmentVerdict] | None = None) -> PodHealth:
+        """Verified and true. A pod that was repaired stays "repaired" (with its count) until
+        it is forgotten: an admin wants to see that it happened."""
+        old = self._pods.get(pod_id)
+        if old is not None and old.state is PodState.REPAIRED:
+            old.attachments = attachments or []
+            return old
+        health = PodHealth(pod_id, PodState.OK, attachments=attachments or [])
+        if old is not None and old.state is PodState.OK:
+            health.since = old.since
+        self._pods[pod_id] = health
+        return health
+
+    def repaired(
+        self, pod_id: str, reason: str, attachments: list[AttachmentVerdict] | None = None
+    ) -> PodHealth:
+        old = self._pods.get(pod_id)
+        health = PodHealth(
+            pod_id,
+            PodState.REPAIRED,
+            reason=reason,
+            repairs=(old.repairs if old else 0) + 1,
+            attachments=attachments or [],
+        )
+        self._pods[pod_id] = health
+        return health
+
+    def broken(
+        self, pod_id: str, code: BrokenCode, reason: str, attachments: list[AttachmentVerdict] | None = None
+    ) -> PodHealth:
+        """Returns the entry; `since` is kept while the pod stays broken for the same code."""
+        old = self._pods.get(pod_id)
+        health = PodHealth(
+            pod_id,
+            PodState.BROKEN,
+            reason=reason,
+            code=code,
+            repairs=old.repairs if old else 0,
+            attachments=attachments or [],
+        )
+        if old is not None and old.state is PodState.BROKEN and old.code is code:
+            health.since = old.since
+        self._pods[pod_id] = health
+        return health
+
+    def forget(self, pod_id: str) -> None:
+        """The pod is gone (removed, or collected)."""
+        self._pods.pop(pod_id, None)
+
+    def broken_pods(self) -> list[PodHealth]:
+        return [h for h in self._pods.values() if h.state is PodState.BROKEN]
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in PodState}
+        for h in self._pods.values():
+            out[h.state.value] += 1
+        return out
+
+    def all(self) -> list[PodHealth]:
+        return list(self._pods.values())
+
+    def __len__(self) -> int:
+        return len(self._pods)
