@@ -77,6 +77,16 @@ class HealthBook:
 
     def __init__(self) -> None:
         self._pods: dict[str, PodHealth] = {}
+        self.rounds = 0  # verify rounds finished since start
+        self.last_round: float | None = None  # wall time the last round finished (None: none yet)
+        self.last_round_seconds = 0.0  # how long it took
+
+    def round_done(self, started: float, finished: float) -> None:
+        """A verify round over every pod finished (the first one after start-up makes the
+        daemon "verified": docs/reliability.md)."""
+        self.rounds += 1
+        self.last_round = finished
+        self.last_round_seconds = finished - started
 
     def get(self, pod_id: str) -> PodHealth | None:
         return self._pods.get(pod_id)
