@@ -3,9 +3,9 @@
 Entry points (NRI handlers, the local socket, the daemon's timers) translate their protocol
 into these calls and nothing else. The service owns what makes operations safe together:
 
-- per-pod serialization and GC alone (nri_cni/pod/locks.py): operations on one pod never
-  overlap, different pods run in parallel, GC waits for every operation in flight and holds
-  back new ones;
+- per-pod serialization (nri_cni/pod/locks.py): operations on one pod never overlap,
+  different pods run in parallel, GC DELs each stale pod under that pod's lock and runs only
+  the plugins' GC verb alone (it waits for every operation in flight and holds back new ones);
 - tasks of their own: a caller that gives up (an NRI request past its deadline) does not cancel
   plugins halfway; the work finishes and its state is kept (`_detached`);
 - the pod ledger (ledger.py), updated under the pod's lock where GC must see it.
@@ -128,13 +128,9 @@ class PodService:
             raise NriCniError(
                 "no pod list from the runtime yet (not synchronized): GC would delete every attachment"
             )
-
-        def valid() -> set[str]:  # evaluated once GC holds its lock
-            ids = self.ledger.valid_pod_ids(self.in_flight())
-            log.info("gc (%s): %d valid pod(s)", reason, len(ids))
-            return ids
-
-        report = await self._collect(valid)
+        log.info("gc (%s): %d pod(s) listed by the runtime", reason, len(self.ledger.pods))
+        # asked again under each stale pod's lock: a pod attached (or listed) meanwhile is valid
+        report = await self._collect(lambda: self.ledger.valid_pod_ids(self.in_flight()))
         self.ledger.collected(report["deleted"], self.plan.attached_pod_ids())
         return report
 
@@ -143,8 +139,9 @@ class PodService:
         return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid())
 
     async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
-        async with self.locks.exclusive():
-            return await self.plan.collect_garbage(set(valid()))
+        # The stale pods' DELs each take their pod's lock, the GC verb the exclusive one
+        # (Upkeep.collect_garbage): a pod ADD meanwhile waits for nothing but its own pod.
+        return await self.plan.collect_garbage(valid, self.locks)
 
     async def repair(self) -> None:
         """Attach what running pods lack (nri-cni was down when they started, or a failed

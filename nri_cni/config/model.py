@@ -121,6 +121,7 @@ class Config:
     primary_network: str = ""
     failure_policy: str = "auto"
     gc_interval: float = 600.0
+    gc_parallel: int = 0  # stale pods GC detaches at once; 0: sized for the machine (pod/upkeep.py)
     status_interval: float = 30.0
     refuse_when_not_ready: bool = False
     repair_on_sync: bool = True

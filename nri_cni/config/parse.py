@@ -132,7 +132,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     if os.path.basename(cni_settings.finalize_dir.rstrip("/")) != "_finalize.d":
         r.fail("cni.finalize_dir", f"{cni_settings.finalize_dir!r} must be a directory named _finalize.d")
     gc = r.section(data, "gc")
-    r.unknown_keys(gc, {"interval"}, "gc")
+    r.unknown_keys(gc, {"interval", "parallel"}, "gc")
     status = r.section(data, "status")
     r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
     metrics = r.section(data, "metrics")
@@ -199,6 +199,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         primary_network=primary_network,
         failure_policy=r.string(data, "failure_policy", "auto", "", choices=FAILURE_POLICIES),
         gc_interval=r.duration(gc, "interval", 600.0, "gc"),
+        gc_parallel=r.integer(gc, "parallel", 0, "gc", high=256),
         status_interval=r.duration(status, "interval", 30.0, "status"),
         refuse_when_not_ready=r.boolean(status, "refuse_when_not_ready", False, "status"),
         repair_on_sync=r.boolean(data, "repair_on_sync", True, ""),

@@ -2,8 +2,12 @@
 
 - Operations on one pod (ADD, DEL, CHECK of any of its networks) never overlap.
 - Different pods proceed in parallel.
-- GC runs alone: it waits for every pod operation in flight, and new pod operations wait for it.
-  A waiting GC holds back new pod operations so that a busy node cannot starve it.
+- GC's DELs of stale pods are ordinary DELs of other containers: each runs under its own pod's
+  lock (`pod(pod_id, gc=True)`), beside the operations on live pods.
+- GC's plugin verb runs alone (`exclusive`): it waits for every pod operation in flight, and new
+  pod operations wait for it. A waiting GC holds back new pod operations so that a busy node
+  cannot starve it.
+- One GC at a time (`gc_turn`): two would DEL the same stale pods twice.
 """
 
 from __future__ import annotations
@@ -17,17 +21,23 @@ class PodLocks:
     def __init__(self) -> None:
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._pod_waiters: dict[str, int] = {}
+        self._gc_waiters: dict[str, int] = {}  # of _pod_waiters, those that are GC's
         self._active = 0  # pod operations inside their critical section
         self._gc_waiting = 0
         self._gc_running = False
         self._cond = asyncio.Condition()
+        self._gc_turn = asyncio.Lock()
 
     @asynccontextmanager
-    async def pod(self, pod_id: str) -> AsyncIterator[None]:
+    async def pod(self, pod_id: str, *, gc: bool = False) -> AsyncIterator[None]:
+        """The pod's lock. `gc`: taken by GC for a stale pod, which is not an operation in
+        flight (`pod_ids`): GC must not count its own lock as a reason to keep the pod."""
         lock = self._pod_locks.get(pod_id)
         if lock is None:
             lock = self._pod_locks[pod_id] = asyncio.Lock()
         self._pod_waiters[pod_id] = self._pod_waiters.get(pod_id, 0) + 1
+        if gc:
+            self._gc_waiters[pod_id] = self._gc_waiters.get(pod_id, 0) + 1
         try:
             async with lock:
                 async with self._cond:
@@ -40,6 +50,10 @@ class PodLocks:
                         self._active -= 1
                         self._cond.notify_all()
         finally:
+            if gc:
+                self._gc_waiters[pod_id] -= 1
+                if not self._gc_waiters[pod_id]:
+                    del self._gc_waiters[pod_id]
             # Forget the lock once nobody holds or waits for it: pods come and go forever.
             self._pod_waiters[pod_id] -= 1
             if not self._pod_waiters[pod_id]:
@@ -62,11 +76,18 @@ class PodLocks:
                 self._gc_running = False
                 self._cond.notify_all()
 
+    @asynccontextmanager
+    async def gc_turn(self) -> AsyncIterator[None]:
+        """One GC at a time (the timer, a Synchronize, `nri-cni gc` and the runtime's GC)."""
+        async with self._gc_turn:
+            yield
+
     def pod_ids(self) -> set[str]:
-        """Pods with an operation in flight (or waiting for one)."""
-        return set(self._pod_locks)
+        """Pods with an operation in flight (or waiting for one); GC's own locks are none."""
+        return {p for p, n in self._pod_waiters.items() if n > self._gc_waiters.get(p, 0)}
 
     def busy(self, pod_id: str) -> bool:
+        """Anyone holds or waits for the pod's lock (an operation, or GC)."""
         return pod_id in self._pod_locks
 
     def __len__(self) -> int:

@@ -23,12 +23,13 @@ from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import Detacher
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import Intent, IntentStore
+from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, PrimaryNetwork, RuntimePrimary
 from nri_cni.pod.oprecord import GcReport, NoSink, OperationLog, OperationSink, OpRecord
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected, select_networks
-from nri_cni.pod.upkeep import Upkeep
+from nri_cni.pod.upkeep import Upkeep, Valid
 
 log = logging.getLogger("nri_cni.pod")
 
@@ -146,8 +147,8 @@ class PodPlan:
 
     # -- upkeep ------------------------------------------------------------------------------
 
-    async def collect_garbage(self, valid: set[str]) -> GcReport:
-        report = await self.upkeep.collect_garbage(valid)
+    async def collect_garbage(self, valid: Valid, locks: PodLocks | None = None) -> GcReport:
+        report = await self.upkeep.collect_garbage(valid, locks)
         self.oplog.sink.observe_gc(report)
         return report
 

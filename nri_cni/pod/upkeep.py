@@ -1,9 +1,9 @@
 """Upkeep: what keeps the node converging on the runtime's pods when no pod event says so.
 
 - collect_garbage: the runtime's pod list is the truth; roll back every intent record left
-  over, DEL every attachment of a pod not in the list or whose netns is gone, then the CNI GC
-  verb for every network list with the attachments that remain. Runs alone (the pod service
-  holds the exclusive lock).
+  over, DEL every attachment of a pod not in the list or whose netns is gone (`gc.parallel` pods
+  at a time, each under its own pod's lock: live pods are not held up), then, alone (the
+  exclusive lock), the CNI GC verb for every network list with the attachments that remain.
 - reap: a pod whose netns the runtime removed without telling us (containerd 2.1.9 sends no NRI
   stop/remove for pods that lived through its restart, containerd#8426) is detached.
 - recover: at start-up, roll back every ADD a crash interrupted.
@@ -15,8 +15,10 @@ work through both until every DEL succeeded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from collections.abc import Callable
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.runtime import Attachment, CNIRuntime
@@ -25,11 +27,22 @@ from nri_cni.errors import NriCniError
 from nri_cni.fsutil import is_temporary
 from nri_cni.pod.detach import Detacher, attach_order
 from nri_cni.pod.intents import Intent
+from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 from nri_cni.pod.oprecord import GcReport, OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
+from nri_cni.validate import is_valid_id
 
 log = logging.getLogger("nri_cni.pod")
+
+# the valid pod ids of a GC: fixed, or asked again under each stale pod's lock
+Valid = set[str] | Callable[[], set[str]]
+
+
+def gc_parallel(cfg: Config) -> int:
+    """Stale pods GC detaches at once. A DEL mostly waits (plugin execs, the kernel's RTNL,
+    iptables' lock), so a few per CPU overlap well; past 16 they only queue on those locks."""
+    return cfg.gc_parallel or max(4, min(16, 4 * (os.cpu_count() or 1)))
 
 
 def netns_gone(path: str) -> bool:
@@ -51,43 +64,19 @@ class Upkeep:
         self.detacher = detacher
         self.oplog = oplog
 
-    async def collect_garbage(self, valid: set[str]) -> GcReport:
-        """GC against `valid` pod ids; the caller holds the exclusive lock."""
-        report: GcReport = {"deleted": [], "rolledBack": [], "errors": []}
-        for intent in self.rollback.intents.load_all():
-            record = OpRecord("gc-rollback", PodInfo(intent.pod_id))
-            errors = await self.rollback.undo(intent, record)
-            for failure in errors:
-                record.fail(failure.error)
-            self.oplog.emit(record)
-            if errors:
-                report["errors"] += [f"rollback of pod {intent.pod_id}: {e}" for e in errors]
-            else:
-                report["rolledBack"].append(intent.pod_id)
-        for pod_id, entries in by_pod(self.cni.cache.entries()).items():
-            if pod_id in valid and not all_netns_gone(entries):
-                continue
-            record = OpRecord("gc-del", pod_of(entries[0]))
-            for entry in reversed(attach_order(entries)):
-                name = f"{entry.network_name}/{entry.container_id}/{entry.ifname}"
-                try:
-                    await self.rollback.delete_entry(entry)
-                    report["deleted"].append(name)
-                except NriCniError as exc:
-                    report["errors"].append(f"DEL {name}: {exc}")
-                    record.fail(exc)
-                record.step(entry.network_name, entry.ifname, "del")
-            self.oplog.emit(record)
-        valid_attachments: dict[str, list[Attachment]] = {}
-        for entry in self.cni.cache.entries():
-            valid_attachments.setdefault(entry.network_name, []).append(
-                Attachment(entry.container_id, entry.ifname)
-            )
-        for spec in self.cfg.networks:
-            try:
-                await self.cni.gc(spec.conflist, valid_attachments.get(spec.name, []))
-            except NriCniError as exc:
-                report["errors"].append(f"GC {spec.name}: {exc}")
+    async def collect_garbage(self, valid: Valid, locks: PodLocks | None = None) -> GcReport:
+        """GC against the valid pod ids: a set, or a function asked again under each stale pod's
+        lock (an ADD may have made the pod valid meanwhile). `locks`: the service's; without
+        them (tests, tools) nothing else runs and a lock set of its own serves."""
+        current: Callable[[], set[str]] = valid if callable(valid) else lambda: valid
+        locks = locks or PodLocks()
+        async with locks.gc_turn():
+            report = await self._collect_pods(current, locks)
+            # The GC verb sees every attachment of the network list: nothing may attach or
+            # detach meanwhile (the CNI spec). Valid = what is cached now, so an attachment
+            # made while the stale pods were DELed counts.
+            async with locks.exclusive():
+                report["errors"] += await self._gc_verbs()
         self.detacher.attachments_gone()
         log.info(
             "gc: %d attachment(s) deleted, %d rollback(s) finished, %d error(s)",
@@ -98,6 +87,92 @@ class Upkeep:
         for err in report["errors"]:
             log.error("gc: %s", err)
         return report
+
+    async def _collect_pods(self, valid: Callable[[], set[str]], locks: PodLocks) -> GcReport:
+        """Roll back the intent records left and DEL the stale pods, `gc_parallel` pods at a
+        time, each under its own lock only: an ADD of another pod waits for nothing."""
+        snapshot = valid()
+        stale = [
+            pod_id
+            for pod_id, entries in by_pod(self.cni.cache.entries()).items()
+            if pod_id not in snapshot or all_netns_gone(entries)
+        ]
+        # intent records by name only: an ADD in flight may be writing its record right now
+        # (its temp file is not ours to sweep; start-up recovery does that)
+        intents = [p for p in self.rollback.intents.pod_ids() if is_valid_id(p)]
+        candidates = list(dict.fromkeys(intents + stale))
+        slots = asyncio.Semaphore(gc_parallel(self.cfg))
+        parts: dict[str, GcReport] = {}
+
+        async def one(pod_id: str) -> None:
+            async with slots:
+                # An operation in flight makes the pod valid (ledger.py) and its own DEL or ADD
+                # handles its intent record: the pod is left for the next GC rather than
+                # holding a slot, and the stale pods behind it, while that operation runs.
+                if locks.busy(pod_id):
+                    return
+                async with locks.pod(pod_id, gc=True):
+                    parts[pod_id] = await self._collect_pod(pod_id, valid)
+
+        async with asyncio.TaskGroup() as tasks:
+            for pod_id in candidates:
+                tasks.create_task(one(pod_id))
+        report: GcReport = {"deleted": [], "rolledBack": [], "errors": []}
+        for pod_id in candidates:  # the report in a stable order, whatever finished first
+            for key, values in parts.get(pod_id, {}).items():
+                report[key] += values
+        return report
+
+    async def _collect_pod(self, pod_id: str, valid: Callable[[], set[str]]) -> GcReport:
+        """One pod, under its lock: its left-over intent record, then its DELs if still stale."""
+        report: GcReport = {"deleted": [], "rolledBack": [], "errors": []}
+        intent = self.rollback.intents.load(pod_id)
+        if intent is not None:
+            record = OpRecord("gc-rollback", PodInfo(intent.pod_id))
+            errors = await self.rollback.undo(intent, record)
+            for failure in errors:
+                record.fail(failure.error)
+            self.oplog.emit(record)
+            if errors:
+                report["errors"] += [f"rollback of pod {intent.pod_id}: {e}" for e in errors]
+            else:
+                report["rolledBack"].append(intent.pod_id)
+        entries = self.cni.cache.entries(container_id=pod_id)
+        if not entries or (pod_id in valid() and not all_netns_gone(entries)):
+            return report  # detached meanwhile, or valid again: an ADD came, the runtime lists it
+        record = OpRecord("gc-del", pod_of(entries[0]))
+        for entry in reversed(attach_order(entries)):
+            name = f"{entry.network_name}/{entry.container_id}/{entry.ifname}"
+            try:
+                await self.rollback.delete_entry(entry)
+                report["deleted"].append(name)
+            except NriCniError as exc:
+                report["errors"].append(f"DEL {name}: {exc}")
+                record.fail(exc)
+            record.step(entry.network_name, entry.ifname, "del")
+        self.oplog.emit(record)
+        return report
+
+    async def _gc_verbs(self) -> list[str]:
+        """The CNI GC verb of every network list, the cached attachments as the valid ones;
+        the lists at once (independent plugins), so the exclusive section lasts the longest."""
+        valid_attachments: dict[str, list[Attachment]] = {}
+        for entry in self.cni.cache.entries():
+            valid_attachments.setdefault(entry.network_name, []).append(
+                Attachment(entry.container_id, entry.ifname)
+            )
+        specs = list(self.cfg.networks)
+        outcomes = await asyncio.gather(
+            *(self.cni.gc(spec.conflist, valid_attachments.get(spec.name, [])) for spec in specs),
+            return_exceptions=True,
+        )
+        errors = []
+        for spec, outcome in zip(specs, outcomes, strict=True):
+            if isinstance(outcome, NriCniError):
+                errors.append(f"GC {spec.name}: {outcome}")
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return errors
 
     def reap_candidates(self) -> list[str]:
         """Pods whose every recorded netns path is gone (a stat per pod: cheap)."""
