@@ -69,7 +69,8 @@ class Upkeep:
         lock (an ADD may have made the pod valid meanwhile). `locks`: the service's; without
         them (tests, tools) nothing else runs and a lock set of its own serves."""
         current: Callable[[], set[str]] = valid if callable(valid) else lambda: valid
-        locks = locks or PodLocks()
+        if locks is None:  # (not `or`: a PodLocks holding no pod is falsy)
+            locks = PodLocks()
         async with locks.gc_turn():
             report = await self._collect_pods(current, locks)
             # The GC verb sees every attachment of the network list: nothing may attach or
