@@ -49,9 +49,11 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
     """One round on the daemon: idle ADDs, N attached, restart with none listed, GC + an ADD."""
     await node.start(conflist)
     idle = []
+    idle_ids = set()
     for _ in range(idle_adds):
         pod, ms = await node.run_pod(next(nets))
         idle.append(ms)
+        idle_ids.add(pod.id)
         await node.remove_pod(pod)
     for _ in range(stale):
         await node.run_pod(next(nets))
@@ -61,15 +63,20 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
     start = asyncio.create_task(node.start(conflist, pods=[]))
     await node.runtime.wait_plugin(node._starts + 1, timeout=60)  # Synchronize answered
     t0 = time.perf_counter()
+    cpu0 = cpu_ms(node.daemon.proc.pid)
     await node.wait_log("gc (synchronize)", mark)  # GC has its lock: now a pod comes
     busy_ns = next(nets)
     t_add = time.perf_counter()
     add = asyncio.create_task(node.run_pod(busy_ns))
     t_gc_end = await node.wait_log("gc: ", mark)
+    gc_cpu = cpu_ms(node.daemon.proc.pid) - cpu0
     pod, busy_ms = await add
     t_add_end = t_add + busy_ms / 1000
     await start
-    deleted = [op for op in node.daemon.op_lines() if op["op"] == "gc-del" and op["podId"] in stale_ids]
+    ops = node.daemon.op_lines()
+    deleted = [op for op in ops if op["op"] == "gc-del" and op["podId"] in stale_ids]
+    busy_add = [op for op in ops if op["op"] == "add" and op["podId"] == pod.id]
+    idle_ops = [op for op in ops if op["op"] == "add" and op["podId"] in idle_ids]
     await node.remove_pod(pod)
     if len(deleted) != stale:
         raise RuntimeError(f"the GC after Synchronize deleted {len(deleted)} stale pod(s), not {stale}")
@@ -79,6 +86,7 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
     await node.stop()
     return {
         "gc_ms": (t_gc_end - t0) * 1000,
+        "gc_cpu_ms": gc_cpu,  # the daemon's and its plugins' CPU time (the ADD's included)
         "gc_dels": len(deleted),  # must be all of them
         # the DELs' own times (the daemon's op lines) over the GC's wall time: 1.0 when they
         # ran one after another, more when they overlapped
@@ -86,7 +94,39 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
         "idle_add_ms": idle,
         "busy_add_ms": busy_ms,
         "add_done_before_gc": t_add_end < t_gc_end,
+        # the profile of a slow ADD: each plugin's time in the ADD during GC and in the idle
+        # ones (the daemon's op lines), and how many DELs ran while it did
+        "busy_add_plugins": plugin_ms(*busy_add),
+        "idle_add_plugins": plugin_ms(*idle_ops),
+        "dels_during_add": _overlapping(deleted, busy_add[0]) if busy_add else 0.0,
     }
+
+
+def cpu_ms(pid: int) -> float:
+    """CPU time of a process and of the children it waited for (the plugins, and what they
+    ran: iptables, IPAM), in ms (/proc/<pid>/stat utime, stime, cutime, cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def plugin_ms(*ops: dict) -> dict[str, float]:
+    """Median ms per plugin (and nri-cni's own rest) over ADD op lines."""
+    per: dict[str, list[float]] = {}
+    for op in ops:
+        own = op["ms"]
+        for p in op.get("plugins", []):
+            per.setdefault(p["plugin"], []).append(p["ms"])
+            own -= p["ms"]
+        per.setdefault("nri-cni", []).append(own)
+    return {k: round(statistics.median(v), 1) for k, v in per.items()}
+
+
+def _overlapping(dels: list[dict], add: dict) -> float:
+    """DELs running during the ADD, on average over its time (op lines' wall-clock spans)."""
+    span = add["end"] - add["start"]
+    if span <= 0:
+        return 0.0
+    return sum(max(0.0, min(d["end"], add["end"]) - max(d["start"], add["start"])) for d in dels) / span
 
 
 def anchor_round(conflist: dict, nets, stale: int, driver: str, workdir: Path) -> dict:
@@ -99,7 +139,9 @@ def anchor_round(conflist: dict, nets, stale: int, driver: str, workdir: Path) -
             go.load("gc", conflist)
             for _ in range(stale):
                 go.add("gc", f"nct-gc-{uuid.uuid4().hex[:16]}", next(nets), "eth0", GO_ARGS)
-            return {"gc_ms": go.gc("gc", [])}
+            cpu0 = cpu_ms(go.proc.pid)
+            gc_ms = go.gc("gc", [])
+            return {"gc_ms": gc_ms, "gc_cpu_ms": cpu_ms(go.proc.pid) - cpu0}
         finally:
             go.gc("gc", [])  # after a failure midway: nothing of ours stays attached
             go.close()
@@ -137,7 +179,8 @@ def measure(args) -> dict:
     jan = Janitor()
     workdir = Path(tempfile.mkdtemp(prefix="nct-bench-gc-"))
     jan.track_path(workdir)
-    node = NativeNode(jan, [str(CNI_BIN)])
+    extra = {"gc": {"interval": 0, "parallel": args.parallel}} if args.parallel else {}
+    node = NativeNode(jan, [str(CNI_BIN)], **extra)
     problems: list[str] = []
     nri: list[dict] = []
     anchor: list[dict] = []
@@ -183,6 +226,9 @@ def measure(args) -> dict:
         busy_add_ms=busy,
         busy_over_idle=busy / idle,
         overlap=statistics.median(r["overlap"] for r in nri),
+        nri_gc_cpu_ms=statistics.median(r["gc_cpu_ms"] for r in nri),
+        anchor_gc_cpu_ms=statistics.median(r.get("gc_cpu_ms", 0.0) for r in anchor),
+        cpus=os.cpu_count(),
     )
     print(
         f"GC of {args.stale} stale attachments: nri-cni {nri_gc:.0f} ms "
@@ -193,6 +239,17 @@ def measure(args) -> dict:
         f"pod ADD during that GC: {busy:.0f} ms, idle {idle:.1f} ms: {busy / idle:.1f}x "
         f"(goal <= 1.5x); done before the GC: {[r['add_done_before_gc'] for r in nri]}"
     )
+    print(
+        f"  CPU: nri-cni's GC {report['nri_gc_cpu_ms']:.0f} ms of CPU in {nri_gc:.0f} ms "
+        f"({report['nri_gc_cpu_ms'] / nri_gc:.2f} of {report['cpus']} CPUs busy), the anchor "
+        f"{report['anchor_gc_cpu_ms']:.0f} ms in {anchor_gc:.0f} ms "
+        f"({report['anchor_gc_cpu_ms'] / anchor_gc:.2f}); DELs overlapped {report['overlap']:.1f}x"
+    )
+    for r in nri:
+        print(
+            f"  ADD during GC {r['busy_add_ms']:.0f} ms, {r['dels_during_add']:.1f} DELs beside it: "
+            f"{r['busy_add_plugins']} (idle: {r['idle_add_plugins']})"
+        )
     return report
 
 
@@ -201,6 +258,12 @@ def main(argv=None) -> int:
     ap.add_argument("--stale", type=int, default=40, help="stale attachments per GC (default 40)")
     ap.add_argument("--rounds", type=int, default=1, help="GCs per side, order alternating (default 1)")
     ap.add_argument("--idle-adds", type=int, default=5, help="idle RunPodSandbox calls per round (default 5)")
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=0,
+        help="the daemon's gc.parallel (default: its own, sized for the machine)",
+    )
     ap.add_argument("--no-libcni", action="store_true", help="the exec floor as the anchor, not libcni")
     ap.add_argument("--json", metavar="FILE", help="also write every figure here")
     args = ap.parse_args(argv)

@@ -5,6 +5,7 @@ after DRAIN_AFTER), the exit watched on a pidfd, the group killed at the timeout
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import fcntl
 import os
 import signal
@@ -15,6 +16,10 @@ DRAIN_AFTER = 0.05  # a plugin still running then gets its pipes read as it writ
 _OUT_CHUNK = 1 << 18  # per read; more than a pipe holds by default
 _ERR_CHUNK = 1 << 16
 KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the exit before giving up on it
+
+# The nice value of the plugins the current task starts (0: the daemon's own). GC's DELs run
+# theirs at a lower priority, so that a pod's ADD beside them gets the CPUs (nri_cni/pod/upkeep.py).
+PLUGIN_NICE: contextvars.ContextVar[int] = contextvars.ContextVar("plugin_nice", default=0)
 
 _RESTORE_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores these; plugins must not
 
@@ -109,6 +114,14 @@ class ChildRun:
             setsigdef=_RESTORE_SIGNALS,
             setsigmask=(),
         )
+        nice = PLUGIN_NICE.get()
+        if nice:
+            # the process group the plugin leads (setpgroup=0): every thread it has started
+            # by now (a Go runtime's), and what it starts later inherits the value
+            try:
+                os.setpriority(os.PRIO_PGRP, self.pid, nice)
+            except OSError:
+                pass  # it already exited, or no permission: it runs at the daemon's priority
         os.close(fds.pop())
         os.close(fds.pop())
         os.close(fds[0])

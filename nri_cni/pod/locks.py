@@ -22,6 +22,8 @@ class PodLocks:
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._pod_waiters: dict[str, int] = {}
         self._gc_waiters: dict[str, int] = {}  # of _pod_waiters, those that are GC's
+        self._operations = 0  # pod operations holding or waiting for a pod lock (not GC's)
+        self._gc_slots = 0  # GC's plugin execs running
         self._active = 0  # pod operations inside their critical section
         self._gc_waiting = 0
         self._gc_running = False
@@ -38,6 +40,9 @@ class PodLocks:
         self._pod_waiters[pod_id] = self._pod_waiters.get(pod_id, 0) + 1
         if gc:
             self._gc_waiters[pod_id] = self._gc_waiters.get(pod_id, 0) + 1
+        else:
+            self._operations += 1
+        counted = not gc
         try:
             async with lock:
                 async with self._cond:
@@ -48,8 +53,13 @@ class PodLocks:
                 finally:
                     async with self._cond:
                         self._active -= 1
+                        if counted:  # before the wake-up: a GC waiting in gc_slot sees it gone
+                            self._operations -= 1
+                            counted = False
                         self._cond.notify_all()
         finally:
+            if counted:  # cancelled while waiting (a GC slot's own release wakes GC again)
+                self._operations -= 1
             if gc:
                 self._gc_waiters[pod_id] -= 1
                 if not self._gc_waiters[pod_id]:
@@ -74,6 +84,21 @@ class PodLocks:
         finally:
             async with self._cond:
                 self._gc_running = False
+                self._cond.notify_all()
+
+    @asynccontextmanager
+    async def gc_slot(self, parallel: int) -> AsyncIterator[None]:
+        """A slot for one plugin exec of GC's: `parallel` at a time while no pod operation is
+        in flight, one at a time while one is. GC's DELs and a pod's ADD share the CPUs and
+        the kernel's locks (RTNL, iptables'): a live pod comes first, and GC never stops."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._gc_slots < (1 if self._operations else parallel))
+            self._gc_slots += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._gc_slots -= 1
                 self._cond.notify_all()
 
     @asynccontextmanager

@@ -16,11 +16,14 @@ work through both until every DEL succeeded.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 from collections.abc import Callable
 
 from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.exec import PluginExecutor
+from nri_cni.cni.plugin_process import PLUGIN_NICE
 from nri_cni.cni.runtime import Attachment, CNIRuntime
 from nri_cni.config import Config
 from nri_cni.errors import NriCniError
@@ -39,9 +42,16 @@ log = logging.getLogger("nri_cni.pod")
 Valid = set[str] | Callable[[], set[str]]
 
 
+# GC's plugins run at this nice value: beside a pod's ADD they get a small share of the CPUs
+# (bench_gc prints the ADD's plugin times beside a GC), alone they get all of it. Not 19: a DEL
+# holding a lock an ADD needs (host-local's, iptables') must still move on a busy node.
+GC_PLUGIN_NICE = 10
+
+
 def gc_parallel(cfg: Config) -> int:
-    """Stale pods GC detaches at once. A DEL mostly waits (plugin execs, the kernel's RTNL,
-    iptables' lock), so a few per CPU overlap well; past 16 they only queue on those locks."""
+    """Stale pods GC detaches at once. A DEL is part CPU (starting the plugins) and part waiting
+    (the kernel's RTNL, iptables' lock, IPAM files; libcni's DELs one after another keep 0.6 of
+    a CPU busy): a few per CPU keep the CPUs busy; past 16 they only queue on those locks."""
     return cfg.gc_parallel or max(4, min(16, 4 * (os.cpu_count() or 1)))
 
 
@@ -102,7 +112,9 @@ class Upkeep:
         # (its temp file is not ours to sweep; start-up recovery does that)
         intents = [p for p in self.rollback.intents.pod_ids() if is_valid_id(p)]
         candidates = list(dict.fromkeys(intents + stale))
-        slots = asyncio.Semaphore(gc_parallel(self.cfg))
+        parallel = gc_parallel(self.cfg)
+        slots = asyncio.Semaphore(parallel)
+        rollback = Rollback(_gated(self.cni, locks, parallel), self.rollback.intents, self.rollback.hooks)
         parts: dict[str, GcReport] = {}
 
         async def one(pod_id: str) -> None:
@@ -113,7 +125,7 @@ class Upkeep:
                 if locks.busy(pod_id):
                     return
                 async with locks.pod(pod_id, gc=True):
-                    parts[pod_id] = await self._collect_pod(pod_id, valid)
+                    parts[pod_id] = await self._collect_pod(pod_id, valid, rollback)
 
         async with asyncio.TaskGroup() as tasks:
             for pod_id in candidates:
@@ -124,13 +136,13 @@ class Upkeep:
                 report[key] += values
         return report
 
-    async def _collect_pod(self, pod_id: str, valid: Callable[[], set[str]]) -> GcReport:
+    async def _collect_pod(self, pod_id: str, valid: Callable[[], set[str]], rollback: Rollback) -> GcReport:
         """One pod, under its lock: its left-over intent record, then its DELs if still stale."""
         report: GcReport = {"deleted": [], "rolledBack": [], "errors": []}
-        intent = self.rollback.intents.load(pod_id)
+        intent = rollback.intents.load(pod_id)
         if intent is not None:
             record = OpRecord("gc-rollback", PodInfo(intent.pod_id))
-            errors = await self.rollback.undo(intent, record)
+            errors = await rollback.undo(intent, record)
             for failure in errors:
                 record.fail(failure.error)
             self.oplog.emit(record)
@@ -145,7 +157,7 @@ class Upkeep:
         for entry in reversed(attach_order(entries)):
             name = f"{entry.network_name}/{entry.container_id}/{entry.ifname}"
             try:
-                await self.rollback.delete_entry(entry)
+                await rollback.delete_entry(entry)
                 report["deleted"].append(name)
             except NriCniError as exc:
                 report["errors"].append(f"DEL {name}: {exc}")
@@ -241,6 +253,33 @@ class Upkeep:
                     log.warning("removed %s/%s, a cache write cut short", results, name)
                 except OSError as exc:
                     log.warning("cannot remove %s/%s: %s", results, name, exc.strerror)
+
+
+class _GcExecutor(PluginExecutor):
+    """GC's plugin execs, each through the locks' GC slots (while a pod operation is in flight,
+    GC starts one plugin at a time, so a pod's ADD shares the CPUs and the kernel's locks with
+    at most the plugins GC had already started: one plugin's time, not one pod's DELs), and
+    at GC_PLUGIN_NICE."""
+
+    def __init__(self, inner: PluginExecutor, locks: PodLocks, parallel: int) -> None:
+        super().__init__(trust_files=inner.trust_files)
+        self.inner = inner
+        self.locks = locks
+        self.parallel = parallel
+
+    async def exec(self, plugin_path: str, env: dict[str, str], stdin: bytes, timeout: float) -> bytes:
+        async with self.locks.gc_slot(self.parallel):
+            PLUGIN_NICE.set(GC_PLUGIN_NICE)  # this task's: the pods' own plugins keep 0
+            return await self.inner.exec(plugin_path, env, stdin, timeout)
+
+
+def _gated(cni: CNIRuntime, locks: PodLocks, parallel: int) -> CNIRuntime:
+    """The same runtime (cache, hooks, bin dirs...), its plugins exec'd through GC's slots."""
+    if not isinstance(getattr(cni, "executor", None), PluginExecutor):
+        return cni  # a runtime that execs nothing (the tests' fakes)
+    gated = copy.copy(cni)
+    gated.executor = _GcExecutor(cni.executor, locks, parallel)
+    return gated
 
 
 def all_netns_gone(entries: list[CacheEntry]) -> bool:

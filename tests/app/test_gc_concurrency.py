@@ -166,3 +166,47 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
         assert len(service.locks) == 0
 
     asyncio.run(scenario())
+
+
+def test_gc_locks_are_not_operations_and_gc_slots_shrink_to_one_beside_an_operation():
+    from nri_cni.pod.locks import PodLocks
+
+    async def scenario() -> None:
+        locks = PodLocks()
+        release = asyncio.Event()
+        running: list[str] = []
+
+        async def gc_plugin(name: str) -> None:
+            async with locks.gc_slot(3):
+                running.append(name)
+                await release.wait()
+
+        async with locks.pod("stale", gc=True):
+            assert locks.pod_ids() == set() and locks.busy("stale")  # GC's own lock: no operation
+            waiter = asyncio.create_task(_hold(locks, "stale"))
+            await _settle()
+            assert locks.pod_ids() == {"stale"}  # an ADD waiting for it is one
+        await waiter
+
+        async with locks.pod("live"):  # an operation in flight: GC starts one plugin at a time
+            first = [asyncio.create_task(gc_plugin(f"p{i}")) for i in range(3)]
+            await _settle()
+            assert running == ["p0"]
+        await _settle()  # the operation is over: all three slots
+        assert running == ["p0", "p1", "p2"]
+        release.set()
+        await asyncio.gather(*first)
+        assert len(locks) == 0
+
+    asyncio.run(scenario())
+
+
+async def _hold(locks, pod_id: str) -> None:
+    async with locks.pod(pod_id):
+        pass
+
+
+async def _settle() -> None:
+    """Lets every task that can run do so (no clock involved)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
