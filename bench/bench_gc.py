@@ -66,7 +66,7 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
     cpu0 = cpu_ms(node.daemon.proc.pid)
     await node.wait_log("gc (synchronize)", mark)  # GC has its lock: now a pod comes
     busy_ns = next(nets)
-    t_add = time.perf_counter()
+    t_add, sent = time.perf_counter(), time.time()
     add = asyncio.create_task(node.run_pod(busy_ns))
     t_gc_end = await node.wait_log("gc: ", mark)
     gc_cpu = cpu_ms(node.daemon.proc.pid) - cpu0
@@ -99,6 +99,9 @@ async def nri_round(node: NativeNode, conflist: dict, nets, stale: int, idle_add
         "busy_add_plugins": plugin_ms(*busy_add),
         "idle_add_plugins": plugin_ms(*idle_ops),
         "dels_during_add": _overlapping(deleted, busy_add[0]) if busy_add else 0.0,
+        # of the ADD's round trip: until the daemon began the operation (NRI, the event loop)
+        "busy_add_before_op_ms": (busy_add[0]["start"] - sent) * 1000 if busy_add else 0.0,
+        "busy_add_op_ms": busy_add[0]["ms"] if busy_add else 0.0,
     }
 
 
@@ -247,7 +250,9 @@ def measure(args) -> dict:
     )
     for r in nri:
         print(
-            f"  ADD during GC {r['busy_add_ms']:.0f} ms, {r['dels_during_add']:.1f} DELs beside it: "
+            f"  ADD during GC {r['busy_add_ms']:.0f} ms (to the operation's start "
+            f"{r['busy_add_before_op_ms']:.0f} ms, the operation {r['busy_add_op_ms']:.0f} ms), "
+            f"{r['dels_during_add']:.1f} pods' DELs beside it: "
             f"{r['busy_add_plugins']} (idle: {r['idle_add_plugins']})"
         )
     return report
