@@ -154,9 +154,7 @@ def run_gc(size: dict) -> list[Row]:
             f"{rep['speedup']:.2f}x as fast",
             ">= 2.5x",
             _met(rep["speedup"] >= 2.5),
-            why=f"{rep['nri_gc_ms'] / n:.1f} ms per stale attachment (libcni {rep['anchor_gc_ms'] / n:.1f} ms); "
-            f"the daemon's DELs overlapped {rep['overlap']:.2f}x (the sum of their times over the GC's: "
-            "1.0 = one after another)",
+            why=bench_gc.why_gc(rep),
         ),
         Row(
             f"pod ADD while the daemon GCs {n} stale attachments",
@@ -165,11 +163,7 @@ def run_gc(size: dict) -> list[Row]:
             f"{rep['busy_over_idle']:.1f}x",
             "<= 1.5x",
             _met(rep["busy_over_idle"] <= 1.5),
-            why=(
-                f"the ADD finished before the GC ({rep['nri_gc_ms']:.0f} ms) in every round"
-                if all(r["add_done_before_gc"] for r in rep["nri"])
-                else f"the ADD finished after the GC ({rep['nri_gc_ms']:.0f} ms): it waited for it"
-            ),
+            why=bench_gc.why_add(rep),
         ),
     ]
 

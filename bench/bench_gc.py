@@ -182,7 +182,8 @@ def measure(args) -> dict:
     jan = Janitor()
     workdir = Path(tempfile.mkdtemp(prefix="nct-bench-gc-"))
     jan.track_path(workdir)
-    extra = {"gc": {"interval": 0, "parallel": args.parallel}} if args.parallel else {}
+    parallel = getattr(args, "parallel", 0)  # (python -m bench passes the sizes only)
+    extra = {"gc": {"interval": 0, "parallel": parallel}} if parallel else {}
     node = NativeNode(jan, [str(CNI_BIN)], **extra)
     problems: list[str] = []
     nri: list[dict] = []
@@ -256,6 +257,36 @@ def measure(args) -> dict:
             f"{r['busy_add_plugins']} (idle: {r['idle_add_plugins']})"
         )
     return report
+
+
+def why_gc(rep: dict) -> str:
+    """The profile of the GC row: per attachment, the overlap, and the CPU each side used."""
+    n = rep["stale"]
+    return (
+        f"{rep['nri_gc_ms'] / n:.1f} ms per stale attachment (libcni {rep['anchor_gc_ms'] / n:.1f} ms, one "
+        f"after another); the daemon's DELs overlapped {rep['overlap']:.1f}x; CPU: nri-cni "
+        f"{rep['nri_gc_cpu_ms']:.0f} ms in {rep['nri_gc_ms']:.0f} ms ({rep['nri_gc_cpu_ms'] / rep['nri_gc_ms']:.2f} "
+        f"of {rep['cpus']} CPUs), libcni {rep['anchor_gc_cpu_ms']:.0f} ms in {rep['anchor_gc_ms']:.0f} ms: "
+        f"at best {rep['anchor_gc_ms'] * rep['cpus'] / max(rep['nri_gc_cpu_ms'], 1):.1f}x on "
+        f"{rep['cpus']} CPUs with nothing else running"
+    )
+
+
+def why_add(rep: dict) -> str:
+    """The profile of the ADD-during-GC row: whether it waited, and where its time went."""
+    done = all(r["add_done_before_gc"] for r in rep["nri"])
+    head = (
+        f"the ADD finished before the GC ({rep['nri_gc_ms']:.0f} ms) in every round"
+        if done
+        else f"the ADD finished after the GC ({rep['nri_gc_ms']:.0f} ms) in some round"
+    )
+    mid = sorted(rep["nri"], key=lambda r: r["busy_add_ms"])[len(rep["nri"]) // 2]
+    return (
+        f"{head}; the median one: {mid['busy_add_before_op_ms']:.0f} ms until the operation began, "
+        f"plugins {mid['busy_add_plugins']} beside {mid['dels_during_add']:.0f} pods' DELs in progress "
+        f"(idle {mid['idle_add_plugins']}): the CPUs and the kernel shared with the GC plugins "
+        "already running when it came"
+    )
 
 
 def main(argv=None) -> int:
