@@ -131,7 +131,10 @@ class PodService:
         log.info("gc (%s): %d pod(s) listed by the runtime", reason, len(self.ledger.pods))
         # asked again under each stale pod's lock: a pod attached (or listed) meanwhile is valid
         report = await self._collect(lambda: self.ledger.valid_pod_ids(self.in_flight()))
-        self.ledger.collected(report["deleted"], self.plan.attached_pod_ids())
+        attached = self.plan.attached_pod_ids()
+        # a pod attached again after GC DELed it (an ADD during this GC) keeps its grace
+        deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
+        self.ledger.collected(deleted, attached)
         return report
 
     async def gc_listed(self, pod_ids: set[str]) -> GcReport:

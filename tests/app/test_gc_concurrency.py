@@ -163,6 +163,8 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
         assert calls.index(("ADD", held)) > calls.index(("DEL", held))
         assert calls[-1] == ("GC", "")
         assert {e.container_id for e in service.attachments()} == {"fresh", held}
+        # both attached during the GC and not yet listed by the runtime: valid for the next GC
+        assert {"fresh", held} <= service.ledger.valid_pod_ids(())
         assert len(service.locks) == 0
 
     asyncio.run(scenario())
