@@ -16,8 +16,11 @@ the same list (its own bridge, subnet, IPAM dir and cache dir), then GCNetworkLi
 attachment, timed in Go around the call. Without Go the bench says so and the anchor is the
 exec floor instead: the same N DELs by the minimal driver of bench_cni.py, one after another.
 
+The profile: each side's CPU time for its GC (/proc/<pid>/stat, the children it waited for
+included), and the busy ADD's time until its operation began and per plugin (the op lines).
+
 The two sides take turns (--rounds: the order alternates). Needs root and .ci/install-deps.
-Run:  python bench/bench_gc.py [--stale 40] [--rounds 1]
+Run:  python bench/bench_gc.py [--stale 40] [--rounds 1] [--parallel N]
 """
 
 from __future__ import annotations
