@@ -247,8 +247,15 @@ class Verifier:
         ips = dict(retry.ips)
         for entry in damaged:
             ips.setdefault(key_of(entry), result_ips(entry))
-        if primary is not None and pod.ips and self.mode.runtime_reports_our_ips:
-            ips[primary] = pod.ips  # what the runtime reports is what the repair makes true
+        if (
+            primary is not None
+            and pod.ips
+            and self.mode.runtime_reports_our_ips
+            and self.mode.adds_behind_runtime
+        ):
+            # shim mode: the runtime's IPs are eth0's, and what it reports is what the repair
+            # makes true (native mode's are every network's: each asks for its own, equal ones)
+            ips[primary] = pod.ips
         if mismatch and primary is not None:
             damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
         retry.ips = {k: v for k, v in ips.items() if v}
