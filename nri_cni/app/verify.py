@@ -110,7 +110,11 @@ class Verifier:
                     raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
                 pods = [pod]
             else:
-                pods = [p for p in self.ledger.pods.values() if p.netns and not self.locks.busy(p.id)]
+                pods = [
+                    p
+                    for p in self.ledger.pods.values()
+                    if p.netns and not self.locks.busy(p.id) and p.id not in self.ledger.stopped
+                ]
             self.rounds += 1
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
@@ -192,6 +196,8 @@ class Verifier:
             pod = self.ledger.pods.get(pod.id) or pod
             if pod.id not in self.ledger.pods or not os.path.exists(pod.netns):
                 return None
+            if pod.id in self.ledger.stopped:
+                return None  # torn down (while the round read it): never attached again
             now = self.plan.cached(pod.id)
             if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
                 c = self._plan(pod, now)  # an operation ran since the round read it

@@ -362,3 +362,26 @@ def test_synchronize_runs_gc_then_verify(node, podop_log):
         await w.teardown()
 
     asyncio.run(scenario())
+
+
+def test_a_pod_the_runtime_tore_down_is_never_attached_again(node, podop_log):
+    """NRI stop (or the runtime's CNI DEL) detaches the pod; its netns lingers until the runtime
+    removes it. Verify must not take the missing attachment for damage and ADD it again."""
+    w = World(node)
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        ip = await w.attach(pod)
+        listed = listed_as(pod, ip)
+        w.listed(listed)
+        await w.svc.detach(listed)
+        assert await w.svc.verify() == []
+        assert await w.svc.verify(pod.id) == []
+        assert w.svc.attachments(pod.id) == [] and node.reservations() == []
+        # listed again by a Synchronize (the runtime says it runs): verify's business again
+        w.listed(listed)
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
+        await w.teardown()
+
+    asyncio.run(scenario())
