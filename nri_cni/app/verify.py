@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from nri_cni.app.ledger import PodLedger
 from nri_cni.app.modes import Mode
 from nri_cni.app.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
-from nri_cni.app.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
+from nri_cni.app.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import Kind, NriCniError
@@ -189,7 +189,7 @@ class Verifier:
             if pod.id not in self.ledger.pods:
                 return None
             self._retries.pop(pod.id, None)
-            return self.health.ok(pod.id, verdicts_of(c, {}))
+            return self._ok(pod, verdicts_of(c, {}))
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
@@ -226,7 +226,7 @@ class Verifier:
         if not wrong:
             self._retries.pop(pod.id, None)
             self.ledger.repair.pop(pod.id, None)
-            return self.health.ok(pod.id, verdicts)
+            return self._ok(pod, verdicts)
         what = "; ".join(wrong)
         if (
             not c.entries
@@ -356,6 +356,17 @@ class Verifier:
             return self.health.get(pod.id)
         reason = f"{what}; repair failed {retry.failures} times, the last: {error} (retried with backoff)"
         return self._broken(pod, BrokenCode.REPAIR_FAILED, reason, verdicts)
+
+    def _ok(self, pod: PodInfo, verdicts: list[AttachmentVerdict]) -> PodHealth:
+        old = self.health.get(pod.id)
+        if old is not None and old.state is PodState.BROKEN:
+            log.info(
+                "pod %s id=%s is no longer broken (%s): the node agrees again",
+                pod.label(),
+                pod.id,
+                old.code.value if old.code else "",
+            )
+        return self.health.ok(pod.id, verdicts)
 
     def _broken(
         self, pod: PodInfo, code: BrokenCode, reason: str, verdicts: list[AttachmentVerdict]

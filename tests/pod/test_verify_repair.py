@@ -210,6 +210,8 @@ def test_pod_listed_with_the_runtimes_ip_and_no_attachment_gets_that_ip(node, po
 
 def test_runtimes_ip_held_by_another_pod_is_never_taken(node, podop_log):
     w = World(node)
+    now = [1000.0]
+    w.svc.verifier.clock = lambda: now[0]
 
     async def scenario():
         victim = await asyncio.to_thread(w.pod)
@@ -231,6 +233,12 @@ def test_runtimes_ip_held_by_another_pod_is_never_taken(node, podop_log):
         await w.svc.verify()  # still broken: no second log line
         lines = [r.getMessage() for r in podop_log.records if "is broken (ip-taken)" in r.getMessage()]
         assert len(lines) == 1
+        # the holder goes: after its backoff the victim gets its own IP back
+        await w.svc.remove(listed_as(holder, ip))
+        w.listed(listed_as(victim, ip))
+        now[0] += 10_000
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.REPAIRED and await addrs(victim) == [ip]
         await w.teardown()
 
     asyncio.run(scenario())
