@@ -419,3 +419,23 @@ def test_an_ip_the_ipam_refuses_is_reported_taken(node, podop_log):
         await w.teardown()
 
     asyncio.run(scenario())
+
+
+def test_native_pod_answered_through_run_pod_sandbox_is_verified_against_the_answer(node, podop_log):
+    """RunPodSandbox's PodSandbox carries no IPs (the runtime learns them from the answer): until
+    a Synchronize says otherwise, the pod is judged against what nri-cni answered, not missed."""
+    w = World(node, "native")
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        w.svc.seen(pod)  # the RunPodSandbox event, before the attach
+        ip = await w.attach(pod)
+        assert w.svc.ledger.pods[pod.id].ips == (ip,)
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.OK, health.to_dict()
+        await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
+        await w.teardown()
+
+    asyncio.run(scenario())
