@@ -265,15 +265,16 @@ def _status_once(args, quiet: bool = False) -> tuple[int, str]:
         data = {**data, "health": verdict.name, "reasons": verdict.reasons}
         if quiet:  # --watch: one JSON line per change, and the uptime is no change
             data.pop("uptimeSeconds", None)
+            data["verify"] = {"verified": (data.get("verify") or {}).get("verified", False)}  # nor a round
         text = json.dumps(data, indent=None if quiet else 2)
     else:
-        text = _status_table(data, verdict)
+        text = _status_table(data, verdict, watch=quiet)
     if not quiet:
         print(text)
     return verdict.code, text
 
 
-def _status_table(data, verdict) -> str:
+def _status_table(data, verdict, watch: bool = False) -> str:
     nri = data["nri"]
     lines = [
         f"mode:       {data['mode']}",
@@ -293,7 +294,7 @@ def _status_table(data, verdict) -> str:
                 f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
                 + (f": {old['error']}" if old["error"] else "")
             )
-    lines.append(f"verify:     {_verify_line(data.get('verify') or {}, data.get('podStates') or {})}")
+    lines.append(f"verify:     {_verify_line(data.get('verify') or {}, data.get('podStates') or {}, watch)}")
     for pod in data.get("broken") or ():
         label = f"{pod['namespace']}/{pod['name']}" if pod.get("name") else pod["pod"][:12]
         lines.append(f"broken pod {label}: {pod['code']}: {pod['reason']}")
@@ -303,11 +304,14 @@ def _status_table(data, verdict) -> str:
     return "\n".join(lines)
 
 
-def _verify_line(rounds, states) -> str:
+def _verify_line(rounds, states, watch: bool = False) -> str:
+    """The verify rounds; --watch leaves out the last round's time (each round is no change)."""
     if not rounds.get("verified"):
         return "not verified yet (no verify round finished since the start)"
-    at = time.strftime("%H:%M:%S", time.localtime(rounds["lastRound"]))
     counts = ", ".join(f"{n} {state}" for state, n in states.items() if n) or "no pod"
+    if watch:
+        return f"verified: {counts}"
+    at = time.strftime("%H:%M:%S", time.localtime(rounds["lastRound"]))
     return f"verified: {counts}; last round {at}, {rounds['lastRoundSeconds']:.3f} s ({rounds['rounds']} round(s))"
 
 
