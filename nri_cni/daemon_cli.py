@@ -1,4 +1,4 @@
-"""CLI commands that run or ask the daemon: run, check-config, status, pods, gc, install-shim."""
+"""CLI commands that run or ask the daemon: run, check-config, status, pods, gc, verify, install-shim."""
 
 from __future__ import annotations
 
@@ -54,6 +54,23 @@ def register(sub) -> None:
                 action="store_true",
                 help="only whether the daemon answers (a liveness probe): exit 0, or 2 if it does not",
             )
+
+    p = sub.add_parser(
+        "verify",
+        help="verify pods' networks against the node now (netlink; --check: the chains' CNI CHECK too)",
+        description="Exit 0: every pod ok or repaired; 1: a pod is broken; 2: no answer or an error.",
+    )
+    p.add_argument(
+        "--socket",
+        default=os.environ.get("NRI_CNI_SOCKET", DEFAULT_DAEMON_SOCKET),
+        help="the daemon's local socket (default: %(default)s)",
+    )
+    p.add_argument(
+        "--pod", default=None, metavar="ID", help="one pod: its id, an id prefix, or namespace/name"
+    )
+    p.add_argument("--check", action="store_true", help="run each chain's CNI CHECK as well")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("install-shim", help="write the nri-cni-shim CNI plugin into a CNI bin dir")
     p.add_argument("dest", nargs="?", default="/opt/cni/bin")
@@ -248,15 +265,16 @@ def _status_once(args, quiet: bool = False) -> tuple[int, str]:
         data = {**data, "health": verdict.name, "reasons": verdict.reasons}
         if quiet:  # --watch: one JSON line per change, and the uptime is no change
             data.pop("uptimeSeconds", None)
+            data["verify"] = {"verified": (data.get("verify") or {}).get("verified", False)}  # nor a round
         text = json.dumps(data, indent=None if quiet else 2)
     else:
-        text = _status_table(data, verdict)
+        text = _status_table(data, verdict, watch=quiet)
     if not quiet:
         print(text)
     return verdict.code, text
 
 
-def _status_table(data, verdict) -> str:
+def _status_table(data, verdict, watch: bool = False) -> str:
     nri = data["nri"]
     lines = [
         f"mode:       {data['mode']}",
@@ -276,41 +294,31 @@ def _status_table(data, verdict) -> str:
                 f"{old['attachments']} attachment(s) left, DEINIT {old['state']}"
                 + (f": {old['error']}" if old["error"] else "")
             )
+    lines.append(f"verify:     {_verify_line(data.get('verify') or {}, data.get('podStates') or {}, watch)}")
+    for pod in data.get("broken") or ():
+        label = f"{pod['namespace']}/{pod['name']}" if pod.get("name") else pod["pod"][:12]
+        lines.append(f"broken pod {label}: {pod['code']}: {pod['reason']}")
     reload = data.get("reload") or {}
     if reload.get("refused"):
         lines.append(f"config reload REFUSED (running config kept): {reload['refused']}")
     return "\n".join(lines)
 
 
+def _verify_line(rounds, states, watch: bool = False) -> str:
+    """The verify rounds; --watch leaves out the last round's time (each round is no change)."""
+    if not rounds.get("verified"):
+        return "not verified yet (no verify round finished since the start)"
+    counts = ", ".join(f"{n} {state}" for state, n in states.items() if n) or "no pod"
+    if watch:
+        return f"verified: {counts}"
+    at = time.strftime("%H:%M:%S", time.localtime(rounds["lastRound"]))
+    return f"verified: {counts}; last round {at}, {rounds['lastRoundSeconds']:.3f} s ({rounds['rounds']} round(s))"
+
+
 def cmd_pods(args) -> int:
-    return _report(args, "pods", _pods_table)
+    from nri_cni.podreport import pods_table  # lazy: the report's cache and result parsers
 
-
-def _pods_table(data) -> None:
-    from nri_cni.podreport import format_age  # lazy: the report's cache and result parsers
-
-    now = time.time()
-    rows = [("POD", "STATE", "NETWORK", "INTERFACE", "IPS", "MAC", "AGE")]
-    for pod in data:
-        label = f"{pod['namespace']}/{pod['name']}" if pod["name"] else pod["id"][:12]
-        age = format_age(now - pod["attachedAt"]) if pod.get("attachedAt") else "-"
-        networks = pod["network-status"] or [{"name": "-", "interface": "-"}]
-        for i, net in enumerate(networks):
-            first = i == 0
-            rows.append(
-                (
-                    label if first else "",
-                    pod["state"] if first else "",
-                    net["name"],
-                    net.get("interface") or "-",
-                    ",".join(net.get("ips") or ()) or "-",
-                    net.get("mac") or "-",
-                    age if first else "",
-                )
-            )
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return _report(args, "pods", lambda data: print(pods_table(data, time.time())))
 
 
 def cmd_gc(args) -> int:
@@ -321,6 +329,33 @@ def _gc_table(data) -> None:
     print(f"deleted {len(data['deleted'])} attachment(s)")
     for err in data["errors"]:
         print(f"error: {err}", file=sys.stderr)
+
+
+def cmd_verify(args) -> int:
+    """Exit 0 all ok or repaired, 1 a pod broken, 2 the daemon unreachable or the verify failed
+    (as `nri-cni status`: 2 is "cannot say")."""
+    from nri_cni import localproto  # lazy: the local protocol's asyncio (~25 ms)
+
+    body = json.dumps({"pod": args.pod, "check": args.check}).encode()
+    try:
+        status, payload = localproto.call(args.socket, {localproto.OP_KEY: "verify"}, body)
+        data = json.loads(payload or b"null")
+    except (NriCniError, OSError, ValueError) as exc:
+        print(f"nri-cni: {exc}", file=sys.stderr)
+        return health.NOT_READY
+    if status != 0 or not isinstance(data, list):
+        print(
+            f"nri-cni: verify failed: {data.get('error', data) if isinstance(data, dict) else data}",
+            file=sys.stderr,
+        )
+        return health.NOT_READY
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        from nri_cni.podreport import verify_table  # lazy: the report's cache and result parsers
+
+        print(verify_table(data))
+    return EXIT_FAILED if any(v["state"] == "broken" for v in data) else 0
 
 
 def cmd_install_shim(args) -> int:

@@ -6,7 +6,9 @@ Exit codes (Kubernetes probes and scripts read them):
                default failing STATUS or INIT, a config change refused (the running one stays),
                attachments waiting for repair or rollback, a DEINIT failing
   2 not ready  not synchronized with the runtime, or the default network failing (no pod can
-               get its eth0); also when the daemon cannot be reached at all
+               get its eth0), or a pod broken (its networks are not what it should have and
+               nri-cni will not repair them: an admin must act, docs/reliability.md); also when
+               the daemon cannot be reached at all
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 READY, DEGRADED, NOT_READY = 0, 1, 2
+MAX_NAMED = 10  # broken pods named in the verdict; the rest are counted
 NAMES = {READY: "ready", DEGRADED: "degraded", NOT_READY: "not ready"}
 
 
@@ -51,6 +54,11 @@ def assess(report: dict) -> Health:
         text = f"network {name} not ready: {st.get('error') or 'no reason given'}"
         fatal_one = name in defaults or (not defaults and len(failing) == len(networks))
         (fatal if fatal_one else minor).append(text)
+    broken = report.get("broken") or []
+    if broken:
+        names = ", ".join(_label(pod) for pod in broken[:MAX_NAMED])
+        more = f" and {len(broken) - MAX_NAMED} more" if len(broken) > MAX_NAMED else ""
+        fatal.append(f"{len(broken)} pod(s) broken: {names}{more} (nri-cni pods shows why)")
     refused = (report.get("reload") or {}).get("refused")
     if refused:
         minor.append(f"config change refused (running config kept): {refused}")
@@ -65,3 +73,8 @@ def assess(report: dict) -> Health:
     if fatal:
         return Health(NOT_READY, fatal + minor)
     return Health(DEGRADED, minor) if minor else Health(READY)
+
+
+def _label(pod: dict) -> str:
+    name = f"{pod.get('namespace')}/{pod.get('name')}" if pod.get("name") else str(pod.get("pod", "?"))[:12]
+    return f"{name} ({pod.get('code') or 'broken'})"

@@ -5,8 +5,8 @@ nri_cni/exposition.py (prometheus_client); this module serves it: a minimal HTTP
 for `GET /metrics` (and HEAD) on asyncio, one request per connection.
 
 What is measured comes from the pod plan's OpRecord (nri_cni/pod/oprecord.py), handed over
-by the plan (Metrics is its OperationSink), and from GC reports; the number of attachments is
-read when scraped.
+by the plan (Metrics is its OperationSink), and from GC reports; the number of attachments and
+the pods by their verify verdict (ok, repaired, broken: docs/reliability.md) are read when scraped.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import asyncio
 import logging
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
+
+from prometheus_client import Counter
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from nri_cni import metrics_server
 from nri_cni.errors import NriCniError
@@ -37,6 +40,8 @@ class Operation(Protocol):
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 10.0
+POD_STATES = ("ok", "repaired", "broken")  # every value is exported, 0 included (alerts on broken > 0)
+REPAIR_OP = "repair"  # the operation record of one repair (DEL + ADD with the same IPs + FINALIZE)
 MAX_HEADER_LINES = 100
 
 
@@ -62,6 +67,16 @@ class Metrics:
         self._socket_paths: list[str] = []
         self._clients: set[asyncio.Task] = set()
         self.guard: Any = None  # the connection limits, once serving (nri_cni/metrics_server.py)
+        self.repairs = Counter(
+            "nri_cni_pod_repairs",
+            "Repairs of a pod's networks after verify found them differ, by result (ok, error).",
+            ("result",),
+            registry=self.registry,
+        )
+
+    def watch_pod_states(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """`counts` (state -> pods, the pod service's HealthBook.counts) is asked at every scrape."""
+        self.registry.register(_PodStates(counts))
 
     @property
     def registry(self):
@@ -70,6 +85,8 @@ class Metrics:
     def observe_operation(self, record: Operation) -> None:
         """One pod operation (an OpRecord), called when it ended."""
         self.exposition.observe_operation(record)
+        if record.op == REPAIR_OP:
+            self.repairs.labels("error" if record.error else "ok").inc()
 
     def observe_gc(self, report: dict) -> None:
         """One GC run's report: {"deleted": [...], "errors": [...]} (PodPlan.collect_garbage)."""
@@ -142,6 +159,24 @@ class Metrics:
                 await writer.wait_closed()
             except (ConnectionError, OSError):
                 pass
+
+
+class _PodStates:
+    """A collector asked at every scrape: pods by their last verify's verdict."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._counts()
+        family = GaugeMetricFamily(
+            "nri_cni_pods",
+            "Pods by the verdict of their last verify (ok, repaired, broken).",
+            labels=("state",),
+        )
+        for state in POD_STATES:
+            family.add_metric((state,), counts.get(state, 0))
+        yield family
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:

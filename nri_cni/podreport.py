@@ -7,12 +7,16 @@ nri-cni (schema: docs/network-status.schema.json). The daemon builds the report 
 holds: its own libcni cache, and in secondary mode the runtime's cache for the primary network
 (eth0 is not nri-cni's there, yet a pod has it); pods the runtime listed without any attachment
 appear too, with an empty list.
+
+Each pod also carries its verdict from the last verify (nri_cni/app/podstate.py) under
+"verify": {state: ok | repaired | broken, code, reason, since, repairs}, or null while no verify
+has looked at it (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
@@ -36,6 +40,7 @@ class PodState:
     listed: Mapping[str, PodInfo]  # the runtime's pods (Synchronize plus events)
     repair: Collection[str] = ()
     rollback: Collection[str] = ()
+    verdicts: Mapping[str, Mapping[str, object]] = field(default_factory=dict)  # PodHealth.to_dict()
 
 
 @dataclass
@@ -155,6 +160,8 @@ def pods_report(
     for info in state.listed.values():
         pod = pod_of(info.id)
         pod.namespace, pod.name = info.namespace or pod.namespace, info.name or pod.name
+    for pod_id in state.verdicts:
+        pod_of(pod_id)  # a broken pod shows even when nothing of it is attached
 
     out = []
     for pod in pods.values():
@@ -167,6 +174,7 @@ def pods_report(
                 "state": _state(pod, state),
                 "attachedAt": round(pod.attached_at, 3) if pod.attached_at is not None else None,
                 "network-status": [element for _, _, element in pod.status],
+                "verify": _verdict(state.verdicts.get(pod.id)),
             }
         )
     return sorted(out, key=lambda p: (p["namespace"], p["name"], p["id"]))
@@ -185,6 +193,16 @@ def _state(pod: _Pod, state: PodState) -> str:
     return READY
 
 
+VERDICT_KEYS = ("state", "code", "reason", "since", "repairs")
+
+
+def _verdict(verdict: Mapping[str, object] | None) -> dict | None:
+    """The pod's verdict as the report shows it (its per-attachment findings: `nri-cni verify`)."""
+    if verdict is None:
+        return None
+    return {key: verdict.get(key) for key in VERDICT_KEYS}
+
+
 def format_age(seconds: float) -> str:
     """kubectl's way: 45s, 12m, 3h, 5d."""
     seconds = max(0, int(seconds))
@@ -192,3 +210,74 @@ def format_age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+# -- the tables `nri-cni pods` and `nri-cni verify` print ------------------------------------
+
+
+def pods_table(data: list[dict], now: float) -> str:
+    rows = [("POD", "STATE", "VERIFY", "NETWORK", "INTERFACE", "IPS", "MAC", "AGE", "REASON")]
+    for pod in data:
+        label = _label(pod["id"], pod["namespace"], pod["name"])
+        age = format_age(now - pod["attachedAt"]) if pod.get("attachedAt") else "-"
+        verdict = pod.get("verify") or {}
+        networks = pod["network-status"] or [{"name": "-", "interface": "-"}]
+        for i, net in enumerate(networks):
+            first = i == 0
+            rows.append(
+                (
+                    label if first else "",
+                    pod["state"] if first else "",
+                    (verdict.get("state") or "-") if first else "",
+                    net["name"],
+                    net.get("interface") or "-",
+                    ",".join(net.get("ips") or ()) or "-",
+                    net.get("mac") or "-",
+                    age if first else "",
+                    _reason(verdict) if first else "",
+                )
+            )
+    return table(rows)
+
+
+def _reason(verdict: Mapping) -> str:
+    """broken: code and reason; repaired: how often and what was wrong; ok: nothing."""
+    if verdict.get("state") == "broken":
+        return f"{verdict.get('code')}: {verdict.get('reason')}"
+    if verdict.get("state") == "repaired":
+        return f"{verdict.get('repairs')} repair(s): {verdict.get('reason')}"
+    return ""
+
+
+def verify_table(data: list[dict]) -> str:
+    """`nri-cni verify`: one row per pod, with what differs (an attachment's finding)."""
+    if not data:
+        return "no pod to verify"
+    rows = [("POD", "STATE", "REASON", "FINDINGS")]
+    for v in data:
+        state = v["state"] + (f" ({v['code']})" if v.get("code") else "")
+        findings = [
+            f"{a['network']}/{a['interface']}: {a['finding']}"
+            + (f" ({a['detail']})" if a.get("detail") else "")
+            for a in v.get("attachments") or ()
+            if a["finding"] != "ok"
+        ]
+        rows.append(
+            (
+                _label(v["pod"], v["namespace"], v["name"]),
+                state,
+                v.get("reason") or "-",
+                "; ".join(findings) or "-",
+            )
+        )
+    return table(rows)
+
+
+def _label(pod_id: str, namespace: str, name: str) -> str:
+    return f"{namespace}/{name}" if name else pod_id[:12]
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, as kubectl prints them."""
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

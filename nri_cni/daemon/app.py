@@ -208,6 +208,7 @@ def build_daemon(cfg: Config) -> Daemon:
     plan = PodPlan(cfg, cni, hooks=hooks, sink=metrics, readiness=readiness, lifecycle=lifecycle)
     mode = mode_for(cfg)
     pods = PodService(cfg, plan=plan, mode=mode)
+    metrics.watch_pod_states(pods.health.counts)  # nri_cni_pods{state}, read at every scrape
     handlers = NriHandlers(
         pods, mode, failure_policy=cfg.failure_policy, request_timeout=cfg.nri.request_timeout
     )

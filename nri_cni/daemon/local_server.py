@@ -26,6 +26,7 @@ from nri_cni.pod.model import AttachRequest, PodInfo
 log = logging.getLogger("nri_cni.local")
 
 POD_ANNOTATIONS_CAP = "io.kubernetes.cri.pod-annotations"
+MAX_POD_ARG = 512  # `nri-cni verify --pod`: an id, a prefix or namespace/name (253 + 1 + 253)
 
 
 class LocalServer:
@@ -169,11 +170,30 @@ class LocalServer:
                 payload = self.reports.pods()
             elif op == "gc":
                 payload = await self.pods.gc(reason="requested by the CLI")
+            elif op == "verify":
+                pod_id, check = _verify_args(body)
+                payload = await self.reports.verify(pod_id, check=check)
             else:
                 return 1, json.dumps({"error": f"unknown operation {op!r}"}).encode()
         except NriCniError as exc:
             return 1, json.dumps({"error": str(exc)}).encode()
         return 0, json.dumps(payload).encode()
+
+
+def _verify_args(body: bytes) -> tuple[str | None, bool]:
+    """`nri-cni verify`'s request: {"pod": id or null, "check": bool}."""
+    try:
+        args = jsonlimits.loads(body or b"{}")
+    except ValueError as exc:
+        raise NriCniError(
+            "verify: the request is not JSON", details=str(exc), kind=Kind.UNDECODABLE
+        ) from None
+    if not isinstance(args, dict):
+        raise NriCniError("verify: the request must be a JSON object", kind=Kind.UNDECODABLE)
+    pod = args.get("pod")
+    if pod is not None and not (isinstance(pod, str) and 0 < len(pod) <= MAX_POD_ARG):
+        raise NriCniError("verify: pod must be a pod id, an id prefix or namespace/name")
+    return pod, args.get("check") is True
 
 
 def _cni_error(exc: NriCniError, version: str) -> dict[str, Any]:

@@ -305,6 +305,7 @@ STABLE_FAMILIES = {
     "nri_cni_gc_runs": "counter",
     "nri_cni_gc_deleted_attachments": "counter",
     "nri_cni_gc_errors": "counter",
+    "nri_cni_pod_repairs": "counter",
 }
 
 

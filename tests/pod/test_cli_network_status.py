@@ -171,12 +171,14 @@ def test_pods_and_status_through_the_cli(node, tmp_path):
             code, table, _ = await cli("pods", "--socket", sock)
             assert code == 0
             header, row = table.splitlines()[:2]
-            assert header.split() == ["POD", "STATE", "NETWORK", "INTERFACE", "IPS", "MAC", "AGE"]
-            cells = row.split()
-            assert cells[:4] == ["default/web", "ready", "podnet", "eth0"] and cells[4].startswith(
+            assert header.split() == [
+                "POD", "STATE", "VERIFY", "NETWORK", "INTERFACE", "IPS", "MAC", "AGE", "REASON"
+            ]  # fmt: skip
+            cells = row.split()  # not verified yet: "-", and no reason
+            assert cells[:5] == ["default/web", "ready", "-", "podnet", "eth0"] and cells[5].startswith(
                 "10.244.38."
             )
-            assert cells[6].endswith("s")
+            assert cells[7].endswith("s") and len(cells) == 8
             code, raw, _ = await cli("pods", "--socket", sock, "-o", "json")
             data = json.loads(raw)
             valid_network_status(data)
