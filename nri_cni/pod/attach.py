@@ -5,6 +5,9 @@ each network in the same order (its own `finalize_plugins`, then the `_finalize.
 fill in MAC/MTU the plugins did not report, clear the intent. A failure at network k deletes
 networks k..0 in reverse (the spec wants a DEL after every ADD, failed ones included) and
 reports an error naming the network and the plugin.
+
+Secondary mode: the runtime's own primary (eth0) gets its FINALIZE first, once per pod
+(finalized.py), also when the pod has no network of nri-cni's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.lifecycle.spec import is_managed
 from nri_cni.pod import netlink
+from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import AttachRequest, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
 from nri_cni.pod.oprecord import NetworkFailure, OpRecord
@@ -48,10 +52,12 @@ class Attacher:
         cni_uncached: CNIRuntime,
         intents: IntentStore,
         rollback: Rollback,
+        finalized: FinalizedMarks,
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
         self.cfg = cfg
+        self.finalized = finalized  # the pods whose runtime primary had its FINALIZE
         self.cni = cni
         # FINALIZE of the runtime's own primary: the runtime's attachment, never in our cache
         self.cni_uncached = cni_uncached
@@ -115,10 +121,15 @@ class Attacher:
         todo = [s for s in selected if _key(s) not in existing]
         answer = PodNetworks(pod)
         if not todo:
-            # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD).
+            # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD), or
+            # nothing of nri-cni's to attach (secondary mode, a pod with eth0 only).
             for sel in selected:
                 result = parse_result(existing[_key(sel)].result or {"cniVersion": "1.1.0"})
                 answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, result))
+            try:
+                await self._finalize_primary(pod, _unfinalized_primary(pod, runtime_primary, self), record)
+            except NriCniError as exc:
+                raise pod_error(pod, exc) from exc
             return answer
         await self._check_ready(todo)
 
@@ -213,33 +224,41 @@ class Attacher:
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> None:
+        await self._finalize_primary(pod, _unfinalized_primary(pod, runtime_primary, self), record)
         nets = [(_key(sel), *confs[_key(sel)]) for sel in selected]
-        primary = _primary_conf(pod, runtime_primary)
-        if primary is not None:
-            net, rt, result = primary
-            nets.insert(0, ((net.name, rt.ifname), net, rt))
-            results[(net.name, rt.ifname)] = result
+        extra = self.finalize_dropins
         for key, net, rt in nets:
-            extra = self.finalize_dropins
             if not net.finalize_plugins and not extra:
                 continue
             t0 = time.perf_counter()
-            # finalize() caches a result a plugin changed, so that a later DEL sees it; the
-            # runtime's own primary is the runtime's attachment, never one of nri-cni's
-            theirs = primary is not None and key[0] == primary[0].name
-            cni = self.cni_uncached if theirs else self.cni
-            results[key] = await cni.finalize(net, rt, results[key], extra)
+            # finalize() caches a result a plugin changed, so that a later DEL sees it
+            results[key] = await self.cni.finalize(net, rt, results[key], extra)
             record.step(net.name, rt.ifname, "finalize", t0)
         for key, _net, rt in nets:
-            if primary is None or key[0] != primary[0].name:
-                results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+            results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+
+    async def _finalize_primary(
+        self, pod: PodInfo, primary: tuple[NetworkConfigList, RuntimeConf, Result] | None, record: OpRecord
+    ) -> None:
+        """The runtime's own primary: its FINALIZE once per pod. Its result is the runtime's
+        attachment, never one of nri-cni's: nothing is cached (cni_uncached)."""
+        if primary is None:
+            return
+        net, rt, result = primary
+        if not net.finalize_plugins and not self.finalize_dropins:
+            return
+        t0 = time.perf_counter()
+        await self.cni_uncached.finalize(net, rt, result, self.finalize_dropins)
+        record.step(net.name, rt.ifname, "finalize", t0)
+        self.finalized.mark(pod.id, rt.netns)
 
 
-def _primary_conf(
-    pod: PodInfo, primary: RuntimePrimary | None
+def _unfinalized_primary(
+    pod: PodInfo, primary: RuntimePrimary | None, attacher: Attacher
 ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
-    """Secondary mode: the runtime's own network, from the runtime's libcni cache entry."""
-    if primary is None:
+    """Secondary mode: the runtime's own network, from the runtime's libcni cache entry,
+    unless its FINALIZE ran for this pod already."""
+    if primary is None or attacher.finalized.done(pod.id):
         return None
     entry: CacheEntry | None = primary.entry
     if entry is None or entry.result is None:

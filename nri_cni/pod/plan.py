@@ -21,6 +21,7 @@ from nri_cni.errors import NriCniError, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import Detacher
+from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, PrimaryNetwork, RuntimePrimary
@@ -28,7 +29,7 @@ from nri_cni.pod.oprecord import GcReport, NoSink, OperationLog, OperationSink, 
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected, select_networks
-from nri_cni.pod.upkeep import Upkeep
+from nri_cni.pod.upkeep import Upkeep, netns_gone
 
 log = logging.getLogger("nri_cni.pod")
 
@@ -59,6 +60,7 @@ class PodPlan:
         self.intents = intents or IntentStore(cfg.state_dir)
         self.oplog = OperationLog(hooks, sink or NoSink())
         self.rollback = Rollback(cni, self.intents, hooks)
+        self.finalized = FinalizedMarks(cfg.state_dir)
         self.detacher = Detacher(cni, intents=self.intents, rollback=self.rollback, lifecycle=lifecycle)
         self.attacher = Attacher(
             cfg,
@@ -66,6 +68,7 @@ class PodPlan:
             cni_uncached=cni.with_cache(NO_CACHE),
             intents=self.intents,
             rollback=self.rollback,
+            finalized=self.finalized,
             readiness=readiness,
             lifecycle=lifecycle,
         )
@@ -128,6 +131,7 @@ class PodPlan:
 
     async def detach(self, pod: PodInfo, op: str = "del") -> None:
         record = OpRecord(op, pod)
+        self.finalized.forget(pod.id)
         errors = await self.detacher.detach(pod, record)
         for failure in errors:
             record.fail(failure.error)
@@ -148,6 +152,9 @@ class PodPlan:
 
     async def collect_garbage(self, valid: set[str]) -> GcReport:
         report = await self.upkeep.collect_garbage(valid)
+        for pod_id, netns in self.finalized.all().items():
+            if pod_id not in valid or netns_gone(netns):
+                self.finalized.forget(pod_id)
         self.oplog.sink.observe_gc(report)
         return report
 
