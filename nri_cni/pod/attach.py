@@ -12,6 +12,7 @@ Secondary mode: the runtime's own primary (eth0) gets its FINALIZE first, once p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -117,7 +118,12 @@ class Attacher:
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> PodNetworks:
-        existing = {(e.network_name, e.ifname): e for e in self.cni.cache.entries(container_id=pod.id)}
+        # the entries this pod's networks would have, read by name: no listing of every pod's
+        existing = {
+            _key(s): e
+            for s in selected
+            if (e := self.cni.cache.read(s.network.name, pod.id, s.ifname)) is not None
+        }
         todo = [s for s in selected if _key(s) not in existing]
         answer = PodNetworks(pod)
         if not todo:
@@ -160,7 +166,13 @@ class Attacher:
                 for s in todo
             ],
         )
-        self.intents.write(intent)  # before any plugin runs; a failure here leaves nothing
+        # Written (atomic) before any plugin runs, a failure here leaves nothing; durable before
+        # the ADD is done: its fsync (a journal commit, ~1 ms) runs while the plugins work. A
+        # crash of the daemon finds the record (the page cache survives a kill); journalling
+        # file systems (ext4, XFS) commit it no later than what the plugins write after it.
+        self.intents.write(intent, durable=False)
+        synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
+        synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
         planned = {(n.network, n.ifname): n for n in intent.networks}
 
         added: list[IntendedNetwork] = []
@@ -180,8 +192,10 @@ class Attacher:
                     self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
                     raise
                 record.step(net.name, sel.ifname, "add", t0)
+            await synced
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
+            await _settled(synced)
             # DEL what was started, last first; the record of the rest goes (never ADDed)
             errors = await self.rollback.undo(Intent(pod.id, pod.netns, added), record, op="rollback")
             raise pod_error(pod, exc, errors) from exc
@@ -234,6 +248,10 @@ class Attacher:
             # finalize() caches a result a plugin changed, so that a later DEL sees it
             results[key] = await self.cni.finalize(net, rt, results[key], extra)
             record.step(net.name, rt.ifname, "finalize", t0)
+        if runtime_primary is not None:
+            # Secondary mode: the runtime never sees these results (its answer is its own
+            # network's), so the MAC/MTU a plugin left out is not worth a netns visit here.
+            return
         for key, _net, rt in nets:
             results[key] = await netlink.fill_interface_details(rt.netns, results[key])
 
@@ -277,6 +295,17 @@ def _unfinalized_primary(
         capability_args=dict(entry.capability_args),
     )
     return net, rt, parse_result(entry.result)
+
+
+async def _settled(task: asyncio.Future[None]) -> None:
+    """After a failed ADD: the intent's fsync is finished before the rollback rewrites or
+    clears the record; its own error is moot then."""
+    await asyncio.wait([task])
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:
