@@ -133,7 +133,7 @@ class Attacher:
                 result = parse_result(existing[_key(sel)].result or {"cniVersion": "1.1.0"})
                 answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, result))
             try:
-                await self._finalize_primary(pod, _unfinalized_primary(pod, runtime_primary, self), record)
+                await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
             except NriCniError as exc:
                 raise pod_error(pod, exc) from exc
             return answer
@@ -238,7 +238,7 @@ class Attacher:
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> None:
-        await self._finalize_primary(pod, _unfinalized_primary(pod, runtime_primary, self), record)
+        await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
         nets = [(_key(sel), *confs[_key(sel)]) for sel in selected]
         extra = self.finalize_dropins
         for key, net, rt in nets:
@@ -254,6 +254,14 @@ class Attacher:
             return
         for key, _net, rt in nets:
             results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+
+    def _unfinalized_primary(
+        self, pod: PodInfo, primary: RuntimePrimary | None
+    ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
+        """The runtime's own network unless its FINALIZE ran for this pod already."""
+        if primary is None or self.finalized.done(pod.id):
+            return None
+        return _primary_conf(pod, primary)
 
     async def _finalize_primary(
         self, pod: PodInfo, primary: tuple[NetworkConfigList, RuntimeConf, Result] | None, record: OpRecord
@@ -271,13 +279,10 @@ class Attacher:
         self.finalized.mark(pod.id, rt.netns)
 
 
-def _unfinalized_primary(
-    pod: PodInfo, primary: RuntimePrimary | None, attacher: Attacher
+def _primary_conf(
+    pod: PodInfo, primary: RuntimePrimary
 ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
-    """Secondary mode: the runtime's own network, from the runtime's libcni cache entry,
-    unless its FINALIZE ran for this pod already."""
-    if primary is None or attacher.finalized.done(pod.id):
-        return None
+    """Secondary mode: the runtime's own network, from the runtime's libcni cache entry."""
     entry: CacheEntry | None = primary.entry
     if entry is None or entry.result is None:
         log.warning(
