@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 from nri_cni import validate
 from nri_cni.fsutil import is_temporary, write_atomic
+from nri_cni.pod.upkeep import netns_gone
 
 log = logging.getLogger("nri_cni.pod")
 
@@ -65,3 +67,14 @@ class FinalizedMarks:
             except OSError as exc:
                 log.warning("finalize mark %s unreadable: %s", path, exc)
         return out
+
+    def drop_gone(self, valid: set[str] | Callable[[], set[str]]) -> None:
+        """GC: the marks of pods not in `valid` (GC's valid pod ids, or the function giving
+        them), or whose netns is gone."""
+        marks = self.all()
+        if not marks:
+            return
+        ids = valid() if callable(valid) else valid
+        for pod_id, netns in marks.items():
+            if pod_id not in ids or netns_gone(netns):
+                self.forget(pod_id)

@@ -29,7 +29,7 @@ from nri_cni.pod.oprecord import GcReport, NoSink, OperationLog, OperationSink, 
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected, select_networks
-from nri_cni.pod.upkeep import Upkeep, netns_gone
+from nri_cni.pod.upkeep import Upkeep
 
 log = logging.getLogger("nri_cni.pod")
 
@@ -152,10 +152,8 @@ class PodPlan:
 
     async def collect_garbage(self, valid: set[str]) -> GcReport:
         report = await self.upkeep.collect_garbage(valid)
-        for pod_id, netns in self.finalized.all().items():
-            if pod_id not in valid or netns_gone(netns):
-                self.finalized.forget(pod_id)
         self.oplog.sink.observe_gc(report)
+        self.finalized.drop_gone(valid)
         return report
 
     def reap_candidates(self) -> list[str]:
