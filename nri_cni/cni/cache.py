@@ -18,7 +18,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,15 +190,14 @@ class ResultCache:
         thread does not hold it up). False if that took longer than `timeout`."""
         return self._syncer is None or self._syncer.flush(timeout)
 
-    def sync(self, network: str, container_id: str, ifname: str, *, directory: bool = True) -> bool:
-        """Makes an entry written with durable=False durable; one deleted meanwhile is fine
-        (False: nothing to sync). directory=False leaves the directory's fsync (the rename)
-        to a later call."""
+    def sync(self, network: str, container_id: str, ifname: str, *, directory: bool = True) -> None:
+        """Makes an entry written with durable=False durable; one deleted meanwhile is fine.
+        directory=False leaves the directory's fsync (the rename) to a later call."""
         path = self.path(network, container_id, ifname)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            return False
+            return
         except OSError as exc:
             raise CNIError(
                 CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}", details=exc.strerror or str(exc)
@@ -214,7 +212,6 @@ class ResultCache:
             ) from exc
         finally:
             os.close(fd)
-        return True
 
     def read(
         self, network: str, container_id: str, ifname: str, *, drop_corrupt: bool = False
@@ -346,13 +343,8 @@ class PreparedWrite:
 
 
 class _Syncer:
-    """One thread that makes entries durable after the fact (ResultCache.sync_later), a group
-    commit: the entries written within GROUP_WINDOW of the first share one directory fsync,
-    and an entry deleted meanwhile (a failed or short-lived attachment) costs none. Fewer
-    journal commits also hold up fewer of the cache's creates and unlinks on the ADD and DEL
-    path, which wait for a commit under way."""
-
-    GROUP_WINDOW = 0.01  # s; flush() does not wait for it
+    """One thread that makes entries durable after the fact (ResultCache.sync_later).
+    Entries queued together share one directory fsync."""
 
     def __init__(self, cache: ResultCache) -> None:
         self.cache = cache
@@ -372,10 +364,9 @@ class _Syncer:
     def _run(self) -> None:
         while True:
             batch = [self.queue.get()]
-            until = time.monotonic() + self.GROUP_WINDOW
-            while not isinstance(batch[-1], threading.Event):
+            while True:
                 try:
-                    batch.append(self.queue.get(timeout=max(0.0, until - time.monotonic())))
+                    batch.append(self.queue.get_nowait())
                 except queue.Empty:
                     break
             waiters = [item for item in batch if isinstance(item, threading.Event)]
@@ -384,14 +375,13 @@ class _Syncer:
                 done.set()
 
     def _sync(self, batch: list[tuple[str, str, str]]) -> None:
-        synced = False
+        if not batch:
+            return
         for key in batch:
             try:
-                synced = self.cache.sync(*key, directory=False) or synced
+                self.cache.sync(*key, directory=False)
             except CNIError as exc:
                 log.warning("CNI cache entry not made durable: %s (%s)", exc.msg, exc.details)
-        if not synced:
-            return  # every entry of the batch was deleted meanwhile: no rename left to keep
         try:
             fsync_dir(self.cache.results_dir)  # the renames
         except OSError as exc:
