@@ -14,6 +14,9 @@ drift of a shared, noisy machine hits every mode alike:
              host-local network (net1) in NRI RunPodSandbox and DELs it in NRI StopPodSandbox.
      vs
   native2    containerd runs both lists itself (max_conf_num = 2: eth0 and eth1), no NRI plugin.
+             containerd's go-cni ADDs the two lists AT ONCE (one goroutine each): eth1 overlaps eth0.
+  native2s   the same with the CRI option cni.setup_serially = true: eth1 after eth0, as an NRI
+             plugin's network must come (RunPodSandbox reaches NRI after the runtime's own CNI).
      and
   base       containerd with the bridge list only: what the extra network costs in each.
 
@@ -29,7 +32,7 @@ the median of the per-pod ratios; part 2 the medians and the difference secondar
 
 Everything the bench makes (containerd instances and their pods, nri-cni daemons, bridges,
 veths, iptables rules, host-local reservations, libcni cache entries, temp dirs) is removed at
-the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.166.0/24.
+the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.168.0/24.
 Needs root and the parts from .ci/install-deps.
 Run:  sudo ./.venv/bin/python bench/bench_pods.py [--pods 40] [--part 1|2|all]
 """
@@ -61,7 +64,7 @@ if str(REPO) not in sys.path:
 
 from tests.e2e.hostnet import BridgeNetwork, cni_cache_files  # noqa: E402
 from tests.e2e.nricni import NriCni, ShimSetup  # noqa: E402
-from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
+from tests.support.containerd import CRI_RT, Containerd, cni_plugin_dir  # noqa: E402
 from tests.support.netns import Janitor, host_local_reservations, unique_name  # noqa: E402
 from tests.support.pause.image import build_pause_image  # noqa: E402
 
@@ -74,8 +77,17 @@ SUBNETS = {
     "secondary": "10.246.164.0/24",
     "secondary-extra": "10.246.165.0/24",
     "base": "10.246.166.0/24",
+    "native2s": "10.246.167.0/24",
+    "native2s-extra": "10.246.168.0/24",
 }
-HOST_PORT_BASE = {"native": 21000, "shim": 22000, "native2": 23000, "secondary": 24000, "base": 25000}
+HOST_PORT_BASE = {
+    "native": 21000,
+    "shim": 22000,
+    "native2": 23000,
+    "secondary": 24000,
+    "base": 25000,
+    "native2s": 26000,
+}
 
 
 class Interrupted(Exception):
@@ -276,23 +288,26 @@ class Bench:
         daemons = self.daemons()
         jan = self.janitor()
         modes: list[Mode] = []
-        # native2: containerd runs the bridge list and the macvlan list (eth0, eth1)
-        n2_net = self.bridge_net("native2")
-        n2_master, _ = jan.veth()
-        n2_ipam = self.tmp / "ipam-native2-extra"
-        extra = macvlan_list(
-            f"nct-bench-extra-{secrets.token_hex(3)}", n2_master, SUBNETS["native2-extra"], n2_ipam
-        )
-        (n2_net.conf_dir / "20-nct-extra.conflist").write_text(json.dumps(extra))
-        modes.append(
-            Mode(
-                "native2",
-                self.containerd("native2", n2_net.conf_dir, [cni_plugin_dir()], max_conf_num=2),
-                n2_net,
-                extra_if="eth1",
-                ipam_dirs=[n2_net.ipam_dir, n2_ipam],
+        # native2: containerd runs the bridge list and the macvlan list (eth0, eth1), at once;
+        # native2s: one after the other (cni.setup_serially)
+        for name, serial in (("native2", False), ("native2s", True)):
+            n2_net = self.bridge_net(name)
+            n2_master, _ = jan.veth()
+            n2_ipam = self.tmp / f"ipam-{name}-extra"
+            extra = macvlan_list(
+                f"nct-bench-extra-{secrets.token_hex(3)}", n2_master, SUBNETS[f"{name}-extra"], n2_ipam
             )
-        )
+            (n2_net.conf_dir / "20-nct-extra.conflist").write_text(json.dumps(extra))
+            cri = {"plugins": {CRI_RT: {"cni": {"setup_serially": True}}}} if serial else None
+            modes.append(
+                Mode(
+                    name,
+                    self.containerd(name, n2_net.conf_dir, [cni_plugin_dir()], max_conf_num=2, extra=cri),
+                    n2_net,
+                    extra_if="eth1",
+                    ipam_dirs=[n2_net.ipam_dir, n2_ipam],
+                )
+            )
         # secondary: containerd runs the bridge list, nri-cni adds the macvlan list (net1)
         sec_net = self.bridge_net("secondary")
         sec_master, _ = jan.veth()
@@ -463,7 +478,7 @@ class Bench:
         if "base" in by:
             base_run = statistics.median(by["base"].run_ms)
             base_sr = statistics.median([s + r for s, r in zip(by["base"].stop_ms, by["base"].remove_ms)])
-            for name in (a, b):
+            for name in (a, b, *(["native2s"] if "native2s" in by else [])):
                 m = by[name]
                 extra_run = statistics.median(m.run_ms) - base_run
                 extra_sr = statistics.median([s + r for s, r in zip(m.stop_ms, m.remove_ms)]) - base_sr
@@ -475,6 +490,12 @@ class Bench:
                     f"  the extra network in {name}: {extra_run:+.1f} ms run, "
                     f"{extra_sr:+.1f} ms stop+remove (over base medians)"
                 )
+            mine = cmp[f"{a}_extra_over_base_ms"]["run"]
+            for anchor in (b, "native2s"):
+                theirs = cmp.get(f"{anchor}_extra_over_base_ms", {}).get("run")
+                if theirs and theirs > 0:
+                    cmp[f"extra_ratio_vs_{anchor}"] = round(mine / theirs, 2)
+                    print(f"  the extra network, {a} / {anchor}: {mine / theirs:.2f}x")
         out["compare"] = cmp
         return out
 

@@ -32,6 +32,8 @@ class JsonLimitError(ValueError):
 def check_depth(data: bytes, max_depth: int = MAX_DEPTH) -> None:
     """Raises JsonLimitError when the brackets of `data` (outside strings) nest deeper than
     `max_depth`. Each pass removes the innermost pairs, so it takes at most max_depth passes."""
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return  # cannot nest deeper than it has openings (a CNI result: about 10): no passes
     brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKET)
     if re.search(rb"[\[{]{%d}" % (max_depth + 1), brackets):
         raise JsonLimitError(f"nested deeper than {max_depth} levels")

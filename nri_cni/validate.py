@@ -97,10 +97,16 @@ def check_ifname(name: object, what: str = "CNI_IFNAME") -> str:
 
 
 def parse_cni_args(text: str) -> dict[str, str]:
-    """CNI_ARGS as the runtime sets it: `KEY=VALUE;...`. Empty items are skipped; a key must be
+    """cni_args_pairs() by key (a key given twice: its last value)."""
+    return dict(cni_args_pairs(text))
+
+
+def cni_args_pairs(text: str) -> list[tuple[str, str]]:
+    """CNI_ARGS as the runtime sets it, `KEY=VALUE;...`, as pairs in their order (the one parser:
+    the shim's CNI calls and `nri-cni cni` read it here). Empty items are skipped; a key must be
     an identifier; a value may not hold `=`, `;` or control characters; the Kubernetes keys must
     look like Kubernetes names. Raises InvalidInput."""
-    out: dict[str, str] = {}
+    out: list[tuple[str, str]] = []
     for item in text.split(";"):
         if not item:
             continue
@@ -115,7 +121,7 @@ def parse_cni_args(text: str) -> dict[str, str]:
             check_k8s_value(value, f"CNI_ARGS {key}")
         if key == "K8S_POD_INFRA_CONTAINER_ID" and value:
             check_id(value, "CNI_ARGS K8S_POD_INFRA_CONTAINER_ID")
-        out[key] = value
+        out.append((key, value))
     return out
 
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nri_cni import jsonlimits
+from nri_cni import jsonlimits, validate
 from nri_cni.cni.config import load_conf_dir, load_conflist_file, validate_ifname
 from nri_cni.cni.versions import CURRENT
 from nri_cni.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CNIError, ConfigError, NriCniError, exit_code_for
@@ -186,14 +186,11 @@ def default_container_id(netns: str) -> str:
 
 
 def parse_cni_args(text: str) -> list[tuple[str, str]]:
-    """ "K=V;K=V" into pairs; every pair needs exactly one "=" and both sides non-empty."""
-    out: list[tuple[str, str]] = []
-    for pair in text.split(";"):
-        kv = pair.split("=")
-        if len(kv) != 2 or not kv[0] or not kv[1]:
-            raise _UsageError(f"invalid CNI_ARGS pair {pair!r}")
-        out.append((kv[0], kv[1]))
-    return out
+    """ "K=V;K=V" into pairs, in order (the plugins see them so): the daemon's parser and rules."""
+    try:
+        return validate.cni_args_pairs(text)
+    except validate.InvalidInput as exc:
+        raise _UsageError(str(exc)) from None
 
 
 def parse_cap_args(text: str) -> dict[str, Any]:

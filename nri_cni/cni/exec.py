@@ -49,6 +49,10 @@ class PluginExecutor:
 
     def __init__(self, *, trust_files: bool = True) -> None:
         self.trust_files = trust_files
+        # path -> what the trust check saw of the binary (no link) and its directory, when it
+        # passed: the same inodes unchanged (ctime moves with any chmod, chown, rename or
+        # write) pass again, for two stats instead of the check's four and its path work
+        self._trusted: dict[str, tuple[int, ...]] = {}
 
     def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
@@ -58,10 +62,22 @@ class PluginExecutor:
         for d in dirs:
             path = os.path.join(d, plugin_type)
             try:
-                if not stat.S_ISREG(os.stat(path).st_mode):
-                    continue
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    st = os.stat(path)
+                    seen = None  # a link: its target may move, checked every time
+                else:
+                    seen = _identity(st, os.stat(d))
             except OSError:
                 continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if seen is not None and self._trusted.get(path) == seen:
+                return path
+            if not safefs.trust_problem(path, executable=True):
+                if seen is not None:
+                    self._trusted[path] = seen
+                return path
             problem = safefs.check_trusted(path, enforce=self.trust_files, what="plugin", executable=True)
             if problem:
                 raise PluginNotRun(
@@ -125,6 +141,14 @@ class PluginExecutor:
                 )
             return out
         return failure(run, plugin_path, _ref(plugin_path, env), timeout)
+
+
+def _identity(file: os.stat_result, directory: os.stat_result) -> tuple[int, ...]:
+    return tuple(
+        x
+        for st in (file, directory)
+        for x in (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_ctime_ns)
+    )
 
 
 def _ref(plugin_path: str, env: dict[str, str]) -> PluginRef:

@@ -1,18 +1,9 @@
 """The plugin side of nri.pkg.api.v1alpha1.Plugin: runtime requests → the plugin's methods.
 
-The plugin object implements any subset of these async methods:
-
-    configure(req: ConfigureRequest) -> None
-    synchronize(pods: list[PodSandbox], containers: list[Container]) -> None
-    run_pod_sandbox(pod: PodSandbox) -> RunPodSandboxResponse | None
-    stop_pod_sandbox(pod: PodSandbox) -> None
-    remove_pod_sandbox(pod: PodSandbox) -> None
-    shutdown() -> None
-    on_disconnect() -> None          (called by the Stub, not by the runtime)
-
-and optionally `requested_timeout_ms` (an int, or a method returning one), sent in
-ConfigureResponse.request_timeout (PR #304). The pod events it subscribes to are the ones whose
-method it has. One PluginService serves one connection: Synchronize pages collect in it.
+The plugin's handlers are declared in nri_cni/nri/handlers.py (`Handlers`, each implemented or
+not, found once by `handlers_of`); a request without a handler gets the default answer. The pod
+events subscribed to are the ones with a handler. One PluginService serves one connection:
+Synchronize pages collect in it.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from google.protobuf.message import DecodeError, Message
 from nri_cni import validate
 from nri_cni.api import nri_pb2
 from nri_cni.errors import GrpcCode, ProtocolError
+from nri_cni.nri.handlers import Handlers, handlers_of
 from nri_cni.ttrpc.server import Handler
 
 log = logging.getLogger(__name__)
@@ -34,11 +26,11 @@ _M = TypeVar("_M", bound=Message)
 PLUGIN_SERVICE = nri_pb2.DESCRIPTOR.services_by_name["Plugin"].full_name
 RUNTIME_SERVICE = nri_pb2.DESCRIPTOR.services_by_name["Runtime"].full_name
 
-# Event → the plugin method handling it, for the pod events nri-cni cares about.
-POD_EVENT_METHODS: dict[int, str] = {
-    nri_pb2.RUN_POD_SANDBOX: "run_pod_sandbox",
-    nri_pb2.STOP_POD_SANDBOX: "stop_pod_sandbox",
-    nri_pb2.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
+# Event → the name of its handler (for messages).
+POD_EVENT_NAMES: dict[int, str] = {
+    nri_pb2.RUN_POD_SANDBOX: "RunPodSandbox",
+    nri_pb2.STOP_POD_SANDBOX: "StopPodSandbox",
+    nri_pb2.REMOVE_POD_SANDBOX: "RemovePodSandbox",
 }
 
 
@@ -51,7 +43,7 @@ def event_mask(events: list[int]) -> int:
 
 
 def subscribed_events(plugin: object) -> list[int]:
-    return [event for event, name in POD_EVENT_METHODS.items() if hasattr(plugin, name)]
+    return handlers_of(plugin).events()
 
 
 def _decode(cls: type[_M], payload: bytes) -> _M:
@@ -64,19 +56,18 @@ def _decode(cls: type[_M], payload: bytes) -> _M:
 
 
 def requested_timeout_ms(plugin: object) -> int:
-    value = getattr(plugin, "requested_timeout_ms", 0)
-    return int(value() if callable(value) else value)
+    return handlers_of(plugin).requested_timeout_ms()
 
 
 class PluginService:
     def __init__(
         self,
-        plugin: Any,
+        plugin: Handlers | object,
         *,
         on_configured: Callable[[nri_pb2.ConfigureRequest], None],
         on_synchronized: Callable[[], None],
     ) -> None:
-        self._plugin = plugin
+        self._plugin = handlers_of(plugin)
         self._on_configured = on_configured
         self._on_synchronized = on_synchronized
         self._sync_pods: list[nri_pb2.PodSandbox] = []
@@ -95,12 +86,12 @@ class PluginService:
 
     async def configure(self, payload: bytes) -> bytes:
         req = _decode(nri_pb2.ConfigureRequest, payload)
-        if hasattr(self._plugin, "configure"):
+        if self._plugin.configure is not None:
             await self._plugin.configure(req)
         self._on_configured(req)
         return nri_pb2.ConfigureResponse(
-            events=event_mask(subscribed_events(self._plugin)),
-            request_timeout=requested_timeout_ms(self._plugin),
+            events=event_mask(self._plugin.events()),
+            request_timeout=self._plugin.requested_timeout_ms(),
         ).SerializeToString()
 
     async def synchronize(self, payload: bytes) -> bytes:
@@ -116,13 +107,13 @@ class PluginService:
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, self._sync_pods = self._sync_pods, []
         containers, self._sync_containers = self._sync_containers, []
-        if hasattr(self._plugin, "synchronize"):
+        if self._plugin.synchronize is not None:
             await self._plugin.synchronize(pods, containers)
         self._on_synchronized()
         return nri_pb2.SynchronizeResponse().SerializeToString()
 
     async def shutdown(self, payload: bytes) -> bytes:
-        if hasattr(self._plugin, "shutdown"):
+        if self._plugin.shutdown is not None:
             await self._plugin.shutdown()
         return b""  # Empty
 
@@ -130,7 +121,7 @@ class PluginService:
         pod = _decode(nri_pb2.RunPodSandboxRequest, payload).pod
         _check_pod("RunPodSandbox", pod, whole=True)
         resp = None
-        if hasattr(self._plugin, "run_pod_sandbox"):
+        if self._plugin.run_pod_sandbox is not None:
             resp = await self._plugin.run_pod_sandbox(pod)
         return resp.SerializeToString() if resp is not None else b""
 
@@ -155,12 +146,12 @@ class PluginService:
         return b""  # Empty
 
     async def _pod_event(self, event: int, pod: nri_pb2.PodSandbox) -> Any:
-        name = POD_EVENT_METHODS.get(event)
-        method = getattr(self._plugin, name, None) if name else None
-        if method is not None:
-            # a new pod must be wholly valid; stop/remove need only a valid id to clean it up
-            _check_pod(name or "", pod, whole=event == nri_pb2.RUN_POD_SANDBOX)
-        return await method(pod) if method is not None else None
+        handler = self._plugin.pod_handler(event)
+        if handler is None:
+            return None
+        # a new pod must be wholly valid; stop/remove need only a valid id to clean it up
+        _check_pod(POD_EVENT_NAMES[event], pod, whole=event == nri_pb2.RUN_POD_SANDBOX)
+        return await handler(pod)
 
 
 def _check_pod(event: str, pod: nri_pb2.PodSandbox, *, whole: bool) -> None:

@@ -20,11 +20,11 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 from nri_cni.api import nri_pb2
 from nri_cni.errors import ConfigError, RPCError, Unavailable
 from nri_cni.nri import mux, trunk
+from nri_cni.nri.handlers import Handlers, handlers_of
 from nri_cni.nri.plugin_service import PLUGIN_SERVICE, RUNTIME_SERVICE, PluginService
 from nri_cni.ttrpc import TtrpcClient, TtrpcServer
 
@@ -67,7 +67,7 @@ def launch_identity(environ: Mapping[str, str], argv0: str, name: str, idx: str)
 class Stub:
     def __init__(
         self,
-        plugin: Any,
+        plugin: Handlers | object,
         *,
         name: str,
         idx: str,
@@ -91,7 +91,7 @@ class Stub:
                 pass  # not open: connecting to it reports the error
             name, idx = launch_identity(os.environ, sys.argv[0], name, idx)
         check_identity(name, idx)
-        self.plugin = plugin
+        self.plugin = handlers_of(plugin)  # what it handles, asked once (pkg/stub's way)
         self.name = name
         self.idx = idx
         self.socket_path = socket_path
@@ -225,7 +225,7 @@ class Stub:
         self.registered.set()
 
     async def _notify_disconnect(self) -> None:
-        hook = getattr(self.plugin, "on_disconnect", None)
+        hook = self.plugin.on_disconnect
         if hook is None:
             return
         try:

@@ -5,10 +5,14 @@ each network in the same order (its own `finalize_plugins`, then the `_finalize.
 fill in MAC/MTU the plugins did not report, clear the intent. A failure at network k deletes
 networks k..0 in reverse (the spec wants a DEL after every ADD, failed ones included) and
 reports an error naming the network and the plugin.
+
+Secondary mode: the runtime's own primary (eth0) gets its FINALIZE first, once per pod
+(finalized.py), also when the pod has no network of nri-cni's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -27,6 +31,7 @@ from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.lifecycle.spec import is_managed
 from nri_cni.pod import netlink
+from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import AttachRequest, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
 from nri_cni.pod.oprecord import NetworkFailure, OpRecord
@@ -59,10 +64,12 @@ class Attacher:
         cni_uncached: CNIRuntime,
         intents: IntentStore,
         rollback: Rollback,
+        finalized: FinalizedMarks,
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
         self.cfg = cfg
+        self.finalized = finalized  # the pods whose runtime primary had its FINALIZE
         self.cni = cni
         # FINALIZE of the runtime's own primary: the runtime's attachment, never in our cache
         self.cni_uncached = cni_uncached
@@ -122,14 +129,24 @@ class Attacher:
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> PodNetworks:
-        existing = {(e.network_name, e.ifname): e for e in self.cni.cache.entries(container_id=pod.id)}
+        # the entries this pod's networks would have, read by name: no listing of every pod's
+        existing = {
+            _key(s): e
+            for s in selected
+            if (e := self.cni.cache.read(s.network.name, pod.id, s.ifname)) is not None
+        }
         todo = [s for s in selected if _key(s) not in existing]
         answer = PodNetworks(pod)
         if not todo:
-            # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD).
+            # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD), or
+            # nothing of nri-cni's to attach (secondary mode, a pod with eth0 only).
             for sel in selected:
                 result = parse_result(existing[_key(sel)].result or {"cniVersion": "1.1.0"})
                 answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, result))
+            try:
+                await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
+            except NriCniError as exc:
+                raise pod_error(pod, exc) from exc
             return answer
         await self._check_ready(todo)
 
@@ -164,7 +181,13 @@ class Attacher:
                 for s in todo
             ],
         )
-        self.intents.write(intent)  # before any plugin runs; a failure here leaves nothing
+        # Written (atomic) before any plugin runs, a failure here leaves nothing; durable before
+        # the ADD is done: its fsync (a journal commit, ~1 ms) runs while the plugins work. A
+        # crash of the daemon finds the record (the page cache survives a kill); journalling
+        # file systems (ext4, XFS) commit it no later than what the plugins write after it.
+        self.intents.write(intent, durable=False)
+        synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
+        synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
         planned = {(n.network, n.ifname): n for n in intent.networks}
 
         added: list[IntendedNetwork] = []
@@ -184,8 +207,10 @@ class Attacher:
                     self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
                     raise
                 record.step(net.name, sel.ifname, "add", t0)
+            await synced
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
+            await _settled(synced)
             # DEL what was started, last first; the record of the rest goes (never ADDed)
             errors = await self.rollback.undo(Intent(pod.id, pod.netns, added), record, op="rollback")
             raise pod_error(pod, exc, errors) from exc
@@ -228,34 +253,51 @@ class Attacher:
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> None:
+        await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
         nets = [(_key(sel), *confs[_key(sel)]) for sel in selected]
-        primary = _primary_conf(pod, runtime_primary)
-        if primary is not None:
-            net, rt, result = primary
-            nets.insert(0, ((net.name, rt.ifname), net, rt))
-            results[(net.name, rt.ifname)] = result
+        extra = self.finalize_dropins
         for key, net, rt in nets:
-            extra = self.finalize_dropins
             if not net.finalize_plugins and not extra:
                 continue
             t0 = time.perf_counter()
-            # finalize() caches a result a plugin changed, so that a later DEL sees it; the
-            # runtime's own primary is the runtime's attachment, never one of nri-cni's
-            theirs = primary is not None and key[0] == primary[0].name
-            cni = self.cni_uncached if theirs else self.cni
-            results[key] = await cni.finalize(net, rt, results[key], extra)
+            # finalize() caches a result a plugin changed, so that a later DEL sees it
+            results[key] = await self.cni.finalize(net, rt, results[key], extra)
             record.step(net.name, rt.ifname, "finalize", t0)
+        if runtime_primary is not None:
+            # Secondary mode: the runtime never sees these results (its answer is its own
+            # network's), so the MAC/MTU a plugin left out is not worth a netns visit here.
+            return
         for key, _net, rt in nets:
-            if primary is None or key[0] != primary[0].name:
-                results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+            results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+
+    def _unfinalized_primary(
+        self, pod: PodInfo, primary: RuntimePrimary | None
+    ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
+        """The runtime's own network unless its FINALIZE ran for this pod already."""
+        if primary is None or self.finalized.done(pod.id):
+            return None
+        return _primary_conf(pod, primary)
+
+    async def _finalize_primary(
+        self, pod: PodInfo, primary: tuple[NetworkConfigList, RuntimeConf, Result] | None, record: OpRecord
+    ) -> None:
+        """The runtime's own primary: its FINALIZE once per pod. Its result is the runtime's
+        attachment, never one of nri-cni's: nothing is cached (cni_uncached)."""
+        if primary is None:
+            return
+        net, rt, result = primary
+        if not net.finalize_plugins and not self.finalize_dropins:
+            return
+        t0 = time.perf_counter()
+        await self.cni_uncached.finalize(net, rt, result, self.finalize_dropins)
+        record.step(net.name, rt.ifname, "finalize", t0)
+        self.finalized.mark(pod.id, rt.netns)
 
 
 def _primary_conf(
-    pod: PodInfo, primary: RuntimePrimary | None
+    pod: PodInfo, primary: RuntimePrimary
 ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
     """Secondary mode: the runtime's own network, from the runtime's libcni cache entry."""
-    if primary is None:
-        return None
     entry: CacheEntry | None = primary.entry
     if entry is None or entry.result is None:
         log.warning(
@@ -273,6 +315,17 @@ def _primary_conf(
         capability_args=dict(entry.capability_args),
     )
     return net, rt, parse_result(entry.result)
+
+
+async def _settled(task: asyncio.Future[None]) -> None:
+    """After a failed ADD: the intent's fsync is finished before the rollback rewrites or
+    clears the record; its own error is moot then."""
+    await asyncio.wait([task])
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:

@@ -2,8 +2,9 @@
 
 libcni caches an attachment only after its whole chain succeeded, so an ADD interrupted by a
 crash (or a kill -9) leaves resources that no cache entry points at, and no GC will ever find
-them. nri-cni writes, atomically and fsynced, the list of networks it is about to attach (with
-each network's exact config bytes and args) before any plugin runs, and removes the record only
+them. nri-cni writes, atomically, the list of networks it is about to attach (with each
+network's exact config bytes and args) before any plugin runs (fsynced while they run:
+attach.py), and removes the record only
 once every network is cached or rolled back. At start-up every record left behind is rolled back
 with DEL, network by network in reverse, using the config it holds: CNI DEL must succeed for
 resources that were never created, so a DEL of a network that never got its ADD is harmless.
@@ -29,7 +30,7 @@ from typing import Any
 
 from nri_cni import jsonlimits, safefs, validate
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.fsutil import is_temporary, write_atomic
+from nri_cni.fsutil import fsync_dir, is_temporary, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ class IntentStore:
         # the file is named after the pod: it can never leave the directory (nri_cni/validate.py)
         return os.path.join(self.dir, validate.check_id(pod_id, "pod id"))
 
-    def write(self, intent: Intent) -> None:
+    def write(self, intent: Intent, *, durable: bool = True) -> None:
+        """Atomic; durable (fsynced) unless `durable=False`, then sync() makes it so."""
         safefs.private_dir(self.dir)
         doc = {
             "podId": intent.pod_id,
@@ -92,9 +94,22 @@ class IntentStore:
         data = json.dumps(doc, separators=(",", ":")).encode()
         path = self._path(intent.pod_id)
         try:
-            write_atomic(path, data)
+            write_atomic(path, data, durable=durable)
         except OSError as exc:
             raise NriCniError(f"cannot write the intent record {path}: {exc.strerror}", kind=Kind.IO) from exc
+
+    def sync(self, pod_id: str) -> None:
+        """Makes a record written with durable=False durable: the file, then its rename."""
+        path = self._path(pod_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(self.dir)
+        except OSError as exc:
+            raise NriCniError(f"cannot sync the intent record {path}: {exc.strerror}", kind=Kind.IO) from exc
 
     def clear(self, pod_id: str) -> None:
         try:

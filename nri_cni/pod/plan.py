@@ -21,6 +21,7 @@ from nri_cni.errors import NriCniError, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import Detacher
+from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
@@ -60,6 +61,7 @@ class PodPlan:
         self.intents = intents or IntentStore(cfg.state_dir)
         self.oplog = OperationLog(hooks, sink or NoSink())
         self.rollback = Rollback(cni, self.intents, hooks)
+        self.finalized = FinalizedMarks(cfg.state_dir)
         self.detacher = Detacher(cni, intents=self.intents, rollback=self.rollback, lifecycle=lifecycle)
         self.attacher = Attacher(
             cfg,
@@ -67,6 +69,7 @@ class PodPlan:
             cni_uncached=cni.with_cache(NO_CACHE),
             intents=self.intents,
             rollback=self.rollback,
+            finalized=self.finalized,
             readiness=readiness,
             lifecycle=lifecycle,
         )
@@ -134,6 +137,7 @@ class PodPlan:
 
     async def detach(self, pod: PodInfo, op: str = "del") -> None:
         record = OpRecord(op, pod)
+        self.finalized.forget(pod.id)
         errors = await self.detacher.detach(pod, record)
         for failure in errors:
             record.fail(failure.error)
@@ -155,6 +159,7 @@ class PodPlan:
     async def collect_garbage(self, valid: Valid, locks: PodLocks | None = None) -> GcReport:
         report = await self.upkeep.collect_garbage(valid, locks)
         self.oplog.sink.observe_gc(report)
+        self.finalized.drop_gone(valid)
         return report
 
     def reap_candidates(self) -> list[str]:
