@@ -96,11 +96,7 @@ class DaemonReports:
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[dict[str, Any]]:
         """`nri-cni verify`: one verify now (of one pod, or all), each pod's verdict."""
-        # the engine is PodService.verify (docs/reliability.md); a daemon built without it says so
-        verify = getattr(self.service, "verify", None)
-        if verify is None:
-            raise NriCniError("this daemon has no verify")
-        verdicts: list[PodHealth] = await verify(self._pod_id(pod_id) if pod_id else None, check=check)
+        verdicts = await self.service.verify(self._pod_id(pod_id) if pod_id else None, check=check)
         return sorted(
             (self._verdict(h) for h in verdicts), key=lambda v: (v["namespace"], v["name"], v["pod"])
         )
