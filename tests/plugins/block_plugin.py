@@ -11,6 +11,8 @@
 #   "then"      after the release: "pass" (default) or "fail" (a CNI error, code 11)
 #   "timeout"   seconds it waits at most (default 120), then fails with code 11: a test that
 #               died never leaves a plugin behind for long
+#   "armed"     a file: the plugin blocks only while that file exists (default: always), so one
+#               daemon config serves the calls before the fault, the fault, and the restart
 # A blocking call writes <dir>/<COMMAND>.<CNI_CONTAINERID or ->.<CNI_IFNAME or ->.pid (JSON:
 # pid, ppid, command, container id, ifname; renamed into place, so it is whole once seen), then
 # polls every 10 ms for <dir>/release-all or <that name>.release, then writes <that name>.done.
@@ -47,7 +49,8 @@ def main() -> int:
         return 0
     block = conf.get("block") or {}
     commands = block.get("commands")
-    if block.get("dir") and (commands is None or command in commands):
+    armed = not block.get("armed") or os.path.exists(block["armed"])
+    if block.get("dir") and armed and (commands is None or command in commands):
         base = _base(
             block["dir"], command, os.environ.get("CNI_CONTAINERID", ""), os.environ.get("CNI_IFNAME", "")
         )
@@ -114,9 +117,16 @@ class BlockControl:
         self.dir = Path(block_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def config(self, **kw) -> dict:
-        """The "block" value for a plugin's config."""
-        return {"dir": str(self.dir), **kw}
+    def config(self, *, armed: bool = False, **kw) -> dict:
+        """The "block" value for a plugin's config; `armed`: it blocks only between arm() and
+        disarm()."""
+        return {"dir": str(self.dir), **({"armed": str(self.dir / "armed")} if armed else {}), **kw}
+
+    def arm(self) -> None:
+        (self.dir / "armed").touch()
+
+    def disarm(self) -> None:
+        (self.dir / "armed").unlink(missing_ok=True)
 
     def blocked(self) -> list[Blocked]:
         out = []
