@@ -13,7 +13,8 @@
 #               died never leaves a plugin behind for long
 #   "armed"     a file: the plugin blocks only while that file exists (default: always), so one
 #               daemon config serves the calls before the fault, the fault, and the restart
-# A blocking call writes <dir>/<COMMAND>.<CNI_CONTAINERID or ->.<CNI_IFNAME or ->.pid (JSON:
+# A blocking call removes what an earlier call of its name left (.release, .done), writes
+# <dir>/<COMMAND>.<CNI_CONTAINERID or ->.<CNI_IFNAME or ->.pid (JSON:
 # pid, ppid, command, container id, ifname; renamed into place, so it is whole once seen), then
 # polls every 10 ms for <dir>/release-all or <that name>.release, then writes <that name>.done.
 # "pass": ADD prints its prevResult (or an empty result), every other command prints nothing.
@@ -61,6 +62,11 @@ def main() -> int:
             "container_id": os.environ.get("CNI_CONTAINERID", ""),
             "ifname": os.environ.get("CNI_IFNAME", ""),
         }
+        for stale in (".release", ".done"):  # of an earlier call of the same command and pod
+            try:
+                os.unlink(base + stale)
+            except FileNotFoundError:
+                pass
         tmp = f"{base}.pid.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             f.write(json.dumps(info))
@@ -147,11 +153,14 @@ class BlockControl:
     def wait_blocked(
         self, command: str, container_id: str | None = None, *, timeout: float = 30.0
     ) -> Blocked:
-        """The first call of `command` (for `container_id`) that is blocked; fails after `timeout`."""
+        """The first call of `command` (for `container_id`) that is blocked now (not one that was
+        released or killed before); fails after `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
             for b in self.blocked():
-                if b.command == command and (container_id is None or b.container_id == container_id):
+                if b.command != command or (container_id is not None and b.container_id != container_id):
+                    continue
+                if b.alive() and not self.done(b) and not self.released(b):
                     return b
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {command} blocked in {self.dir} after {timeout} s: {self.blocked()}")
@@ -162,6 +171,9 @@ class BlockControl:
 
     def release_all(self) -> None:
         (self.dir / "release-all").touch()
+
+    def released(self, blocked: Blocked) -> bool:
+        return os.path.exists(blocked.base + ".release") or (self.dir / "release-all").exists()
 
     def done(self, blocked: Blocked) -> bool:
         return os.path.exists(blocked.base + ".done")

@@ -9,6 +9,7 @@ naming the pod, so a failing test says which pod and what is wrong.
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -59,3 +60,13 @@ def whole_problems(pod: RuntimePod, interfaces: Iterable[str]) -> list[str]:
 def ip_of(pod: RuntimePod, ifname: str = "eth0") -> str:
     """The address of `ifname` in the pod's netns (the first), without prefix."""
     return str(ipaddress.ip_interface(pod_interfaces(pod.netns)[ifname][0]).ip)
+
+
+def reaches(pod: RuntimePod, ip: str) -> bool:
+    """One ping from inside `pod`'s netns to `ip` (a pod of the same test bridge) answered."""
+    proc = subprocess.run(
+        ["nsenter", f"--net={pod.netns}", "ping", "-c", "1", "-W", "2", ip],
+        capture_output=True,
+        timeout=10,
+    )
+    return proc.returncode == 0
