@@ -85,8 +85,3 @@ class PodLedger:
             for pod_id in list(self.unconfirmed):
                 if pod_id not in still_valid and pod_id not in attached:
                     del self.unconfirmed[pod_id]
-
-    def repair_candidates(self, every_listed_pod: bool) -> list[PodInfo]:
-        if every_listed_pod:
-            return [p for p in self.pods.values() if p.netns]
-        return list(self.repair.values())

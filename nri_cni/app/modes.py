@@ -6,7 +6,8 @@
 | the NRI answer carries the networks       | no         | no                         | yes        |
 | eth0 (the primary network) is nri-cni's   | yes        | no: the runtime's network  | yes        |
 | where the primary's result comes from     | our ADD    | the runtime's libcni cache | our ADD    |
-| repair after Synchronize attaches         | pods whose attach failed | every listed pod | every listed pod |
+| the runtime's pod IPs are nri-cni's       | yes (eth0's) | no: its own network's      | yes (all)  |
+| verify adds a network a pod lacks         | yes (asking the runtime's IP) | yes  | no: "missed" |
 
 StopPodSandbox detaches in every mode. This module (and config parsing) are the only places
 that read the mode's name.
@@ -37,8 +38,15 @@ class Mode(Protocol):
         ...
 
     @property
-    def repairs_listed_pods(self) -> bool:
-        """Repair attaches every pod the runtime lists (else: the ones whose attach failed)."""
+    def runtime_reports_our_ips(self) -> bool:
+        """The IPs the runtime reports for a pod (PodSandbox.ips) came from nri-cni's answer:
+        the shim's ADD (eth0's), or the RunPodSandbox answer (native)."""
+        ...
+
+    @property
+    def adds_behind_runtime(self) -> bool:
+        """Verify may ADD a network a listed pod lacks. Not in native mode: the runtime learns a
+        pod's IPs only from the RunPodSandbox answer, so such a pod is reported "missed"."""
         ...
 
     @property
@@ -65,7 +73,8 @@ class ShimMode:
     name: str = "shim"
     attaches_on_run: bool = False
     answers_run_pod: bool = False
-    repairs_listed_pods: bool = False
+    runtime_reports_our_ips: bool = True
+    adds_behind_runtime: bool = True
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
@@ -82,7 +91,8 @@ class NativeMode:
     name: str = "native"
     attaches_on_run: bool = True
     answers_run_pod: bool = True
-    repairs_listed_pods: bool = True
+    runtime_reports_our_ips: bool = True
+    adds_behind_runtime: bool = False
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
@@ -100,7 +110,8 @@ class SecondaryMode:
     name: str = "secondary"
     attaches_on_run: bool = True
     answers_run_pod: bool = False
-    repairs_listed_pods: bool = True
+    runtime_reports_our_ips: bool = False
+    adds_behind_runtime: bool = True
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nri_cni.app.ledger import PodLedger
 from nri_cni.app.modes import Mode, mode_for
-from nri_cni.app.podstate import HealthBook
+from nri_cni.app.podstate import HealthBook, PodHealth
+from nri_cni.app.verify import Verifier
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import NriCniError
@@ -51,6 +51,9 @@ class PodService:
         self.ledger = ledger or PodLedger()
         self.locks = locks or PodLocks()
         self.health = HealthBook()  # each pod's verdict from the last verify (podstate.py)
+        self.verifier = Verifier(
+            cfg, mode, plan=plan, ledger=self.ledger, locks=self.locks, health=self.health
+        )
         self._background: set[asyncio.Task[None]] = set()
 
     def reconfigure(self, cfg: Config) -> None:
@@ -58,6 +61,7 @@ class PodService:
         self.cfg = cfg
         self.mode = mode_for(cfg)
         self.plan.reconfigure(cfg)
+        self.verifier.configure(cfg, self.mode)
 
     async def close(self) -> None:
         """Stops the background work (GC and repair after a Synchronize)."""
@@ -65,6 +69,7 @@ class PodService:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.verifier.close()
 
     # -- pod operations ----------------------------------------------------------------------
 
@@ -93,6 +98,7 @@ class PodService:
         finally:
             self.ledger.gone(pod.id)
             self.health.forget(pod.id)
+            self.verifier.forget(pod.id)
 
     async def _detach(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
@@ -118,9 +124,11 @@ class PodService:
         self._spawn(self._after_sync(), "after-sync")
 
     async def _after_sync(self) -> None:
-        await self.gc(reason="synchronize")
-        if self.cfg.repair_on_sync:
-            await self.repair()
+        try:
+            await self.gc(reason="synchronize")
+        finally:  # a GC that failed still leaves the pods to verify
+            if self.cfg.repair_on_sync and self.cfg.repair != "off":
+                await self.verify()
 
     async def gc(self, reason: str) -> GcReport:
         """GC against the ledger's valid pods; refused before the runtime's first pod list."""
@@ -146,29 +154,28 @@ class PodService:
         async with self.locks.exclusive():
             return await self.plan.collect_garbage(set(valid()))
 
+    async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
+        """One verify round (app/verify.py): every pod the runtime lists running with a netns,
+        or only `pod_id` (NriCniError when the runtime does not list it); `check` forces CNI
+        CHECK of every attachment verified. Verdicts go to `self.health`, what differs is
+        repaired per `repair`; each pod's part runs under its lock. Returns the verdicts."""
+        return await _detached(self.verifier.run(pod_id, check=check))
+
     async def repair(self) -> None:
-        """Attach what running pods lack (nri-cni was down when they started, or a failed
-        attachment was kept for retry)."""
-        for pod in self.ledger.repair_candidates(self.mode.repairs_listed_pods):
-            if pod.id not in self.ledger.pods or not pod.netns or not os.path.exists(pod.netns):
-                self.ledger.repair.pop(pod.id, None)
-                continue
-            try:
-                answer = await self.attach(pod)
-            except NriCniError as exc:
-                log.error("repair of pod %s failed: %s", pod.label(), exc)
-                self.ledger.needs_repair(pod)
-                continue
-            self.ledger.repair.pop(pod.id, None)
-            if answer.attachments:
-                log.debug("pod %s is fully attached", pod.label())
+        """A verify round, which repairs per `repair` (the name of the pre-verify entry point)."""
+        await self.verify()
 
     async def upkeep(self, runtime_connected: bool) -> None:
-        """The GC timer: GC while the runtime's pod list is current, retry failed repairs."""
+        """The GC timer: GC while the runtime's pod list is current, retry failed attaches."""
         if self.ledger.synced and runtime_connected:
             await self.gc(reason="timer")
-        if self.ledger.repair:
-            await self.repair()
+        if self.ledger.repair and self.cfg.repair == "on":
+            await self.verify()
+
+    async def verify_tick(self, runtime_connected: bool) -> None:
+        """The verify timer: a round while the runtime's pod list is current."""
+        if self.ledger.synced and runtime_connected:
+            await self.verify()
 
     async def reap(self) -> None:
         """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9

@@ -124,6 +124,12 @@ class Config:
     status_interval: float = 30.0
     refuse_when_not_ready: bool = False
     repair_on_sync: bool = True
+    # #17: verify every pod's networks against the node (netlink) every `verify_interval`
+    # seconds, with the chain's CNI CHECK every `verify_check_every` rounds; `repair`: "on"
+    # (repair what differs), "verify-only" (report it, touch nothing), "off" (no verify timer)
+    verify_interval: float = 30.0
+    verify_check_every: int = 10
+    repair: str = "on"
     metrics_listen: str = ""
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     reload: ReloadSettings = field(default_factory=ReloadSettings)

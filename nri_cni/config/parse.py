@@ -57,6 +57,8 @@ _TOP_KEYS = {
     "gc",
     "status",
     "repair_on_sync",
+    "verify",
+    "repair",
     "metrics",
     "lifecycle",
     "reload",
@@ -135,6 +137,8 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     r.unknown_keys(gc, {"interval"}, "gc")
     status = r.section(data, "status")
     r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
+    verify = r.section(data, "verify")
+    r.unknown_keys(verify, {"interval", "check_every"}, "verify")
     metrics = r.section(data, "metrics")
     r.unknown_keys(metrics, {"listen", "max_connections", "timeout"}, "metrics")
     metrics_server = MetricsServerSettings(
@@ -202,6 +206,9 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         status_interval=r.duration(status, "interval", 30.0, "status"),
         refuse_when_not_ready=r.boolean(status, "refuse_when_not_ready", False, "status"),
         repair_on_sync=r.boolean(data, "repair_on_sync", True, ""),
+        verify_interval=r.duration(verify, "interval", 30.0, "verify"),
+        verify_check_every=r.integer(verify, "check_every", 10, "verify", low=1, high=10000),
+        repair=r.string(_repair_value(data), "repair", "on", "", choices=REPAIR_CHOICES),
         metrics_listen=metrics_listen,
         lifecycle=lifecycle_settings,
         reload=reload_settings,
@@ -213,6 +220,17 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     if r.errors:
         raise ConfigErrors(r.errors)
     return cfg
+
+
+REPAIR_CHOICES = ("on", "off", "verify-only")
+
+
+def _repair_value(data: dict) -> dict:
+    """`repair: on` / `repair: off` unquoted are YAML 1.1 booleans: read them as the words."""
+    value = data.get("repair")
+    if isinstance(value, bool):
+        return {"repair": "on" if value else "off"}
+    return data
 
 
 def _local_listen(value: str) -> bool:

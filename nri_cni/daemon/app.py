@@ -152,12 +152,18 @@ class Daemon:
 
     @contextlib.asynccontextmanager
     async def _timers(self, cfg: Config) -> AsyncIterator[None]:
-        """STATUS, the netns reaper, GC (with the repair retries), systemd's READY."""
+        """STATUS, the netns reaper, GC (with the repair retries), verify, systemd's READY."""
 
         async def upkeep() -> None:
             await self.pods.upkeep(runtime_connected=self.stub.synchronized.is_set())
 
+        async def verify() -> None:
+            await self.pods.verify_tick(runtime_connected=self.stub.synchronized.is_set())
+
+        # repair: off switches the verify timer off (verify on demand still reports)
+        verify_interval = cfg.verify_interval if cfg.repair != "off" else 0.0
         tasks = [
+            asyncio.create_task(_every(verify_interval, verify)),
             asyncio.create_task(_every(cfg.status_interval, self.readiness.refresh)),
             asyncio.create_task(_every(cfg.status_interval, self.pods.reap)),
             asyncio.create_task(_every(cfg.gc_interval, upkeep)),

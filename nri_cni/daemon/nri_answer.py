@@ -31,6 +31,7 @@ def pod_info(pod: nri_pb2.PodSandbox) -> PodInfo:
         uid=pod.uid,
         netns=netns,
         annotations=dict(pod.annotations),
+        ips=tuple(pod.ips),
     )
 
 

@@ -76,7 +76,7 @@ class Attacher:
     ) -> PodNetworks:
         await self._undo_abandoned(pod, record)
         async with self._leases(pod, selected):  # waits for INIT
-            return await self._attach(pod, selected, request.runtime_caps, record, runtime_primary)
+            return await self._attach(pod, selected, request, record, runtime_primary)
 
     def _leases(self, pod: PodInfo, selected: list[Selected]) -> AbstractAsyncContextManager[None]:
         """Leases on the generations this ADD will use (docs/lifecycle.md): INIT has run
@@ -107,7 +107,7 @@ class Attacher:
         self,
         pod: PodInfo,
         selected: list[Selected],
-        runtime_caps: dict[str, Any],
+        request: AttachRequest,
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
     ) -> PodNetworks:
@@ -126,12 +126,16 @@ class Attacher:
         for index, sel in enumerate(selected):
             caps = dict(sel.capability_args)
             if index == 0:
-                caps = {**runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
+                caps = {**request.runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
+            args = pod.cni_args()
+            wanted = request.ips.get(_key(sel))
+            if wanted:
+                args, caps = ask_for_ips(args, caps, wanted)
             rt = RuntimeConf(
                 container_id=pod.id,
                 netns=pod.netns,
                 ifname=sel.ifname,
-                args=pod.cni_args(),
+                args=args,
                 capability_args=caps,
             )
             confs[_key(sel)] = (sel.network.conflist, rt)
@@ -258,6 +262,17 @@ def _primary_conf(
         capability_args=dict(entry.capability_args),
     )
     return net, rt, parse_result(entry.result)
+
+
+def ask_for_ips(
+    args: list[tuple[str, str]], caps: dict[str, Any], ips: Sequence[str]
+) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """An ADD that asks the IPAM for these addresses: CNI_ARGS `IP=a,b` (host-local, static) and
+    the `ips` capability (runtimeConfig, given only to plugins that declare it). Both are
+    asked: host-local honours either and counts an address asked twice once."""
+    plain = ",".join(ip.split("/", 1)[0] for ip in ips)
+    args = [(k, v) for k, v in args if k != "IP"] + [("IP", plain)]
+    return args, {**caps, "ips": list(ips)}
 
 
 def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:

@@ -26,6 +26,9 @@ class PodInfo:
     uid: str = ""
     netns: str = ""  # "" for host-network pods, or once the runtime removed it
     annotations: dict[str, str] = field(default_factory=dict)
+    # the IPs the runtime reports for the pod (NRI PodSandbox.ips: shim mode, what the runtime's
+    # CNI call returned; native mode, what nri-cni's RunPodSandbox answer gave it); () unknown
+    ips: tuple[str, ...] = ()
 
     @property
     def host_network(self) -> bool:
@@ -81,6 +84,10 @@ class AttachRequest:
 
     runtime_caps: dict[str, Any] = field(default_factory=dict)  # port mappings, bandwidth...: to the primary
     primary_ifname: str = ""  # the primary's interface name, as the runtime asked for it
+    # (network, ifname) -> the addresses its ADD asks the IPAM for (a repair: the same IPs again),
+    # as CNI_ARGS `IP=` and the `ips` capability; plain or with a prefix length
+    ips: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    op: str = "add"  # the operation record's name ("repair" for a repair's ADD)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class OpRecord:
     plugins: list[dict[str, Any]] = field(default_factory=list)
     error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
     failures: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # op-specific fields (a repair: "wrong", "asked")
 
     def fail(self, exc: NriCniError) -> None:
         """One more failure of this operation; the first one is kept."""
@@ -70,6 +71,7 @@ class OpRecord:
             "networks": self.networks,
             "plugins": self.plugins,
             "result": "error" if self.error is not None else "ok",
+            **self.extra,
         }
         if self.error is not None:
             line["error"] = str(self.error)

@@ -106,6 +106,11 @@ class PodPlan:
             selected[0] = Selected(selected[0].network, request.primary_ifname, selected[0].capability_args)
         return selected
 
+    def expected(self, pod: PodInfo, primary: PrimaryNetwork) -> list[Selected]:
+        """The networks the pod should have by the current config and its annotation (verify):
+        no record, nothing changed. Raises NriCniError when the config refuses the pod."""
+        return select_networks(self.cfg, pod.namespace, pod.annotations, primary=primary)
+
     async def attach(
         self,
         pod: PodInfo,
@@ -113,7 +118,7 @@ class PodPlan:
         request: AttachRequest,
         runtime_primary: RuntimePrimary | None = None,
     ) -> Attached:
-        record = OpRecord("add", pod)
+        record = OpRecord(request.op, pod)
         try:
             answer = await self.attacher.attach(pod, selected, request, record, runtime_primary)
             return Attached(answer, new=bool(record.networks))

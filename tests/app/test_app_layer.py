@@ -67,10 +67,14 @@ def test_each_mode_answers_the_questions_once(tmp_path):
         isinstance(shim, ShimMode) and isinstance(native, NativeMode) and isinstance(secondary, SecondaryMode)
     )
     flags = [
-        (m.attaches_on_run, m.answers_run_pod, m.primary.ours, m.repairs_listed_pods)
+        (m.attaches_on_run, m.answers_run_pod, m.primary.ours, m.runtime_reports_our_ips, m.adds_behind_runtime)
         for m in (shim, native, secondary)
     ]
-    assert flags == [(False, False, True, False), (True, True, True, True), (True, False, False, True)]
+    assert flags == [
+        (False, False, True, True, True),
+        (True, True, True, True, False),
+        (True, False, False, False, True),
+    ]
     assert native.primary == PrimaryNetwork("podnet", ours=True)
     pod = PodInfo("p" * 64, netns="/run/netns/x")
     assert shim.runtime_primary(pod) is None and native.runtime_primary(pod) is None

@@ -1,0 +1,177 @@
+"""repair: make one pod's damaged attachments true again, with the same IPs (issue 17).
+
+The caller (the pod service's verify, nri_cni/app/verify.py) holds the pod's lock and has decided
+what is wrong. A repair DELs each damaged attachment from its cache entry (the config it was made
+with: a reload since does not change it), then ADDs what the pod lacks asking the IPAM for the
+addresses it had (CNI_ARGS `IP=` and the `ips` capability: attach.ask_for_ips), then FINALIZEs
+all of the pod's networks: the attach path does the ADDs, with its intent record and its rollback.
+An address another pod's attachment holds is never asked for (`IpTaken`, before anything is
+touched); an IPAM that refuses it fails the ADD with an error naming the address (`IpTaken` too).
+
+One operation record `"op":"repair"` per repair: what was wrong (`wrong`), what was done (the
+steps, and `asked` for the addresses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.runtime import RuntimeConf
+from nri_cni.errors import CniCode, CNIError, NriCniError, PodError
+from nri_cni.pod.detach import attach_order
+from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimary
+from nri_cni.pod.oprecord import OpRecord
+from nri_cni.pod.plan import PodPlan
+from nri_cni.pod.select import Selected
+
+Key = tuple[str, str]  # (network, ifname)
+
+
+class IpTaken(PodError):
+    """The address a repair must ask for belongs to another pod (or the IPAM refused it)."""
+
+    def __init__(self, msg: str, address: str, holder: str = "") -> None:
+        super().__init__(msg)
+        self.address = address
+        self.holder = holder  # the pod id holding it, when known
+
+
+def plain(address: str) -> str:
+    return address.split("/", 1)[0]
+
+
+def result_ips(entry: CacheEntry) -> tuple[str, ...]:
+    """The addresses (with prefix) an attachment's cached result holds, in its order."""
+    result = entry.result or {}
+    out = [ip["address"] for ip in result.get("ips") or [] if isinstance(ip, dict) and ip.get("address")]
+    for old in ("ip4", "ip6"):  # results of 0.1.0/0.2.0
+        value = result.get(old)
+        if isinstance(value, dict) and value.get("ip"):
+            out.append(value["ip"])
+    return tuple(out)
+
+
+def ip_holders(entries: Iterable[CacheEntry]) -> dict[str, str]:
+    """address (plain) -> the pod whose attachment holds it, from the cache."""
+    return {plain(ip): e.container_id for e in entries for ip in result_ips(e)}
+
+
+def repair_selection(
+    selected: Sequence[Selected], entries: Sequence[CacheEntry], damaged: Iterable[Key]
+) -> list[Selected]:
+    """The networks a repair ADDs or keeps, in the pod's order: each that has an attachment with
+    the config and capability arguments it was made with (the port mappings the runtime gave
+    its ADD are in no config), then damaged ones the config no longer names (from the cache)."""
+    by_key = {(e.network_name, e.ifname): e for e in entries}
+    out = []
+    for sel in selected:
+        entry = by_key.pop((sel.network.name, sel.ifname), None)
+        out.append(sel if entry is None else _from_cache(sel, entry))
+    for key in damaged:
+        entry = by_key.get(key)
+        if entry is not None:
+            out.append(_from_cache(None, entry))
+    return out
+
+
+def _from_cache(sel: Selected | None, entry: CacheEntry) -> Selected:
+    net = parse_conflist(entry.config, source=f"cache:{entry.path}")
+    if sel is not None:
+        spec = dataclasses.replace(sel.network, conflist=net)
+    else:
+        from nri_cni.config import NetworkSpec  # lazy: only a network gone from the config
+
+        spec = NetworkSpec(name=entry.network_name, conflist=net)
+    return Selected(spec, entry.ifname, dict(entry.capability_args))
+
+
+async def repair(
+    plan: PodPlan,
+    pod: PodInfo,
+    *,
+    selected: Sequence[Selected],
+    damaged: Sequence[CacheEntry],
+    ips: Mapping[Key, tuple[str, ...]],
+    wrong: Sequence[str],
+    runtime_primary: RuntimePrimary | None = None,
+) -> PodNetworks:
+    """DEL `damaged`, ADD what `selected` lacks asking for `ips`, FINALIZE all. The caller holds
+    the pod's lock. Raises IpTaken (nothing touched, or the IPAM refused) or NriCniError."""
+    record = OpRecord("repair", pod)
+    record.extra = {"wrong": list(wrong), "asked": {f"{n}/{i}": list(a) for (n, i), a in ips.items()}}
+    try:
+        holders = ip_holders(e for e in plan.cached() if e.container_id != pod.id)
+        for addresses in ips.values():
+            for address in addresses:
+                holder = holders.get(plain(address))
+                if holder is not None:
+                    raise IpTaken(
+                        f"pod {pod.label()}: its address {plain(address)} now belongs to pod {holder[:12]}",
+                        plain(address),
+                        holder,
+                    )
+        for entry in reversed(attach_order(list(damaged))):
+            t0 = time.perf_counter()
+            await plan.rollback.delete_entry(entry, netns=pod.netns)
+            record.step(entry.network_name, entry.ifname, "del", t0)
+        request = AttachRequest(ips=dict(ips), op="repair")
+        try:
+            return await plan.attacher.attach(pod, list(selected), request, record, runtime_primary)
+        except NriCniError as exc:
+            refused = _refused_address(exc, ips.values())
+            if refused:
+                raise IpTaken(
+                    f"pod {pod.label()}: the IPAM refused its address {refused}: {exc}", refused
+                ) from exc
+            raise
+    except NriCniError as exc:
+        record.fail(exc)
+        raise
+    finally:
+        plan.oplog.emit(record)
+
+
+def _refused_address(exc: NriCniError, asked: Iterable[tuple[str, ...]]) -> str:
+    """The asked-for address an ADD's error names (host-local: "requested IP address X is not
+    available in range set ..."): the IPAM would not give it."""
+    text = _full_text(exc)
+    for addresses in asked:
+        for address in addresses:
+            if plain(address) in text:
+                return plain(address)
+    return ""
+
+
+def _full_text(exc: BaseException) -> str:
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 8:
+        parts.append(str(seen))
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return " ".join(parts)
+
+
+async def check_entry(plan: PodPlan, entry: CacheEntry, netns: str) -> str:
+    """CNI CHECK of one attachment with its cached result: "" when it passes (or the chain
+    cannot be checked: before 0.4.0, disableCheck), else the plugin's error."""
+    net = parse_conflist(entry.config, source=f"cache:{entry.path}")
+    rt = RuntimeConf(
+        container_id=entry.container_id,
+        netns=netns or entry.netns,
+        ifname=entry.ifname,
+        args=list(entry.cni_args),
+        capability_args=dict(entry.capability_args),
+    )
+    try:
+        await plan.cni.check(net, rt)
+    except CNIError as exc:
+        if exc.cni_code == CniCode.INCOMPATIBLE_VERSION and exc.ref.command == "CHECK" and not exc.ref.plugin:
+            return ""  # the config's version has no CHECK: nothing to learn
+        return str(exc)
+    except NriCniError as exc:
+        return str(exc)
+    return ""
