@@ -67,7 +67,13 @@ def test_each_mode_answers_the_questions_once(tmp_path):
         isinstance(shim, ShimMode) and isinstance(native, NativeMode) and isinstance(secondary, SecondaryMode)
     )
     flags = [
-        (m.attaches_on_run, m.answers_run_pod, m.primary.ours, m.runtime_reports_our_ips, m.adds_behind_runtime)
+        (
+            m.attaches_on_run,
+            m.answers_run_pod,
+            m.primary.ours,
+            m.runtime_reports_our_ips,
+            m.adds_behind_runtime,
+        )
         for m in (shim, native, secondary)
     ]
     assert flags == [
