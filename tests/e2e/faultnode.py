@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import threading
 import time
 import uuid
@@ -110,9 +111,18 @@ def wait_resynchronized(daemon: NriCni, count: int, timeout: float = 30) -> None
         time.sleep(0.02)
 
 
+BROKEN_LINE = re.compile(r" id=([0-9a-f]+) is broken \(([a-z-]+)\): ")
+
+
 def broken_by_name(daemon: NriCni) -> dict[str, str]:
-    """pod id -> the code of its "broken" verdict, as `nri-cni status` names them."""
-    return {b["pod"]: b["code"] for b in daemon.status().get("broken", [])}
+    """pod id -> the code of its "broken" verdict: what `nri-cni status` names ("broken"), or,
+    from a daemon whose status does not carry that field, the one log line the verify writes
+    as a pod enters the state (issue 17: a log line naming the pod and the reason)."""
+    st = daemon.status()
+    if "broken" in st:
+        return {b["pod"]: b["code"] for b in st["broken"]}
+    text = daemon.log_path.read_text(errors="replace")
+    return {m.group(1): m.group(2) for m in BROKEN_LINE.finditer(text)}
 
 
 def node_truth(rnode: RecoveryNode, interfaces=("eth0",), allowed=("ip-taken",)) -> list[str]:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.e2e.faultnode import broken_by_name
 from tests.e2e.test_recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
 from tests.support.damage import KINDS, damage, damage_left
 from tests.support.podtruth import RuntimePod, pod_interfaces, reaches, whole_problems
@@ -48,13 +49,13 @@ def _repaired_within_a_period(rnode: RecoveryNode, pods, before, ifname: str, in
         if not problems:
             return time.monotonic() - t0
         if time.monotonic() - t0 > PERIOD + REPAIR_TIME:
-            broken = rnode.daemon.status().get("broken", [])
+            broken = broken_by_name(rnode.daemon)
             raise AssertionError(f"{problems}\nbroken: {broken}\n{rnode.daemon.log_tail(60)}")
         time.sleep(0.05)
 
 
 def _after_the_repair(rnode: RecoveryNode, pods, damaged, ifname: str, checker, warm: str) -> None:
-    assert rnode.daemon.status().get("broken", []) == []
+    assert broken_by_name(rnode.daemon) == {}
     repaired = {op["podId"] for op in rnode.daemon.op_lines() if op["op"] == "repair"}
     assert {p.id for p in damaged} <= repaired, "every repair writes an operation record"
     a, b = pods

@@ -14,6 +14,7 @@ cache entry (still there) is what the repeated stop deletes.
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -22,6 +23,9 @@ import pytest
 
 from tests.e2e.test_recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
 from tests.plugins.block_plugin import Blocked
+from tests.support.damage import damage_left
+from tests.support.netns import delete_link
+from tests.support.podtruth import pod_interfaces
 
 pytestmark = pytest.mark.e2e
 
@@ -33,10 +37,10 @@ def _victim_name() -> str:
 class Scene:
     """A node with a survivor pod (fully attached before the fault) and a leak baseline."""
 
-    def __init__(self, rnode: RecoveryNode, podnet: dict) -> None:
+    def __init__(self, rnode: RecoveryNode, podnet: dict, **extra) -> None:
         self.rnode = rnode
         self.ctd = rnode.start_containerd()
-        self.cfg = rnode.daemon_config([podnet, rnode.fastnet()])
+        self.cfg = rnode.daemon_config([podnet, rnode.fastnet()], **extra)
         rnode.start_daemon(self.cfg)
         self.survivor = rnode.run_pod("survivor")
         self.checker = rnode.leak_checker().start()  # the survivor's state is the baseline
@@ -187,4 +191,31 @@ def test_kill9_during_start_up_recovery(rnode):
     scene.kill_while_blocked(recovering)
     scene.restarted()
     assert "rolled back 1 interrupted ADD(s) at start-up" in rnode.daemon.log_tail(400)
+    scene.assert_truth(victim)
+
+
+def test_kill9_while_a_repair_runs(rnode):
+    """Verify finds a pod's eth0 deleted; its repair (DEL, then ADD asking for the same IP) is
+    held in the ADD when nri-cni dies. The next start's verify repairs it again: same IPs."""
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("ADD")])
+    scene = Scene(rnode, podnet, verify={"interval": "1s"})
+    victim = rnode.run_pod(_victim_name())
+    [pod] = [p for p in rnode.runtime_pods() if p.id == victim]
+    scene.checker.add_markers(victim, *pod.ips)
+    scene.checker.learn()
+    before = pod_interfaces(pod.netns)
+    rnode.block.arm()
+    assert delete_link("eth0", pod.netns)  # the damage; the repair's ADD will be held
+    blocked = rnode.block.wait_blocked("ADD", victim)
+    assert [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim] == ["add"]  # in flight
+    scene.kill_while_blocked(blocked)
+    scene.restarted()
+    t0 = time.monotonic()
+    while damage_left(pod, before, ["eth0"], rnode.bridge):  # (read-only polling: the verify round)
+        assert time.monotonic() - t0 < 5, damage_left(pod, before, ["eth0"], rnode.bridge)
+        time.sleep(0.05)
+    assert rnode.not_whole() == []
+    assert "repair" in [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim]
+    assert rnode.intents() == []
+    rnode.remove_pod(victim)
     scene.assert_truth(victim)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.e2e.faultnode import broken_by_name
 from tests.e2e.nricni import NriCni
 from tests.e2e.test_recovery_node import wait_settled
 from tests.pod.conftest import new_pod_id, pod_message, run
@@ -37,7 +38,7 @@ def _repaired_within_a_period(daemon: NriCni, pods, before, bridge: str) -> floa
         if not problems:
             return time.monotonic() - t0
         if time.monotonic() - t0 > PERIOD + REPAIR_TIME:
-            broken = daemon.status().get("broken", [])
+            broken = broken_by_name(daemon)
             raise AssertionError(f"{problems}\nbroken: {broken}\n{daemon.log_tail(60)}")
         time.sleep(0.05)
 
@@ -80,7 +81,7 @@ def test_external_damage_is_repaired_native(node, kind):
 
             took = await asyncio.to_thread(damaged_and_repaired)
             print(f"{kind}: repaired {took:.2f} s after the damage")
-            assert (await asyncio.to_thread(daemon.status)).get("broken", []) == []
+            assert await asyncio.to_thread(broken_by_name, daemon) == {}
             damaged = pods if kind == "bridge-deleted" else pods[:1]
             repaired = {op["podId"] for op in daemon.op_lines() if op["op"] == "repair"}
             assert {p.id for p in damaged} <= repaired

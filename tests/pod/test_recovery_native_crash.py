@@ -16,20 +16,22 @@ import signal
 import pytest
 
 from nri_cni.api import nri_pb2
+from tests.e2e.faultnode import broken_by_name
 from tests.e2e.nricni import NriCni
 from tests.e2e.test_recovery_node import install_ctl, wait_settled
 from tests.plugins.block_plugin import BlockControl, Blocked
 from tests.plugins.block_plugin import install as install_block
 from tests.pod.conftest import new_pod_id, pod_message, run
-from tests.support.netns import delete_netns
+from tests.support.netns import delete_netns, list_links
 from tests.support.nri_runtime import NriRuntime
 from tests.support.podtruth import RuntimePod, whole_problems
 
 pytestmark = pytest.mark.netns
 
-KINDS = ["add", "finalize", "rollback", "del", "gc", "recovery"]
+KINDS = ["add", "add-kept", "finalize", "rollback", "del", "gc", "recovery"]
 BLOCKS = {  # kind -> (network, where the block plugin goes, the commands it holds)
     "add": ("plugins", ["ADD"]),
+    "add-kept": ("plugins", ["ADD"]),
     "finalize": ("finalize_plugins", ["FINALIZE"]),
     "rollback": ("plugins", ["DEL"]),
     "del": ("plugins", ["DEL"]),
@@ -154,6 +156,36 @@ async def _creation_cut(scene: NativeScene, command: str, victim, ns_victim) -> 
     await asyncio.to_thread(delete_netns, ns_victim)
 
 
+async def _created_anyway(scene: NativeScene, victim) -> None:
+    """What a PR #295 runtime does when the plugin dies in RunPodSandbox: it goes on without it
+    and lists the pod running with no IP. After the restart nri-cni must not attach it behind the
+    runtime's back (the runtime would never learn the IPs): it names it broken, "missed"."""
+    scene.block.arm()
+    creation = asyncio.create_task(scene.runtime.run_pod_sandbox(victim))
+    await scene.kill_while_blocked(await scene.wait_blocked("ADD", victim.id))
+    with pytest.raises(Exception):
+        await creation
+    scene.runtime.pods.append(victim)  # running, no IP
+    await scene.start_daemon()
+    deadline = asyncio.get_running_loop().time() + 5  # issue 17: within 5 s of the reconnect
+    while (broken := await asyncio.to_thread(broken_by_name, scene.daemon)) != {victim.id: "missed"}:
+        assert asyncio.get_running_loop().time() < deadline, (broken, scene.daemon.log_tail())
+        await asyncio.sleep(0.05)
+    node = scene.node
+    assert [r for r in node.reservations() if r.container_id == victim.id] == []
+    assert not [f for f in node.cache_dir.glob("results/*") if victim.id in f.name]
+    assert [li.name for li in await asyncio.to_thread(victim_links, victim)] == ["lo"]
+    # the admin deletes the pod (docs/reliability.md); then nothing of it is left
+    await scene.runtime.stop_pod_sandbox(victim)
+    await scene.runtime.remove_pod_sandbox(victim)
+    scene.runtime.pods.remove(victim)
+    await scene.assert_truth(victim.id)
+
+
+def victim_links(victim):
+    return list_links(victim.linux.namespaces[0].path)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_kill9_of_nri_cni_while_a_plugin_runs_native(node, kind):
     scene = NativeScene(node, kind)
@@ -166,6 +198,9 @@ def test_kill9_of_nri_cni_while_a_plugin_runs_native(node, kind):
             scene.checker.add_markers(victim.id)
             if kind in ("add", "finalize"):
                 await _creation_cut(scene, kind.upper(), victim, ns_victim)
+            elif kind == "add-kept":
+                await _created_anyway(scene, victim)
+                return
             elif kind == "rollback":
                 (node.tmp / "ctl" / "add-code").write_text("11")
                 await _creation_cut(scene, "DEL", victim, ns_victim)
