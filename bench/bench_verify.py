@@ -20,6 +20,10 @@ Then, alternating round by round so that drift of the machine hits all alike:
                  threads, pyroute2's helper can deadlock on a lock another thread held at the
                  fork (seen here: the reason the inspector forks nothing)
 
+  service        the daemon's own round, PodService.verify over the same pods with their cache
+                 entries and the runtime's pod list (bench/verify_service.py): records read,
+                 expectations built, netlink, verdicts written
+
 Output: per method the median round time over --rounds rounds (after one warm-up round), the
 per-pod cost, and the ratio of each baseline to `pool`. Goal: `pool` well under 1 s for 500.
 Then the addresses of 5 pods are flushed and one more round must find exactly those 5.
@@ -49,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import verify_service  # noqa: E402
 from nri_cni.gctune import tune_gc  # noqa: E402
 from nri_cni.node import Expectation, NodeInspector  # noqa: E402
 from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, compare  # noqa: E402
@@ -312,7 +317,9 @@ def damage_is_seen(pods: list[FakePod]) -> bool:
     found = {f.expectation.key for f in findings if not f.ok}
     want = {p.netns for p in damaged}
     print(f"damage check: {len(found & want)} of {len(want)} flushed pods found, {len(found - want)} others")
-    return found == want
+    broken = verify_service.broken_after_damage(pods)
+    print(f"service: {len(broken & want)} of {len(want)} flushed pods broken, {len(broken - want)} others")
+    return found == want and broken == want
 
 
 def report(res: dict) -> None:
@@ -331,6 +338,11 @@ def report(res: dict) -> None:
     pool = res["methods"]["pool"]
     verdict = "met" if pool["median_s"] < 1.0 else "NOT met"
     print(f"\ngoal: {res['pods']} pods in < 1 s -> {pool['median_s'] * 1e3:.0f} ms ({verdict})")
+    svc = res["methods"]["service"]
+    verdict = "met" if svc["median_s"] < 1.0 else "NOT met"
+    print(
+        f"goal: PodService.verify of {res['pods']} pods in < 1 s -> {svc['median_s'] * 1e3:.0f} ms ({verdict})"
+    )
 
 
 def main() -> int:
@@ -357,6 +369,11 @@ def main() -> int:
         make_pods(args.pods, made)
         print(f"made {len(made)} pods in {time.perf_counter() - t0:.1f} s")
         res = measure(made, args.rounds, args.fork_sample, args.workers or None)
+        svc = verify_service.measure(made, args.rounds)
+        res["methods"]["service"] = {
+            **svc,
+            "ratio_to_pool": svc["median_s"] / res["methods"]["pool"]["median_s"],
+        }
         bad = {k: v["not_ok"] for k, v in res["methods"].items() if v["not_ok"]}
         if bad:
             print(f"ERROR: intact pods reported as damaged: {bad}", file=sys.stderr)

@@ -26,25 +26,32 @@ class PodLedger:
         # pods the runtime has not listed (yet, or any more) -> (the Synchronize count they
         # are counted from, their netns): valid while that is the last or the one before
         self.unconfirmed: dict[str, tuple[int, str]] = {}
+        # pods the runtime tore down (NRI stop, or its CNI DEL) and has not run or listed
+        # since: verify never attaches them again while their netns lingers
+        self.stopped: set[str] = set()
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
         """The runtime told us about the pod (an NRI pod event). Not yet a confirmation: the
         runtime stores the pod only after the event, so a Synchronize may still miss it."""
         self.pods[pod.id] = pod
+        self.stopped.discard(pod.id)
 
     def attached(self, pod: PodInfo) -> None:
         """An ADD for the pod finished; the runtime lists the pod only later (and a
         Synchronize that comes first must not make it garbage)."""
         self.unconfirmed[pod.id] = (self._syncs, pod.netns)
+        self.stopped.discard(pod.id)
 
     def detached(self, pod_id: str) -> None:
         self.unconfirmed.pop(pod_id, None)
+        self.stopped.add(pod_id)
 
     def gone(self, pod_id: str) -> None:
         self.pods.pop(pod_id, None)
         self.repair.pop(pod_id, None)
         self.unconfirmed.pop(pod_id, None)
+        self.stopped.discard(pod_id)
 
     def needs_repair(self, pod: PodInfo) -> None:
         self.repair[pod.id] = pod
@@ -55,6 +62,7 @@ class PodLedger:
         self._syncs += 1
         for pod_id in self.pods:
             self.unconfirmed.pop(pod_id, None)
+            self.stopped.discard(pod_id)  # listed again: the runtime's word is the newest
         # a pod the runtime had (listed, or an event) that this list misses gets until the next
         # one; a pod nri-cni never saw the runtime have (it was down) does not
         for pod_id, pod in previous.items():

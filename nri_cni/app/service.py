@@ -89,7 +89,6 @@ class PodService:
     async def detach(self, pod: PodInfo) -> None:
         """NRI StopPodSandbox, the shim's DEL: the first does the work, the second finds nothing."""
         await _detached(self._detach(pod))
-        self.ledger.detached(pod.id)
 
     async def remove(self, pod: PodInfo) -> None:
         """NRI RemovePodSandbox: detach again if needed, then forget the pod."""
@@ -102,6 +101,8 @@ class PodService:
 
     async def _detach(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
+            # under the lock: a verify waiting for it must see the runtime tore the pod down
+            self.ledger.detached(pod.id)
             await self.plan.detach(pod)
 
     async def check(self, pod: PodInfo) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from nri_cni.app.ledger import PodLedger
 from nri_cni.app.modes import Mode
 from nri_cni.app.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
-from nri_cni.app.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
+from nri_cni.app.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import Kind, NriCniError
@@ -110,7 +110,11 @@ class Verifier:
                     raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
                 pods = [pod]
             else:
-                pods = [p for p in self.ledger.pods.values() if p.netns and not self.locks.busy(p.id)]
+                pods = [
+                    p
+                    for p in self.ledger.pods.values()
+                    if p.netns and not self.locks.busy(p.id) and p.id not in self.ledger.stopped
+                ]
             self.rounds += 1
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
@@ -185,13 +189,15 @@ class Verifier:
             if pod.id not in self.ledger.pods:
                 return None
             self._retries.pop(pod.id, None)
-            return self.health.ok(pod.id, verdicts_of(c, {}))
+            return self._ok(pod, verdicts_of(c, {}))
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
             pod = self.ledger.pods.get(pod.id) or pod
             if pod.id not in self.ledger.pods or not os.path.exists(pod.netns):
                 return None
+            if pod.id in self.ledger.stopped:
+                return None  # torn down (while the round read it): never attached again
             now = self.plan.cached(pod.id)
             if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
                 c = self._plan(pod, now)  # an operation ran since the round read it
@@ -220,7 +226,7 @@ class Verifier:
         if not wrong:
             self._retries.pop(pod.id, None)
             self.ledger.repair.pop(pod.id, None)
-            return self.health.ok(pod.id, verdicts)
+            return self._ok(pod, verdicts)
         what = "; ".join(wrong)
         if (
             not c.entries
@@ -247,8 +253,15 @@ class Verifier:
         ips = dict(retry.ips)
         for entry in damaged:
             ips.setdefault(key_of(entry), result_ips(entry))
-        if primary is not None and pod.ips and self.mode.runtime_reports_our_ips:
-            ips[primary] = pod.ips  # what the runtime reports is what the repair makes true
+        if (
+            primary is not None
+            and pod.ips
+            and self.mode.runtime_reports_our_ips
+            and self.mode.adds_behind_runtime
+        ):
+            # shim mode: the runtime's IPs are eth0's, and what it reports is what the repair
+            # makes true (native mode's are every network's: each asks for its own, equal ones)
+            ips[primary] = pod.ips
         if mismatch and primary is not None:
             damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
         retry.ips = {k: v for k, v in ips.items() if v}
@@ -343,6 +356,17 @@ class Verifier:
             return self.health.get(pod.id)
         reason = f"{what}; repair failed {retry.failures} times, the last: {error} (retried with backoff)"
         return self._broken(pod, BrokenCode.REPAIR_FAILED, reason, verdicts)
+
+    def _ok(self, pod: PodInfo, verdicts: list[AttachmentVerdict]) -> PodHealth:
+        old = self.health.get(pod.id)
+        if old is not None and old.state is PodState.BROKEN:
+            log.info(
+                "pod %s id=%s is no longer broken (%s): the node agrees again",
+                pod.label(),
+                pod.id,
+                old.code.value if old.code else "",
+            )
+        return self.health.ok(pod.id, verdicts)
 
     def _broken(
         self, pod: PodInfo, code: BrokenCode, reason: str, verdicts: list[AttachmentVerdict]

@@ -39,6 +39,17 @@ log = logging.getLogger("nri_cni.pod")
 Key = tuple[str, str]  # (network, ifname): a pod may ask for one network twice (fast, fast@fast2)
 
 
+def ask_for_ips(
+    args: list[tuple[str, str]], caps: dict[str, Any], ips: Sequence[str]
+) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """An ADD that asks the IPAM for these addresses: CNI_ARGS `IP=a,b` (host-local, static) and
+    the `ips` capability (runtimeConfig, given only to plugins that declare it). Both are
+    asked: host-local honours either and counts an address asked twice once."""
+    plain = ",".join(ip.split("/", 1)[0] for ip in ips)
+    args = [(k, v) for k, v in args if k != "IP"] + [("IP", plain)]
+    return args, {**caps, "ips": list(ips)}
+
+
 class Attacher:
     def __init__(
         self,
@@ -262,17 +273,6 @@ def _primary_conf(
         capability_args=dict(entry.capability_args),
     )
     return net, rt, parse_result(entry.result)
-
-
-def ask_for_ips(
-    args: list[tuple[str, str]], caps: dict[str, Any], ips: Sequence[str]
-) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """An ADD that asks the IPAM for these addresses: CNI_ARGS `IP=a,b` (host-local, static) and
-    the `ips` capability (runtimeConfig, given only to plugins that declare it). Both are
-    asked: host-local honours either and counts an address asked twice once."""
-    plain = ",".join(ip.split("/", 1)[0] for ip in ips)
-    args = [(k, v) for k, v in args if k != "IP"] + [("IP", plain)]
-    return args, {**caps, "ips": list(ips)}
 
 
 def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:

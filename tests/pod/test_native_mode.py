@@ -176,17 +176,24 @@ def test_synchronize_collects_attachments_of_pods_the_runtime_lost(node):
     run(scenario())
 
 
-def test_repair_on_sync_attaches_a_pod_that_started_while_nri_cni_was_down(node):
+def test_a_pod_that_started_while_nri_cni_was_down_is_reported_missed_not_attached(node):
+    """Issue 17: the runtime learns a pod's IPs only from the RunPodSandbox answer; attaching the
+    pod after the fact would give it networks the runtime never reports. It is reported broken
+    "missed", with what the admin does, and nothing is attached."""
     ns = node.jan.netns()
     cfg = node.config("native", _two_networks(node)[:1])
     pod = pod_message(new_pod_id(), ns.path)
 
     async def scenario():
         async with DaemonHarness(node, cfg, pods=[pod]) as h:
-            assert [r.container_id for r in node.reservations()] == [pod.id]
-            assert await asyncio.to_thread(get_link, "eth0", ns) is not None
+            health = h.daemon.pods.health.get(pod.id)
+            assert health is not None and health.state.value == "broken", health
+            assert health.code.value == "missed" and "delete the pod" in health.reason
+            assert node.reservations() == []
+            assert [li.name for li in await asyncio.to_thread(ns.links)] == ["lo"]
             await h.runtime.stop_pod_sandbox(pod)
             await h.runtime.remove_pod_sandbox(pod)
+            assert h.daemon.pods.health.get(pod.id) is None
         assert node.reservations() == []
 
     run(scenario())

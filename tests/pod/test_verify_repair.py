@@ -57,9 +57,14 @@ class World:
             script.chmod(0o755)
             conflist["plugins"].append({"type": "gate", "failFile": str(self.fail_file)})
         networks = [{"name": "podnet", "default": True, "conflist": conflist}]
+        if mode == "secondary":  # the runtime's own eth0 (not made here); podnet is an extra
+            networks[0]["interface"] = "net1"
+            extra.setdefault("primary_network", "runtimenet")
         if mode == "native":
             extra.setdefault("primary_network", "podnet")
-        self.cfg = parse_config(node.config(mode, networks, **extra), str(node.tmp / "config.yaml"))
+        doc = node.config(mode, networks, **extra)
+        doc["cni"]["runtime_cache_dir"] = str(node.tmp / "runtime-cache")  # secondary mode reads it
+        self.cfg = parse_config(doc, str(node.tmp / "config.yaml"))
         self.cni = CNIRuntime([str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20)
         self.svc = PodService(self.cfg, plan=PodPlan(self.cfg, self.cni), mode=mode_for(self.cfg))
         self.pods: list[PodInfo] = []
@@ -101,13 +106,13 @@ def listed_as(pod: PodInfo, *ips: str) -> PodInfo:
     return PodInfo(pod.id, pod.name, pod.namespace, pod.uid, pod.netns, dict(pod.annotations), tuple(ips))
 
 
-def eth0_addrs(pod) -> list[str]:
-    link = get_link("eth0", ns_of(pod))
+def eth0_addrs(pod, ifname: str = "eth0") -> list[str]:
+    link = get_link(ifname, ns_of(pod))
     return [] if link is None else [a.split("/")[0] for a in link.addrs if "." in a]  # IPv4 only
 
 
-async def addrs(pod) -> list[str]:
-    return await asyncio.to_thread(eth0_addrs, pod)
+async def addrs(pod, ifname: str = "eth0") -> list[str]:
+    return await asyncio.to_thread(eth0_addrs, pod, ifname)
 
 
 def host_veth(svc: PodService, pod: PodInfo, bridge: str) -> str:
@@ -205,6 +210,8 @@ def test_pod_listed_with_the_runtimes_ip_and_no_attachment_gets_that_ip(node, po
 
 def test_runtimes_ip_held_by_another_pod_is_never_taken(node, podop_log):
     w = World(node)
+    now = [1000.0]
+    w.svc.verifier.clock = lambda: now[0]
 
     async def scenario():
         victim = await asyncio.to_thread(w.pod)
@@ -226,6 +233,12 @@ def test_runtimes_ip_held_by_another_pod_is_never_taken(node, podop_log):
         await w.svc.verify()  # still broken: no second log line
         lines = [r.getMessage() for r in podop_log.records if "is broken (ip-taken)" in r.getMessage()]
         assert len(lines) == 1
+        # the holder goes: after its backoff the victim gets its own IP back
+        await w.svc.remove(listed_as(holder, ip))
+        w.listed(listed_as(victim, ip))
+        now[0] += 10_000
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.REPAIRED and await addrs(victim) == [ip]
         await w.teardown()
 
     asyncio.run(scenario())
@@ -317,6 +330,26 @@ def test_native_mode_reports_missed_pods_and_attaches_nothing_behind_the_runtime
     asyncio.run(scenario())
 
 
+def test_secondary_mode_repairs_extra_networks_and_attaches_missing_ones(node, podop_log):
+    w = World(node, "secondary")
+
+    async def scenario():
+        attached, missed = await asyncio.to_thread(w.pod), await asyncio.to_thread(w.pod)
+        ip = (await w.svc.attach(attached)).ips()[0]
+        await asyncio.to_thread(ns_of(attached).run, "ip", "link", "del", "net1")
+        w.listed(attached, missed)  # the runtime reports its own network's IPs: none here
+        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        assert verdicts[attached.id].state is PodState.REPAIRED, verdicts[attached.id].to_dict()
+        assert await addrs(attached, "net1") == [ip]
+        # nri-cni was down when `missed` started: its extra network is attached now
+        assert verdicts[missed.id].state is PodState.REPAIRED, verdicts[missed.id].to_dict()
+        assert "podnet/net1: not attached" in verdicts[missed.id].reason
+        assert len(await addrs(missed, "net1")) == 1
+        await w.teardown()
+
+    asyncio.run(scenario())
+
+
 def test_synchronize_runs_gc_then_verify(node, podop_log):
     w = World(node)
 
@@ -334,6 +367,29 @@ def test_synchronize_runs_gc_then_verify(node, podop_log):
         assert await addrs(pod) == [ip]
         with pytest.raises(NriCniError):
             await w.svc.verify("no-such-pod")
+        await w.teardown()
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_the_runtime_tore_down_is_never_attached_again(node, podop_log):
+    """NRI stop (or the runtime's CNI DEL) detaches the pod; its netns lingers until the runtime
+    removes it. Verify must not take the missing attachment for damage and ADD it again."""
+    w = World(node)
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        ip = await w.attach(pod)
+        listed = listed_as(pod, ip)
+        w.listed(listed)
+        await w.svc.detach(listed)
+        assert await w.svc.verify() == []
+        assert await w.svc.verify(pod.id) == []
+        assert w.svc.attachments(pod.id) == [] and node.reservations() == []
+        # listed again by a Synchronize (the runtime says it runs): verify's business again
+        w.listed(listed)
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
         await w.teardown()
 
     asyncio.run(scenario())
