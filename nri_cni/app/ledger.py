@@ -12,6 +12,7 @@ pod event: garbage.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from nri_cni.pod.model import PodInfo
@@ -42,6 +43,14 @@ class PodLedger:
         Synchronize that comes first must not make it garbage)."""
         self.unconfirmed[pod.id] = (self._syncs, pod.netns)
         self.stopped.discard(pod.id)
+
+    def answered(self, pod_id: str, ips: tuple[str, ...]) -> None:
+        """Native mode: nri-cni answered RunPodSandbox with these IPs. The event's PodSandbox
+        carried none (the runtime learns them from the answer); until a Synchronize says what
+        the runtime really took, the answer is the best knowledge of its view."""
+        pod = self.pods.get(pod_id)
+        if pod is not None and not pod.ips:
+            self.pods[pod_id] = dataclasses.replace(pod, ips=ips)
 
     def detached(self, pod_id: str) -> None:
         self.unconfirmed.pop(pod_id, None)

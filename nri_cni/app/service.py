@@ -80,6 +80,8 @@ class PodService:
         selected = self.plan.select(pod, self.mode.primary, request)
         async with self.locks.pod(pod.id):
             attached = await self.plan.attach(pod, selected, request, self.mode.runtime_primary(pod))
+            if self.mode.answers_run_pod:
+                self.ledger.answered(pod.id, tuple(attached.networks.ips()))
             if attached.new:
                 # Still under the pod's lock: a GC waiting for the exclusive lock computes its
                 # valid pods after this, so a pod attached just now is never garbage.

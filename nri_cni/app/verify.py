@@ -242,7 +242,9 @@ class Verifier:
             and not self.mode.adds_behind_runtime
             and (c.missing or mismatch)
         ):
-            return self._broken(pod, BrokenCode.MISSED, self._missed_reason(c, mismatch), verdicts)
+            reason = self._missed_reason(c, mismatch)
+            self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
+            return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
         if self.cfg.repair != "on":
             reason = f"{what} (repair is {self.cfg.repair}: nothing was changed)"
             return self._broken(pod, BrokenCode.REPAIR_OFF, reason, verdicts)

@@ -281,8 +281,9 @@ def test_a_repair_that_keeps_failing_backs_off_then_is_broken(node, podop_log):
     asyncio.run(scenario())
 
 
-def test_verify_only_reports_and_touches_nothing(node, podop_log):
-    w = World(node, repair="verify-only")
+@pytest.mark.parametrize("setting", ["verify-only", "off"])
+def test_verify_only_reports_and_touches_nothing(node, podop_log, setting):
+    w = World(node, repair=setting)
 
     async def scenario():
         pod = await asyncio.to_thread(w.pod)
@@ -291,7 +292,7 @@ def test_verify_only_reports_and_touches_nothing(node, podop_log):
         await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
         (health,) = await w.svc.verify()
         assert health.state is PodState.BROKEN and health.code is BrokenCode.REPAIR_OFF
-        assert "lacks" in health.reason and "verify-only" in health.reason
+        assert "lacks" in health.reason and f"repair is {setting}" in health.reason
         assert await addrs(pod) == []
         assert [v.finding for v in health.attachments] == ["address-missing"]
         assert not [r for r in repair_records(podop_log) if r["op"] == "repair"]
@@ -388,6 +389,51 @@ def test_a_pod_the_runtime_tore_down_is_never_attached_again(node, podop_log):
         assert w.svc.attachments(pod.id) == [] and node.reservations() == []
         # listed again by a Synchronize (the runtime says it runs): verify's business again
         w.listed(listed)
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
+        await w.teardown()
+
+    asyncio.run(scenario())
+
+
+def test_an_ip_the_ipam_refuses_is_reported_taken(node, podop_log):
+    """No cache entry of nri-cni's holds the address, but host-local has it reserved for someone
+    else (another runtime's attachment): the ADD asking for it fails naming it -> ip-taken."""
+    w = World(node)
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        ip = await w.attach(pod)
+        await w.svc.detach(pod)
+        (reserved_dir,) = [d for d in node.ipam_dir.iterdir() if d.is_dir()]
+        outsider = reserved_dir / ip
+        outsider.write_text("someone-else\r\neth0")
+        try:
+            w.listed(listed_as(pod, ip))
+            (health,) = await w.svc.verify()
+            assert health.state is PodState.BROKEN and health.code is BrokenCode.IP_TAKEN, health.to_dict()
+            assert f"the IPAM refused its address {ip}" in health.reason
+            assert await addrs(pod) == [] and w.svc.attachments(pod.id) == []
+        finally:
+            outsider.unlink()
+        await w.teardown()
+
+    asyncio.run(scenario())
+
+
+def test_native_pod_answered_through_run_pod_sandbox_is_verified_against_the_answer(node, podop_log):
+    """RunPodSandbox's PodSandbox carries no IPs (the runtime learns them from the answer): until
+    a Synchronize says otherwise, the pod is judged against what nri-cni answered, not missed."""
+    w = World(node, "native")
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        w.svc.seen(pod)  # the RunPodSandbox event, before the attach
+        ip = await w.attach(pod)
+        assert w.svc.ledger.pods[pod.id].ips == (ip,)
+        (health,) = await w.svc.verify()
+        assert health.state is PodState.OK, health.to_dict()
+        await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
         (health,) = await w.svc.verify()
         assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
         await w.teardown()
