@@ -22,13 +22,14 @@ from tests.e2e.test_recovery_node import install_ctl, wait_settled
 from tests.plugins.block_plugin import BlockControl, Blocked
 from tests.plugins.block_plugin import install as install_block
 from tests.pod.conftest import new_pod_id, pod_message, run
-from tests.support.netns import delete_netns, list_links
+from tests.support.damage import damage_left
+from tests.support.netns import delete_link, delete_netns, list_links
 from tests.support.nri_runtime import NriRuntime
-from tests.support.podtruth import RuntimePod, whole_problems
+from tests.support.podtruth import RuntimePod, pod_interfaces, whole_problems
 
 pytestmark = pytest.mark.netns
 
-KINDS = ["add", "add-kept", "finalize", "rollback", "del", "gc", "recovery"]
+KINDS = ["add", "add-kept", "finalize", "rollback", "del", "gc", "recovery", "repair"]
 BLOCKS = {  # kind -> (network, where the block plugin goes, the commands it holds)
     "add": ("plugins", ["ADD"]),
     "add-kept": ("plugins", ["ADD"]),
@@ -37,6 +38,7 @@ BLOCKS = {  # kind -> (network, where the block plugin goes, the commands it hol
     "del": ("plugins", ["DEL"]),
     "gc": ("plugins", ["GC"]),
     "recovery": ("plugins", ["ADD", "DEL"]),
+    "repair": ("plugins", ["ADD"]),
 }
 
 
@@ -67,7 +69,9 @@ class NativeScene:
         install_ctl(node.bin_dir)
         (node.tmp / "ctl").mkdir()
         self.block = BlockControl(node.tmp / "block")
-        self.cfg = node.config("native", _networks(node, self.block, kind))
+        extra = {"verify": {"interval": "1s"}} if kind == "repair" else {}
+        self.cfg = node.config("native", _networks(node, self.block, kind), **extra)
+        self.bridge = self.cfg["networks"][0]["conflist"]["plugins"][0]["bridge"]
         self.runtime = NriRuntime(
             self.cfg["nri"]["socket"],
             runtime_name="nri-test-double",
@@ -182,6 +186,30 @@ async def _created_anyway(scene: NativeScene, victim) -> None:
     await scene.assert_truth(victim.id)
 
 
+async def _repair_cut(scene: NativeScene, victim) -> None:
+    """Verify finds the victim's eth0 deleted; its repair's ADD is held when nri-cni dies. After
+    the restart's Synchronize the verify repairs it again, with the IPs the runtime reports."""
+    await scene.create(victim)
+    await asyncio.to_thread(scene.checker.learn)
+    pod = RuntimePod(victim.id, victim.linux.namespaces[0].path, tuple(victim.ips))
+    before = await asyncio.to_thread(pod_interfaces, pod.netns)
+    scene.block.arm()
+    assert await asyncio.to_thread(delete_link, "eth0", pod.netns)  # the damage
+    await scene.kill_while_blocked(await scene.wait_blocked("ADD", victim.id))
+    await scene.start_daemon()
+    deadline = asyncio.get_running_loop().time() + 5  # within 5 s of the reconnect
+    while left := await asyncio.to_thread(damage_left, pod, before, ["eth0"], scene.bridge):
+        assert asyncio.get_running_loop().time() < deadline, (left, scene.daemon.log_tail())
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(whole_problems, pod, ["eth0", "net1"]) == []
+    ops = await asyncio.to_thread(scene.daemon.op_lines)
+    assert "repair" in [op["op"] for op in ops if op["podId"] == victim.id]
+    await scene.runtime.stop_pod_sandbox(victim)
+    await scene.runtime.remove_pod_sandbox(victim)
+    scene.runtime.pods.remove(victim)
+    await scene.assert_truth(victim.id)
+
+
 def victim_links(victim):
     return list_links(victim.linux.namespaces[0].path)
 
@@ -200,6 +228,9 @@ def test_kill9_of_nri_cni_while_a_plugin_runs_native(node, kind):
                 await _creation_cut(scene, kind.upper(), victim, ns_victim)
             elif kind == "add-kept":
                 await _created_anyway(scene, victim)
+                return
+            elif kind == "repair":
+                await _repair_cut(scene, victim)
                 return
             elif kind == "rollback":
                 (node.tmp / "ctl" / "add-code").write_text("11")
