@@ -4,7 +4,8 @@
 the kernel's view and returns one `Finding` per attachment; `VerifyPolicy` decides when a round
 also runs the chain's CNI CHECK. This package knows nothing of NRI, the daemon or the pod plan: the
 caller builds the expectations (from its records and the CNI results) and acts on the findings.
-pyroute2 is imported only when a netns is first read (its import costs ~155 ms).
+Netlink is spoken over plain sockets (rtnl.py): pyroute2, ~155 ms and ~10 MiB to import, is not
+loaded by the daemon (tests check the encoding against it).
 """
 
 from nri_cni.node.inspector import NodeInspector

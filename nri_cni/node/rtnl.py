@@ -1,10 +1,12 @@
-"""rtnetlink requests over a plain netlink socket, encoded and decoded by pyroute2's messages.
+"""rtnetlink requests over a plain netlink socket, encoded and decoded here with struct.
 
 Per netns: one RTM_GETLINK per expected interface (a GET by name, without statistics: the kernel
 sends that link only) and one address dump filtered by the kernel to that link. pyroute2's
 `IPRoute` costs ~0.8 ms per netns here (an event loop per instance, every request through asyncio)
-and its `netns=` argument forks a child per socket; this costs ~0.25 ms, Python's decoding of the
-answers most of it.
+and its `netns=` argument forks a child per socket. Its message classes decode the same answers
+correctly but importing them costs ~155 ms and ~10 MiB of the daemon's memory for the life of the
+process: the few fields verify reads (name, MAC, flags, master, kind; address, prefix, scope,
+flags) are decoded here instead, checked against pyroute2's encoding in tests/node.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ import errno
 import ipaddress
 import socket
 import struct
-from collections.abc import Iterable
-from functools import cache
-from types import SimpleNamespace
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView
 
@@ -42,15 +43,6 @@ class NetlinkError(OSError):
     pass
 
 
-@cache
-def _pyroute2() -> SimpleNamespace:
-    # pyroute2's import costs ~155 ms: paid when a netns is first read, never by the shim or the CLI
-    from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # lazy: 155 ms import, only to read a netns
-    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # lazy: 155 ms import, only to read a netns
-
-    return SimpleNamespace(ifinfmsg=ifinfmsg, ifaddrmsg=ifaddrmsg)
-
-
 def open_socket() -> socket.socket:
     """An rtnetlink socket in the calling thread's current netns (where it stays, whoever reads it)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
@@ -67,30 +59,46 @@ def open_socket() -> socket.socket:
     return sock
 
 
-@cache
-def _template(msg_class: type, msg_type: int, flags: int, attrs: tuple = ()) -> bytes:
-    """A request encoded once by pyroute2 (a few kinds in all); `_request` patches the sequence
-    number, the ifaddrmsg's index and an interface name into a copy: a round encodes nothing."""
-    req = msg_class()
-    req["header"]["type"] = msg_type
-    req["header"]["flags"] = flags
-    req["attrs"] = list(attrs)
-    req.encode()
-    return bytes(req.data)
-
-
+IFLA_ADDRESS = 1
+IFLA_IFNAME = 3
+IFLA_MASTER = 10
+IFLA_LINKINFO = 18
+IFLA_INFO_KIND = 1
+IFLA_EXT_MASK = 29
+IFA_ADDRESS = 1
+IFA_FLAGS = 8
+_IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
+_IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
+_NLA = struct.Struct("=HH")  # nlattr: length, type
+_U32 = struct.Struct("=I")
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 _LEN_OFFSET = 0  # nlmsghdr.nlmsg_len
 _SEQ_OFFSET = 8  # nlmsghdr.nlmsg_seq
 _IFA_INDEX_OFFSET = _HEADER.size + 4  # ifaddrmsg: family, prefixlen, flags, scope (u8 each), index
-IFLA_IFNAME = 3
-_NLA = struct.Struct("=HH")  # nlattr: length, type
+
+
+def _attr(kind: int, value: bytes) -> bytes:
+    return _NLA.pack(_NLA.size + len(value), kind) + value + bytes(-len(value) % 4)
+
+
+def _template(msg_type: int, flags: int, body: bytes) -> bytes:
+    """A request: the header (its length and sequence number patched by `_request`), the body."""
+    return _HEADER.pack(_HEADER.size + len(body), msg_type, flags, 0, 0) + body
+
+
+# the two requests a round sends, made once: a link GET without statistics, an address dump
+GETLINK = _template(
+    RTM_GETLINK,
+    NLM_F_REQUEST,
+    _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS)),
+)
+GETADDR_DUMP = _template(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, _IFADDR.pack(0, 0, 0, 0, 0))
 
 
 def _request(template: bytes, seq: int, *, ifa_index: int | None = None, ifname: str | None = None) -> bytes:
     buf = bytearray(template)
     if ifname is not None:  # an IFLA_IFNAME attribute: NUL-terminated, padded to 4 bytes
-        value = ifname.encode() + b"\0"
-        buf += _NLA.pack(_NLA.size + len(value), IFLA_IFNAME) + value + bytes(-len(value) % 4)
+        buf += _attr(IFLA_IFNAME, ifname.encode() + b"\0")
         struct.pack_into("=I", buf, _LEN_OFFSET, len(buf))
     struct.pack_into("=I", buf, _SEQ_OFFSET, seq)
     if ifa_index is not None:
@@ -98,43 +106,106 @@ def _request(template: bytes, seq: int, *, ifa_index: int | None = None, ifname:
     return bytes(buf)
 
 
-def _dump(
-    sock: socket.socket, msg_class: type, msg_type: int, seq: int, *, ifa_index: int | None = None
-) -> list:
-    """Every message of one dump, decoded; asked again (a few times) when the kernel flags the
-    dump as interrupted by a concurrent change."""
-    template = _template(msg_class, msg_type, NLM_F_REQUEST | NLM_F_DUMP)
+def attributes(data: bytes | memoryview, offset: int, end: int) -> Iterator[tuple[int, memoryview]]:
+    """(type, value) of each rtattr in data[offset:end]."""
+    view = memoryview(data)
+    while offset + _NLA.size <= end:
+        length, kind = _NLA.unpack_from(view, offset)
+        if length < _NLA.size or offset + length > end:
+            return  # malformed: what follows cannot be trusted
+        yield kind & _NLA_TYPE_MASK, view[offset + _NLA.size : offset + length]
+        offset += (length + 3) & ~3
+
+
+def _string(value: memoryview) -> str:
+    return bytes(value).split(b"\0", 1)[0].decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class Link:
+    """What verify reads of an RTM_NEWLINK message."""
+
+    index: int
+    flags: int
+    name: str = ""
+    mac: str = ""
+    master: int | None = None
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class Address:
+    """What verify reads of an RTM_NEWADDR message."""
+
+    index: int
+    prefixlen: int
+    scope: int
+    flags: int  # IFA_FLAGS when present (32 bits), else the header's 8
+    address: str = ""
+
+
+def decode_link(msg: memoryview) -> Link:
+    """One RTM_NEWLINK message (header included)."""
+    _family, _type, index, flags, _change = _IFINFO.unpack_from(msg, _HEADER.size)
+    name = mac = kind = ""
+    master = None
+    for kind_, value in attributes(msg, _HEADER.size + _IFINFO.size, len(msg)):
+        if kind_ == IFLA_IFNAME:
+            name = _string(value)
+        elif kind_ == IFLA_ADDRESS:
+            mac = ":".join(f"{b:02x}" for b in bytes(value))
+        elif kind_ == IFLA_MASTER and len(value) >= 4:
+            master = _U32.unpack_from(value)[0]
+        elif kind_ == IFLA_LINKINFO:
+            for sub, inner in attributes(value, 0, len(value)):
+                if sub == IFLA_INFO_KIND:
+                    kind = _string(inner)
+    return Link(index, flags, name, mac, master, kind)
+
+
+def decode_address(msg: memoryview) -> Address:
+    """One RTM_NEWADDR message (header included)."""
+    family, prefixlen, flags, scope, index = _IFADDR.unpack_from(msg, _HEADER.size)
+    address = ""
+    for kind, value in attributes(msg, _HEADER.size + _IFADDR.size, len(msg)):
+        if kind == IFA_ADDRESS:
+            address = str(ipaddress.ip_address(bytes(value))) if len(value) in (4, 16) else ""
+        elif kind == IFA_FLAGS and len(value) >= 4:
+            flags = _U32.unpack_from(value)[0]
+    return Address(index, prefixlen, scope, flags, address)
+
+
+def _dump(sock: socket.socket, seq: int, *, ifa_index: int) -> list[Address]:
+    """Every address of one dump; asked again (a few times) when the kernel flags the dump as
+    interrupted by a concurrent change."""
     for _ in range(_DUMP_ATTEMPTS):
-        sock.send(_request(template, seq, ifa_index=ifa_index))
-        out, interrupted = _receive(sock, msg_class, seq)
+        sock.send(_request(GETADDR_DUMP, seq, ifa_index=ifa_index))
+        out, interrupted = _receive(sock, seq)
         if not interrupted:
-            return out
+            return [decode_address(m) for m in out]
         seq += 1
-    raise NetlinkError(errno.EAGAIN, f"netlink dump {msg_type} kept changing under us")
+    raise NetlinkError(errno.EAGAIN, f"netlink dump {RTM_GETADDR} kept changing under us")
 
 
-def _get_link(sock: socket.socket, ifname: str, seq: int):
+def _get_link(sock: socket.socket, ifname: str, seq: int) -> Link | None:
     """One link by name (a GET, not a dump: only that link is encoded and decoded), or None."""
-    template = _template(
-        _pyroute2().ifinfmsg, RTM_GETLINK, NLM_F_REQUEST, (("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS),)
-    )
-    sock.send(_request(template, seq, ifname=ifname))
+    sock.send(_request(GETLINK, seq, ifname=ifname))
     try:
-        out, _ = _receive(sock, _pyroute2().ifinfmsg, seq, single=True)
+        out, _ = _receive(sock, seq, single=True)
     except NetlinkError as exc:
         if exc.errno == errno.ENODEV:
             return None
         raise
-    return out[0] if out else None
+    return decode_link(out[0]) if out else None
 
 
-def _receive(sock: socket.socket, msg_class: type, seq: int, *, single: bool = False) -> tuple[list, bool]:
+def _receive(sock: socket.socket, seq: int, *, single: bool = False) -> tuple[list[memoryview], bool]:
     """The answer to request `seq`: a dump's messages up to NLMSG_DONE, or (`single`) the one
     message a GET returns. An NLMSG_ERROR with a code raises NetlinkError."""
-    out: list = []
+    out: list[memoryview] = []
     interrupted = False
     while True:
-        data = sock.recv(1 << 16)
+        data = memoryview(sock.recv(1 << 16))
         offset = 0
         while offset + _HEADER.size <= len(data):
             length, mtype, flags, mseq, _pid = _HEADER.unpack_from(data, offset)
@@ -149,9 +220,7 @@ def _receive(sock: socket.socket, msg_class: type, seq: int, *, single: bool = F
                     if code:
                         raise NetlinkError(-code, f"netlink: {errno.errorcode.get(-code, -code)}")
                     return out, interrupted
-                msg = msg_class(data[offset : offset + length])
-                msg.decode()
-                out.append(msg)
+                out.append(data[offset : offset + length])
                 if single:
                     return out, interrupted
             offset += (length + 3) & ~3
@@ -159,33 +228,28 @@ def _receive(sock: socket.socket, msg_class: type, seq: int, *, single: bool = F
 
 def read_view(sock: socket.socket, netns: str, ifnames: Iterable[str]) -> NetnsView:
     """The links `ifnames` of the netns `sock` lives in, and their addresses."""
-    pr = _pyroute2()
     view = NetnsView(netns=netns)
     for seq, ifname in enumerate(dict.fromkeys(ifnames), start=1):
-        msg = _get_link(sock, ifname, seq)
-        if msg is None:
+        link = _get_link(sock, ifname, seq)
+        if link is None:
             continue
-        flags = msg["flags"]
         view.links[ifname] = LinkState(
-            index=msg["index"],
+            index=link.index,
             name=ifname,
-            mac=(msg.get_attr("IFLA_ADDRESS") or "").lower(),
-            up=bool(flags & IFF_UP),
-            carrier=bool(flags & IFF_LOWER_UP),
+            mac=link.mac,
+            up=bool(link.flags & IFF_UP),
+            carrier=bool(link.flags & IFF_LOWER_UP),
         )
-    for seq, link in enumerate(view.links.values(), start=100):
+    for seq, state in enumerate(view.links.values(), start=100):
         # strict checking makes the kernel send only this link's addresses
-        for msg in _dump(sock, pr.ifaddrmsg, RTM_GETADDR, seq * 10, ifa_index=link.index):
-            addr = msg.get_attr("IFA_ADDRESS")
-            if addr is None or msg["index"] != link.index:
+        for addr in _dump(sock, seq * 10, ifa_index=state.index):
+            if not addr.address or addr.index != state.index:
                 continue
-            flags = msg.get_attr("IFA_FLAGS")
-            flags = msg["flags"] if flags is None else flags
-            view.addresses.setdefault(link.index, []).append(
+            view.addresses.setdefault(state.index, []).append(
                 AddressState(
-                    address=ipaddress.ip_interface(f"{addr}/{msg['prefixlen']}"),
-                    scope=msg["scope"],
-                    permanent=bool(flags & IFA_F_PERMANENT),
+                    address=ipaddress.ip_interface(f"{addr.address}/{addr.prefixlen}"),
+                    scope=addr.scope,
+                    permanent=bool(addr.flags & IFA_F_PERMANENT),
                 )
             )
     return view
@@ -196,14 +260,7 @@ def host_links(sock: socket.socket, names: Iterable[str]) -> dict[str, HostLink]
     name that is not there is left out."""
     out: dict[str, HostLink] = {}
     for seq, name in enumerate(dict.fromkeys(names), start=1):
-        msg = _get_link(sock, name, seq)
-        if msg is None:
-            continue
-        info = msg.get_attr("IFLA_LINKINFO")
-        out[name] = HostLink(
-            name=name,
-            index=msg["index"],
-            kind=(info.get_attr("IFLA_INFO_KIND") if info is not None else None) or "",
-            master=msg.get_attr("IFLA_MASTER"),
-        )
+        link = _get_link(sock, name, seq)
+        if link is not None:
+            out[name] = HostLink(name=name, index=link.index, kind=link.kind, master=link.master)
     return out
