@@ -103,6 +103,9 @@ class Verifier:
     async def run(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         async with self._round:
             started = time.time()
+            # made at the first round, pods or not: its one fd (the daemon's netns) is held from
+            # then on, not from whenever the first pod came
+            _ = self.inspector
             if pod_id is not None:
                 pod = self.ledger.pods.get(pod_id)
                 if pod is None:
