@@ -184,7 +184,7 @@ class Daemon:
 
 def build_daemon(cfg: Config) -> Daemon:
     """Every part of `nri-cni run`, constructed in dependency order; nothing is started."""
-    hooks = PluginHooks()  # per-plugin timings, the doomed-delete record, crash points
+    hooks = PluginHooks()  # per-plugin timings, the doomed-delete record
     cni = CNIRuntime(
         list(cfg.cni.bin_dirs),
         cfg.cni.cache_dir,

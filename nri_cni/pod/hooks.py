@@ -1,17 +1,13 @@
-"""Hooks the CNI runtime calls around each plugin: per-plugin timings for the pod log line, which
-plugin of a chain was running when it failed (the doomed-delete record needs its position), and
-crash points for the recovery tests.
+"""Hooks the CNI runtime calls around each plugin: per-plugin timings for the pod log line, and
+which plugin of a chain was running when it failed (the doomed-delete record needs its position).
 
-NRI_CNI_CRASH_AT (a testing facility, documented in docs/reliability.md): when set to
-`<COMMAND>:<network>:<plugin index>:<before|after>` or `cache:<network>`, the daemon kills itself
-with SIGKILL at that point, exactly as an OOM kill or a node crash would. It is how the tests
-prove that an ADD interrupted anywhere leaves nothing that the next start does not clean.
+Nothing here can make the daemon kill itself: the crash tests inject faults from outside, the
+way a node sees them (tests/plugins/block_plugin.py holds a plugin while the test kills nri-cni
+by PID).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import defaultdict
 from typing import Any
@@ -19,8 +15,6 @@ from typing import Any
 from nri_cni.cni.config import NetworkConfigList
 from nri_cni.cni.result import Result
 from nri_cni.cni.runtime import RuntimeConf, RuntimeHooks
-
-CRASH_ENV = "NRI_CNI_CRASH_AT"
 
 
 class PluginHooks(RuntimeHooks):
@@ -30,16 +24,10 @@ class PluginHooks(RuntimeHooks):
         self._running: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}
         # container id -> [{"network", "plugin", "command", "ms"}], drained by the pod plan
         self.timings: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self.crash_at = os.environ.get(CRASH_ENV, "")
-
-    def _maybe_crash(self, point: str) -> None:
-        if self.crash_at and self.crash_at == point:
-            os.kill(os.getpid(), signal.SIGKILL)
 
     async def before_plugin(
         self, command: str, net: NetworkConfigList, index: int, rt: RuntimeConf | None
     ) -> None:
-        self._maybe_crash(f"{command}:{net.name}:{index}:before")
         if rt is None:
             return
         self._running.setdefault(rt.container_id, {})[(net.name, command)] = (index, time.perf_counter())
@@ -48,7 +36,6 @@ class PluginHooks(RuntimeHooks):
         self, command: str, net: NetworkConfigList, index: int, rt: RuntimeConf | None, result: Result | None
     ) -> None:
         if rt is None:
-            self._maybe_crash(f"{command}:{net.name}:{index}:after")
             return
         running = self._running.get(rt.container_id, {})
         started = running.pop((net.name, command), None)
@@ -66,10 +53,6 @@ class PluginHooks(RuntimeHooks):
                     "ms": round((time.perf_counter() - started[1]) * 1000, 2),
                 }
             )
-        self._maybe_crash(f"{command}:{net.name}:{index}:after")
-
-    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
-        self._maybe_crash(f"cache:{net.name}")
 
     def failed_index(self, container_id: str, network: str, command: str) -> int | None:
         """The position of the plugin that started and never finished: the one that failed."""

@@ -1,95 +1,221 @@
-"""Acceptance 1, shim mode through containerd 2.1.9: nri-cni is killed with SIGKILL at every step
-of a two-network ADD with FINALIZE (before and after each plugin, before each cache write) and
-at two steps of a DEL; it is started again and synchronizes. Then nothing of the interrupted
-pod is left (host-local reservations, veths, bridge ports, iptables/nft rules, cache files,
-intent records) and the pod that existed all along is still fully attached.
+"""kill -9 of nri-cni from outside, shim mode through containerd 2.1.9: while a plugin of an ADD,
+a FINALIZE, a DEL, a GC or a rollback runs, and during start-up recovery. The block plugin holds
+the call (tests/plugins/block_plugin.py); the test kills nri-cni by PID, lets the orphaned plugin
+finish into a dead pipe, starts nri-cni again, and then finds on the node (netlink, host-local's
+dir, the cache and intent dirs, firewall rules): nothing of the interrupted pod, and every pod
+containerd lists READY with exactly its networks and the IPs containerd reports.
 
-In shim mode a daemon killed mid-ADD makes the shim fail: containerd fails the pod and tries
-its CNI DEL through the shim, which finds the daemon down; the intent record is what the next
-start rolls back. Killed mid-DEL, containerd's StopPodSandbox fails until the daemon is back,
-and the cache entry (still there) is what the repeated stop deletes.
+In shim mode a daemon killed mid-ADD makes the shim fail: containerd fails the pod and tries its
+CNI DEL through the shim, which finds the daemon down; the intent record is what the next start
+rolls back. Killed mid-DEL, containerd's StopPodSandbox fails until the daemon is back, and the
+cache entry (still there) is what the repeated stop deletes.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import pytest
 
-from tests.e2e.hostnet import netns_addrs
-from tests.e2e.test_recovery_node import pod_ids_in, rnode  # noqa: F401 (fixture)
+from tests.e2e.test_recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
+from tests.plugins.block_plugin import Blocked
+from tests.support.damage import damage_left
+from tests.support.netns import delete_link
+from tests.support.podtruth import pod_interfaces
 
 pytestmark = pytest.mark.e2e
 
-ADD_POINTS = [
-    "ADD:podnet:0:before",
-    "ADD:podnet:0:after",  # bridge (+ host-local)
-    "ADD:podnet:1:before",
-    "ADD:podnet:1:after",  # portmap
-    "cache:podnet",  # eth0's chain done, not cached yet
-    "ADD:fastnet:0:before",
-    "ADD:fastnet:0:after",  # macvlan (+ host-local)
-    "cache:fastnet",
-    "FINALIZE:podnet:0:before",
-    "FINALIZE:podnet:0:after",  # both networks cached
-]
-DEL_POINTS = ["DEL:fastnet:0:before", "DEL:podnet:1:after"]
+
+def _victim_name() -> str:
+    return f"victim-{uuid.uuid4().hex[:8]}"
 
 
-def _assert_whole(rnode, pod_id, status):
-    """Both networks attached: cache, reservations, addresses inside the pod."""
-    assert pod_ids_in(rnode.daemon)[pod_id] == ["eth0", "net1"]
-    assert sorted(r.ifname for r in rnode.reserved_for(pod_id)) == ["eth0", "net1"]
-    assert f"{status.ip}/24" in netns_addrs(status.netns_path, "eth0")
-    assert len(netns_addrs(status.netns_path, "net1")) == 1
+class Scene:
+    """A node with a survivor pod (fully attached before the fault) and a leak baseline."""
+
+    def __init__(self, rnode: RecoveryNode, podnet: dict, **extra) -> None:
+        self.rnode = rnode
+        self.ctd = rnode.start_containerd()
+        self.cfg = rnode.daemon_config([podnet, rnode.fastnet()], **extra)
+        rnode.start_daemon(self.cfg)
+        self.survivor = rnode.run_pod("survivor")
+        self.checker = rnode.leak_checker().start()  # the survivor's state is the baseline
+        self.pool = ThreadPoolExecutor(2)
+
+    def in_background(self, fn, *args) -> Future:
+        return self.pool.submit(fn, *args)
+
+    def kill_while_blocked(self, blocked: Blocked) -> None:
+        """kill -9 of nri-cni while `blocked` holds its call; then the plugin goes on, orphaned."""
+        assert blocked.ppid == self.rnode.daemon.proc.pid  # nri-cni runs it
+        assert self.rnode.kill9() == -signal.SIGKILL
+        assert blocked.alive()  # the plugin outlived the daemon ...
+        self.rnode.block.disarm()
+        self.rnode.block.release(blocked)  # ... and ends writing into a dead pipe
+
+    def restarted(self) -> None:
+        self.rnode.start_daemon(self.cfg)  # recovery, Synchronize, GC
+
+    def assert_truth(self, gone: str) -> None:
+        """Nothing of `gone` is left; the survivor is whole and untouched; every READY pod whole."""
+        rnode = self.rnode
+        assert gone not in {p.id for p in self.ctd.cri.list_pods()}
+        assert rnode.reserved_for(gone) == []
+        assert rnode.intents() == []
+        assert not [f for f in rnode.cache_files() if gone in f]
+        assert gone not in pod_ids_in(rnode.daemon)
+        assert self.checker.leaks() == []
+        assert rnode.not_whole() == []
+        assert {p.id for p in rnode.runtime_pods()} == {self.survivor}
+        assert sorted(r.ifname for r in rnode.reserved_for(self.survivor)) == ["eth0", "net1"]
+        # never ADDed again: the restart found it whole
+        assert [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == self.survivor] == ["add"]
+        rnode.remove_pod(self.survivor)
+        assert rnode.reservations() == []
+        assert rnode.cache_files() == []
+        assert rnode.bridge_ports() == []
+        self.pool.shutdown()
 
 
-@pytest.mark.parametrize("point", ADD_POINTS + DEL_POINTS)
-def test_kill9_at_every_step_then_restart_leaves_nothing(rnode, point):
-    ctd = rnode.start_containerd()
-    cfg = rnode.daemon_config([rnode.podnet(), rnode.fastnet()])
-    daemon = rnode.start_daemon(cfg)
-    survivor = rnode.run_pod("survivor")
-    survivor_st = ctd.cri.pod_status(survivor)
-    daemon.stop()
-    checker = rnode.leak_checker().start()  # the survivor's state is the baseline
+def _kill_during_add(scene: Scene, command: str) -> str:
+    """A pod creation whose `command` (ADD or FINALIZE) is held when nri-cni is killed."""
+    rnode = scene.rnode
+    rnode.block.arm()
+    creation = scene.in_background(rnode.run_pod, _victim_name())
+    blocked = rnode.block.wait_blocked(command)
+    victim = blocked.container_id
+    assert rnode.intents() == [victim]  # written before the first plugin ran
+    scene.checker.add_markers(victim)
+    scene.checker.learn()
+    scene.kill_while_blocked(blocked)
+    with pytest.raises(grpc.RpcError) as err:
+        creation.result(60)
+    assert "nri-cni daemon is not reachable" in str(err.value)
+    assert victim not in {p.id for p in scene.ctd.cri.list_pods()}  # containerd failed it
+    return victim
 
-    rnode.start_daemon(cfg, crash_at=point)
-    name = f"victim-{uuid.uuid4().hex[:8]}"
-    if point.startswith("DEL"):
-        victim = rnode.run_pod(name)
-        checker.add_markers(victim, *ctd.cri.pod_status(victim).ips)
-        checker.learn()
-        with pytest.raises(grpc.RpcError):
-            ctd.cri.stop_pod(victim)  # the NRI stop kills the daemon; the shim's DEL fails
-        assert rnode.wait_dead() == -signal.SIGKILL
-        assert any(victim in f for f in rnode.cache_files())  # what the next DEL works from
-    else:
-        with pytest.raises(grpc.RpcError) as err:
-            rnode.run_pod(name)
-        assert "nri-cni daemon is not reachable" in str(err.value)
-        assert rnode.wait_dead() == -signal.SIGKILL
-        [victim] = rnode.intents()  # written before the first plugin ran
-        checker.add_markers(victim)
-        checker.learn()
-        assert victim not in {p.id for p in ctd.cri.list_pods()}  # containerd failed it
 
-    rnode.start_daemon(cfg)  # recovery, Synchronize, GC
-    if point.startswith("DEL"):
-        rnode.remove_pod(victim)  # kubelet retries the stop: now it goes through
-    assert rnode.reserved_for(victim) == []
+def test_kill9_while_an_add_plugin_runs(rnode):
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("ADD")])  # after bridge and portmap
+    scene = Scene(rnode, podnet)
+    victim = _kill_during_add(scene, "ADD")
+    scene.restarted()
+    scene.assert_truth(victim)
+
+
+def test_kill9_while_a_finalize_plugin_runs(rnode):
+    podnet = rnode.podnet()
+    podnet["conflist"]["finalize_plugins"].append(rnode.block_plugin("FINALIZE"))
+    scene = Scene(rnode, podnet)
+    victim = _kill_during_add(scene, "FINALIZE")
+    scene.restarted()
+    scene.assert_truth(victim)
+
+
+def test_kill9_while_a_rollback_runs(rnode):
+    """The chain's last plugin refuses the ADD; the rollback's DEL is held when nri-cni dies."""
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("DEL"), rnode.ctl_plugin()])
+    scene = Scene(rnode, podnet)
+    rnode.ctl("add-code", "11")
+    rnode.block.arm()
+    creation = scene.in_background(rnode.run_pod, _victim_name())
+    blocked = rnode.block.wait_blocked("DEL")
+    victim = blocked.container_id
+    assert [c[0] for c in rnode.ctl_calls() if c[1] == victim][:1] == ["ADD"]  # refused: rolling back
+    assert rnode.intents() == [victim]
+    scene.checker.add_markers(victim)
+    scene.checker.learn()
+    scene.kill_while_blocked(blocked)
+    rnode.ctl("add-code", None)
+    with pytest.raises(grpc.RpcError):
+        creation.result(60)
+    scene.restarted()
+    scene.assert_truth(victim)
+
+
+def test_kill9_while_a_del_plugin_runs(rnode):
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("DEL")])
+    scene = Scene(rnode, podnet)
+    victim = rnode.run_pod(_victim_name())
+    scene.checker.add_markers(victim, *scene.ctd.cri.pod_status(victim).ips)
+    scene.checker.learn()
+    rnode.block.arm()
+    stopping = scene.in_background(scene.ctd.cri.stop_pod, victim)
+    blocked = rnode.block.wait_blocked("DEL", victim)
+    scene.kill_while_blocked(blocked)
+    with pytest.raises(grpc.RpcError):
+        stopping.result(60)  # the NRI stop (or the shim's DEL) lost its daemon
+    assert any(victim in f for f in rnode.cache_files())  # what the next DEL works from
+    scene.restarted()
+    rnode.remove_pod(victim)  # kubelet retries the stop: now it goes through
+    scene.assert_truth(victim)
+
+
+def test_kill9_while_a_gc_plugin_runs(rnode):
+    """A GC killed in a plugin's GC call loses no valid attachment and leaves nothing behind."""
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("GC")])
+    scene = Scene(rnode, podnet)
+    rnode.block.arm()
+    collecting = scene.in_background(rnode.daemon.ask, "gc")
+    blocked = rnode.block.wait_blocked("GC")
+    scene.kill_while_blocked(blocked)
+    with pytest.raises(Exception):
+        collecting.result(60)
+    scene.restarted()
+    scene.assert_truth("no-such-pod")
+
+
+def test_kill9_during_start_up_recovery(rnode):
+    """Killed mid-ADD, then killed again while the next start's recovery DEL runs: the third
+    start finishes the rollback."""
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("ADD", "DEL")])
+    scene = Scene(rnode, podnet)
+    rnode.block.arm()
+    creation = scene.in_background(rnode.run_pod, _victim_name())
+    blocked = rnode.block.wait_blocked("ADD")
+    victim = blocked.container_id
+    scene.checker.add_markers(victim)
+    scene.checker.learn()
+    assert rnode.kill9() == -signal.SIGKILL
+    rnode.block.release(blocked)  # still armed: the recovery's DEL will block
+    with pytest.raises(grpc.RpcError):
+        creation.result(60)
+    rnode.spawn_daemon(scene.cfg)
+    recovering = rnode.block.wait_blocked("DEL", victim)
+    assert "rolled back" not in rnode.daemon.log_tail()
+    assert rnode.intents() == [victim]
+    scene.kill_while_blocked(recovering)
+    scene.restarted()
+    assert "rolled back 1 interrupted ADD(s) at start-up" in rnode.daemon.log_tail(400)
+    scene.assert_truth(victim)
+
+
+def test_kill9_while_a_repair_runs(rnode):
+    """Verify finds a pod's eth0 deleted; its repair (DEL, then ADD asking for the same IP) is
+    held in the ADD when nri-cni dies. The next start's verify repairs it again: same IPs."""
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("ADD")])
+    scene = Scene(rnode, podnet, verify={"interval": "1s"})
+    victim = rnode.run_pod(_victim_name())
+    [pod] = [p for p in rnode.runtime_pods() if p.id == victim]
+    scene.checker.add_markers(victim, *pod.ips)
+    scene.checker.learn()
+    before = pod_interfaces(pod.netns)
+    rnode.block.arm()
+    assert delete_link("eth0", pod.netns)  # the damage; the repair's ADD will be held
+    blocked = rnode.block.wait_blocked("ADD", victim)
+    assert [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim] == ["add"]  # in flight
+    scene.kill_while_blocked(blocked)
+    scene.restarted()
+    t0 = time.monotonic()
+    while damage_left(pod, before, ["eth0"], rnode.bridge):  # (read-only polling: the verify round)
+        assert time.monotonic() - t0 < 5, damage_left(pod, before, ["eth0"], rnode.bridge)
+        time.sleep(0.05)
+    assert rnode.not_whole() == []
+    assert "repair" in [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim]
     assert rnode.intents() == []
-    assert not [f for f in rnode.cache_files() if victim in f]
-    assert checker.leaks() == []
-    assert victim not in pod_ids_in(rnode.daemon)
-
-    # the pod that lived through all of it is untouched (never ADDed again: shim mode has
-    # nothing to repair), and the node still works
-    _assert_whole(rnode, survivor, survivor_st)
-    assert [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == survivor] == ["add"]
-    rnode.remove_pod(survivor)
-    assert rnode.reservations() == []
-    assert rnode.cache_files() == []
-    assert rnode.bridge_ports() == []
+    rnode.remove_pod(victim)
+    scene.assert_truth(victim)

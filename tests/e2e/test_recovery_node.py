@@ -11,23 +11,32 @@ dir decide: `add-code` (ADD fails with that CNI code), `del-fail` (DEL fails), `
 (STATUS fails with code 50), `gc-sleep` (GC takes that long); otherwise ADD passes prevResult on
 and the rest succeed. Every call is logged to `calls` as [command, container id, netns, time,
 the GC's valid container ids].
+
+Faults come from outside, as a node sees them: the block plugin (tests/plugins/block_plugin.py,
+installed as `block`) holds a CNI call while the test kills nri-cni by PID (`kill9`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nri_cni import localproto
 from tests.e2e.nricni import NriCni, ShimSetup
+from tests.plugins.block_plugin import BlockControl
+from tests.plugins.block_plugin import install as install_block
 from tests.support.jsonlines import read_json_lines
 from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+from tests.support.podtruth import RuntimePod, whole_problems
 
 CTL_PLUGIN = r"""
 import json, os, sys, time
@@ -97,6 +106,8 @@ class RecoveryNode:
         self.control = tmp_path / "ctl"
         self.control.mkdir()
         install_ctl(self.setup.bin_dir)
+        install_block(self.setup.bin_dir)
+        self.block = BlockControl(tmp_path / "block")
         self.finalize_log = tmp_path / "finalize.log"
         self.eth0_subnet, self.net1_subnet = _subnets()
         self.daemons: list[NriCni] = []
@@ -156,6 +167,10 @@ class RecoveryNode:
     def ctl_plugin(self) -> dict:
         return {"type": "ctl", "control": str(self.control)}
 
+    def block_plugin(self, *commands: str) -> dict:
+        """The block plugin in a chain: it holds these commands while `self.block` is armed."""
+        return {"type": "block", "block": self.block.config(armed=True, commands=list(commands))}
+
     def ctl(self, name: str, value: str | None) -> None:
         """Sets (value) or clears (None) one of the ctl plugin's behaviour files."""
         path = self.control / name
@@ -194,19 +209,42 @@ class RecoveryNode:
         extra.setdefault("status", {"interval": 0})
         return self.setup.config(nri_socket or self.ctd.nri_socket, networks, mode=mode, **extra)
 
-    def start_daemon(self, cfg: dict, *, crash_at: str = "", wait: bool = True) -> NriCni:
-        """Starts nri-cni (again: same state, cache and log) and waits until it registered and
-        finished what a Synchronize starts (GC, repair)."""
+    def _daemon_for(self, cfg: dict) -> NriCni:
         if self.daemon is None or self.daemon.cfg is not cfg:
             self.daemon = NriCni(self.tmp, cfg)
             self.daemons.append(self.daemon)
-        mark = self.daemon.log_path.stat().st_size if self.daemon.log_path.exists() else 0
-        env = {"NRI_CNI_CRASH_AT": crash_at} if crash_at else {}
-        self.daemon.env.pop("NRI_CNI_CRASH_AT", None)
-        self.daemon.start(wait_registered=wait, env=env)
-        if wait:
-            wait_settled(self.daemon, mark)
         return self.daemon
+
+    def start_daemon(self, cfg: dict, *, wait: bool = True) -> NriCni:
+        """Starts nri-cni (again: same state, cache and log) and waits until it registered and
+        finished what a Synchronize starts (GC, repair)."""
+        daemon = self._daemon_for(cfg)
+        mark = daemon.log_path.stat().st_size if daemon.log_path.exists() else 0
+        daemon.start(wait_registered=wait)
+        if wait:
+            wait_settled(daemon, mark)
+        return daemon
+
+    def spawn_daemon(self, cfg: dict) -> NriCni:
+        """Starts nri-cni without waiting for anything: its start-up recovery runs before it
+        answers at all, and a test may kill it in the middle."""
+        daemon = self._daemon_for(cfg)
+        daemon.config_path.write_text(yaml.safe_dump(cfg))
+        with open(daemon.log_path, "ab") as log:
+            daemon.proc = subprocess.Popen(
+                [sys.executable, "-m", "nri_cni.cli", "run", "--config", str(daemon.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=daemon.env,
+            )
+        return daemon
+
+    def kill9(self) -> int:
+        """SIGKILL to nri-cni by its PID (an OOM kill, a node's kill -9); its exit status.
+        Plugins it started live on (each runs in a process group of its own)."""
+        assert self.daemon is not None and self.daemon.proc is not None
+        os.kill(self.daemon.proc.pid, signal.SIGKILL)
+        return self.wait_dead()
 
     def wait_dead(self, timeout: float = 20) -> int:
         assert self.daemon is not None and self.daemon.proc is not None
@@ -234,6 +272,20 @@ class RecoveryNode:
         except FileNotFoundError:
             return []
 
+    def runtime_pods(self, *, ready_only: bool = True) -> list[RuntimePod]:
+        """The pods containerd lists (READY ones by default), with the IPs it reports."""
+        out = []
+        for pod in self.ctd.cri.list_pods():
+            if ready_only and not pod.ready:
+                continue
+            st = self.ctd.cri.pod_status(pod.id)
+            out.append(RuntimePod(pod.id, st.netns_path or "", st.ips))
+        return out
+
+    def not_whole(self, interfaces=("eth0", "net1")) -> list[str]:
+        """Every READY pod containerd lists, checked against its netns (netlink): problems."""
+        return [p for pod in self.runtime_pods() for p in whole_problems(pod, interfaces)]
+
     def leak_checker(self, *netns) -> LeakChecker:
         return LeakChecker(
             dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir],
@@ -256,6 +308,8 @@ class RecoveryNode:
     def cleanup(self) -> list[str]:
         """Also after a failed test: the pods go through the daemon while it runs (their DELs
         release what they hold), then a GC finds nothing valid left."""
+        self.block.disarm()
+        self.block.release_all()  # no plugin of this test stays blocked
         alive = self.daemon is not None and self.daemon.proc is not None and self.daemon.proc.poll() is None
         if alive and self.ctd is not None and self.ctd.running:
             try:

@@ -11,7 +11,10 @@
 #   "then"      after the release: "pass" (default) or "fail" (a CNI error, code 11)
 #   "timeout"   seconds it waits at most (default 120), then fails with code 11: a test that
 #               died never leaves a plugin behind for long
-# A blocking call writes <dir>/<COMMAND>.<CNI_CONTAINERID or ->.<CNI_IFNAME or ->.pid (JSON:
+#   "armed"     a file: the plugin blocks only while that file exists (default: always), so one
+#               daemon config serves the calls before the fault, the fault, and the restart
+# A blocking call removes what an earlier call of its name left (.release, .done), writes
+# <dir>/<COMMAND>.<CNI_CONTAINERID or ->.<CNI_IFNAME or ->.pid (JSON:
 # pid, ppid, command, container id, ifname; renamed into place, so it is whole once seen), then
 # polls every 10 ms for <dir>/release-all or <that name>.release, then writes <that name>.done.
 # "pass": ADD prints its prevResult (or an empty result), every other command prints nothing.
@@ -47,7 +50,8 @@ def main() -> int:
         return 0
     block = conf.get("block") or {}
     commands = block.get("commands")
-    if block.get("dir") and (commands is None or command in commands):
+    armed = not block.get("armed") or os.path.exists(block["armed"])
+    if block.get("dir") and armed and (commands is None or command in commands):
         base = _base(
             block["dir"], command, os.environ.get("CNI_CONTAINERID", ""), os.environ.get("CNI_IFNAME", "")
         )
@@ -58,6 +62,11 @@ def main() -> int:
             "container_id": os.environ.get("CNI_CONTAINERID", ""),
             "ifname": os.environ.get("CNI_IFNAME", ""),
         }
+        for stale in (".release", ".done"):  # of an earlier call of the same command and pod
+            try:
+                os.unlink(base + stale)
+            except FileNotFoundError:
+                pass
         tmp = f"{base}.pid.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             f.write(json.dumps(info))
@@ -114,9 +123,16 @@ class BlockControl:
         self.dir = Path(block_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def config(self, **kw) -> dict:
-        """The "block" value for a plugin's config."""
-        return {"dir": str(self.dir), **kw}
+    def config(self, *, armed: bool = False, **kw) -> dict:
+        """The "block" value for a plugin's config; `armed`: it blocks only between arm() and
+        disarm()."""
+        return {"dir": str(self.dir), **({"armed": str(self.dir / "armed")} if armed else {}), **kw}
+
+    def arm(self) -> None:
+        (self.dir / "armed").touch()
+
+    def disarm(self) -> None:
+        (self.dir / "armed").unlink(missing_ok=True)
 
     def blocked(self) -> list[Blocked]:
         out = []
@@ -137,11 +153,14 @@ class BlockControl:
     def wait_blocked(
         self, command: str, container_id: str | None = None, *, timeout: float = 30.0
     ) -> Blocked:
-        """The first call of `command` (for `container_id`) that is blocked; fails after `timeout`."""
+        """The first call of `command` (for `container_id`) that is blocked now (not one that was
+        released or killed before); fails after `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
             for b in self.blocked():
-                if b.command == command and (container_id is None or b.container_id == container_id):
+                if b.command != command or (container_id is not None and b.container_id != container_id):
+                    continue
+                if b.alive() and not self.done(b) and not self.released(b):
                     return b
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {command} blocked in {self.dir} after {timeout} s: {self.blocked()}")
@@ -152,6 +171,9 @@ class BlockControl:
 
     def release_all(self) -> None:
         (self.dir / "release-all").touch()
+
+    def released(self, blocked: Blocked) -> bool:
+        return os.path.exists(blocked.base + ".release") or (self.dir / "release-all").exists()
 
     def done(self, blocked: Blocked) -> bool:
         return os.path.exists(blocked.base + ".done")

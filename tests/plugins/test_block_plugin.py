@@ -135,3 +135,28 @@ def test_through_the_cni_runtime_killed_then_released(tmp_path, plugin, ctl):
 
     result = asyncio.run(scenario())
     assert result.cni_version == "1.1.0"
+
+
+def test_an_armed_plugin_blocks_only_while_armed(plugin, ctl):
+    c = conf(ctl, armed=True)
+    p = start(plugin, "ADD", c)
+    assert finish(p) and p.returncode == 0 and ctl.blocked() == []  # not armed: passes at once
+    ctl.arm()
+    p = start(plugin, "ADD", c)
+    b = ctl.wait_blocked("ADD")
+    ctl.disarm()  # a blocked call stays blocked until released
+    assert p.poll() is None and b.alive()
+    ctl.release(b)
+    assert p.wait(timeout=30) == 0
+
+
+def test_the_same_call_again_blocks_again(plugin, ctl):
+    p = start(plugin, "DEL", conf(ctl))
+    first = ctl.wait_blocked("DEL", "c1")
+    ctl.release(first)
+    assert p.wait(timeout=30) == 0 and ctl.done(first)
+    p = start(plugin, "DEL", conf(ctl))  # a retried DEL of the same pod
+    again = ctl.wait_blocked("DEL", "c1")
+    assert again.pid == p.pid and not ctl.released(again)
+    ctl.release(again)
+    assert p.wait(timeout=30) == 0

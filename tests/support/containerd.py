@@ -351,6 +351,21 @@ class Containerd:
             proc.kill()
             proc.wait(10)
 
+    def kill9(self) -> int:
+        """SIGKILL by PID (an OOM kill, a node's kill -9): none of containerd's shutdown runs.
+        Pods (shims) live on, and so do the CNI plugins it was running. Returns the exit status."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            raise ContainerdError("containerd is not running")
+        os.kill(proc.pid, signal.SIGKILL)
+        status = proc.wait(10)
+        # the client goes only after the kill: closing it first would cancel the calls in flight,
+        # and containerd would start tearing them down before it dies
+        if self._cri is not None:
+            self._cri.close()
+            self._cri = None
+        return status
+
     def restart(self) -> None:
         """Stop and start again with the same root and state: running pods survive."""
         self.stop()

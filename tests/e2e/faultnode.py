@@ -1,0 +1,167 @@
+"""What the containerd fault tests share (no tests in here): a churn of pod creations and removals
+that runs while the test kills containerd, a slow second NRI plugin, and the acceptance check
+after nri-cni's reconnect (issue 17): every pod containerd lists READY has exactly its networks
+with the IPs containerd reports, or nri-cni reports it broken by name for a listed reason; pods
+reach each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import threading
+import time
+import uuid
+
+from tests.e2e.nricni import NriCni
+from tests.e2e.stubthread import Recorder
+from tests.e2e.test_recovery_node import RecoveryNode
+from tests.support.podtruth import RuntimePod, reaches, whole_problems
+
+SETTLE = 5.0  # issue 17: within 5 s of nri-cni's reconnect the node is true again
+
+
+class Churn:
+    """`workers` threads creating pods and removing two of three, each call once: a call that
+    meets a dead containerd fails and is counted, never retried (the end state is what the test
+    judges, not how many calls got through)."""
+
+    def __init__(self, rnode: RecoveryNode, workers: int = 4, keep_at_most: int = 8) -> None:
+        self.rnode = rnode
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.created: list[str] = []
+        self.kept: list[str] = []
+        self.failed: list[str] = []
+        self.keep_at_most = keep_at_most
+        self.threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)]
+
+    def start(self) -> Churn:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _work(self, worker: int) -> None:
+        rng = random.Random(worker)
+        while not self.stopping.is_set():
+            name = f"churn-{worker}-{uuid.uuid4().hex[:6]}"
+            try:
+                pod = self.rnode.run_pod(name, ports=rng.random() < 0.5)
+            except Exception as exc:
+                self._failed(f"run {name}: {exc}")
+                continue
+            with self.lock:
+                self.created.append(pod)
+                keep = len(self.kept) < self.keep_at_most and rng.random() < 1 / 3
+                if keep:
+                    self.kept.append(pod)
+            if not keep:
+                try:
+                    self.rnode.remove_pod(pod)
+                except Exception as exc:
+                    self._failed(f"remove {pod[:12]}: {exc}")
+
+    def _failed(self, what: str) -> None:
+        with self.lock:
+            self.failed.append(what)
+        time.sleep(0.05)  # containerd is down: do not spin
+
+    def wait_created(self, count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.created) < count:
+            assert time.monotonic() < deadline, f"churn made {len(self.created)} pods, not {count}"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(120)
+            assert not t.is_alive(), "a churn worker hangs"
+
+
+class SlowNri(Recorder):
+    """A second NRI plugin that takes its time in RunPodSandbox (NRI calls are serialized, so it
+    holds back every pod behind it); while `hold` is set it holds the call until it is cleared."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.hold = threading.Event()
+        self.held: list[str] = []
+
+    async def run_pod_sandbox(self, pod) -> None:
+        if self.hold.is_set():
+            self._add(lambda: self.held.append(pod.id))
+            while self.hold.is_set():
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(self.delay)
+        await super().run_pod_sandbox(pod)
+
+
+def synchronizations(daemon: NriCni) -> int:
+    return daemon.log_path.read_text(errors="replace").count("synchronized: the runtime has")
+
+
+def wait_resynchronized(daemon: NriCni, count: int, timeout: float = 30) -> None:
+    """Until nri-cni has synchronized `count` times (each connection to containerd once)."""
+    deadline = time.monotonic() + timeout
+    while synchronizations(daemon) < count or not daemon.status()["nri"]["synchronized"]:
+        assert time.monotonic() < deadline, f"nri-cni did not reconnect:\n{daemon.log_tail()}"
+        time.sleep(0.02)
+
+
+BROKEN_LINE = re.compile(r" id=([0-9a-f]+) is broken \(([a-z-]+)\): ")
+
+
+def broken_by_name(daemon: NriCni) -> dict[str, str]:
+    """pod id -> the code of its "broken" verdict: what `nri-cni status` names ("broken"), or,
+    from a daemon whose status does not carry that field, the one log line the verify writes
+    as a pod enters the state (issue 17: a log line naming the pod and the reason)."""
+    st = daemon.status()
+    if "broken" in st:
+        return {b["pod"]: b["code"] for b in st["broken"]}
+    text = daemon.log_path.read_text(errors="replace")
+    return {m.group(1): m.group(2) for m in BROKEN_LINE.finditer(text)}
+
+
+def node_truth(rnode: RecoveryNode, interfaces=("eth0",), allowed=("ip-taken",)) -> list[str]:
+    """Problems: a READY pod that is not whole and not reported broken for an `allowed` code."""
+    broken = broken_by_name(rnode.daemon)
+    problems = []
+    for pod in rnode.runtime_pods():
+        code = broken.get(pod.id)
+        if code is not None:
+            if code not in allowed:
+                problems.append(f"pod {pod.id[:12]} broken for a reason not listed here: {code}")
+            continue
+        problems += whole_problems(pod, interfaces)
+    return problems
+
+
+def assert_true_within_settle(rnode: RecoveryNode, interfaces=("eth0",), allowed=("ip-taken",)) -> float:
+    """The acceptance: the node is true within SETTLE seconds (the check is read-only and
+    repeated only to give nri-cni's repair that time); returns the seconds it took."""
+    t0 = time.monotonic()
+    while True:
+        problems = node_truth(rnode, interfaces, allowed)
+        if not problems:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > SETTLE:
+            raise AssertionError(f"{SETTLE} s after the reconnect: {problems}\n{rnode.daemon.log_tail(80)}")
+        time.sleep(0.1)
+
+
+def assert_pods_reach_each_other(rnode: RecoveryNode, whole: list[RuntimePod]) -> None:
+    """A pod created now (the node takes new pods) pings every whole READY pod, all on the test's
+    bridge; it is removed again."""
+    fresh_id = rnode.run_pod(f"fresh-{uuid.uuid4().hex[:6]}", ports=False)
+    try:
+        st = rnode.ctd.cri.pod_status(fresh_id)
+        fresh = RuntimePod(fresh_id, st.netns_path or "", st.ips)
+        assert whole_problems(fresh, ["eth0"]) == []
+        silent = [p.id[:12] for p in whole if p.id != fresh_id and not reaches(fresh, p.ips[0])]
+        assert silent == [], f"no answer from {silent} to a ping from a new pod"
+        assert whole, "no READY pod left to ping"
+    finally:
+        rnode.remove_pod(fresh_id)

@@ -1,0 +1,69 @@
+"""External damage to a pod's network, the way something else on the node does it (an admin,
+NetworkManager): the CNI bridge deleted, the pod's host veth deleted, its interface deleted, or
+its addresses flushed. Only links of the test's own pods and bridge are touched (netlink,
+pyroute2). Then the check that the damage is gone: the pod's interfaces hold the addresses they
+held before, and the host end of each veth is a port of its bridge again.
+"""
+
+from __future__ import annotations
+
+from pyroute2 import IPRoute
+
+from tests.support.netns import LinkInfo, _netns_name, delete_link, get_link, list_links
+from tests.support.podtruth import RuntimePod, pod_interfaces
+
+KINDS = ["bridge-deleted", "host-veth-deleted", "pod-link-deleted", "address-flushed"]
+
+
+def host_peer(netns: str, ifname: str) -> LinkInfo | None:
+    """The host end of the veth whose pod end is `ifname` in `netns` (None: there is none)."""
+    inside = get_link(ifname, netns)
+    if inside is None or inside.peer_index is None:
+        return None
+    return next((li for li in list_links() if li.index == inside.peer_index and li.kind == "veth"), None)
+
+
+def flush_addresses(netns: str, ifname: str) -> None:
+    with IPRoute(netns=_netns_name(netns)) as ipr:
+        [idx] = ipr.link_lookup(ifname=ifname)
+        for msg in ipr.get_addr(index=idx):
+            ipr.addr("del", index=idx, address=msg.get_attr("IFA_ADDRESS"), prefixlen=msg["prefixlen"])
+
+
+def damage(kind: str, pod: RuntimePod, ifname: str, bridge: str) -> None:
+    """Does `kind` to `pod`'s `ifname` (on `bridge`)."""
+    if kind == "bridge-deleted":
+        peer = host_peer(pod.netns, ifname)
+        bridge_link = get_link(bridge)
+        assert peer is not None and bridge_link is not None and peer.master == bridge_link.index
+        assert delete_link(bridge)
+    elif kind == "host-veth-deleted":
+        peer = host_peer(pod.netns, ifname)
+        assert peer is not None, f"pod {pod.id[:12]}: no host veth for {ifname}"
+        assert delete_link(peer.name)
+    elif kind == "pod-link-deleted":
+        assert delete_link(ifname, pod.netns)
+    elif kind == "address-flushed":
+        flush_addresses(pod.netns, ifname)
+    else:
+        raise ValueError(kind)
+
+
+def damage_left(pod: RuntimePod, before: dict[str, list[str]], bridged: list[str], bridge: str) -> list[str]:
+    """What still differs from `before` (ifname -> addresses, read before the damage); the
+    `bridged` interfaces must have their host end on `bridge`."""
+    try:
+        now = pod_interfaces(pod.netns)
+    except Exception as exc:
+        return [f"pod {pod.id[:12]}: netns unreadable: {exc}"]
+    problems = []
+    if {k: sorted(v) for k, v in now.items()} != {k: sorted(v) for k, v in before.items()}:
+        problems.append(f"pod {pod.id[:12]}: {now}, before the damage {before}")
+    bridge_link = get_link(bridge)
+    for ifname in bridged:
+        peer = host_peer(pod.netns, ifname) if ifname in now else None
+        if bridge_link is None:
+            problems.append(f"bridge {bridge} is missing")
+        elif peer is None or peer.master != bridge_link.index:
+            problems.append(f"pod {pod.id[:12]}: the host end of {ifname} is not on {bridge}")
+    return problems
