@@ -10,8 +10,8 @@ What a difference leads to:
 - an attachment damaged (netlink or CHECK): DEL it, ADD it again asking for its IPs, FINALIZE;
 - a network the pod lacks: ADD it (shim mode: the primary asks for the runtime's IPs, the
   containerd-restart case; secondary mode: the extra networks the runtime never reports);
-  native mode never does: the runtime learns IPs only from the RunPodSandbox answer, so such a
-  pod (or one whose runtime IPs are not nri-cni's) is broken "missed", and the admin deletes it;
+  native mode only when the runtime lists IPs that can only be that network's (_native_readd);
+  otherwise such a pod is broken "missed" (the runtime learns IPs only from RunPodSandbox);
 - shim mode, the runtime reports IPs eth0 does not have: the primary is made again with them;
 - an IP another pod holds is never taken: broken "ip-taken";
 - a repair that fails is retried with exponential backoff, broken "repair-failed" after
@@ -240,14 +240,17 @@ class Verifier:
             # shim mode, nothing of ours and no IP the runtime reports: no network it knows of
             # to make true (a pod in creation, or one the runtime never networked)
             return None
+        readd: dict[Key, tuple[str, ...]] = {}
         if (
             self.mode.runtime_reports_our_ips
             and not self.mode.adds_behind_runtime
             and (c.missing or mismatch)
         ):
-            reason = self._missed_reason(c, mismatch)
-            self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
-            return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
+            readd = self._native_readd(c, mismatch)
+            if not readd:
+                reason = self._missed_reason(c, mismatch)
+                self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
+                return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
         if self.cfg.repair != "on":
             reason = f"{what} (repair is {self.cfg.repair}: nothing was changed)"
             return self._broken(pod, BrokenCode.REPAIR_OFF, reason, verdicts)
@@ -255,7 +258,7 @@ class Verifier:
         retry = self._retries.setdefault(pod.id, Retry())
         if retry.failures and self.clock() < retry.next_at and not explicit:
             return self.health.get(pod.id)  # backing off
-        ips = dict(retry.ips)
+        ips = dict(retry.ips) | readd
         for entry in damaged:
             ips.setdefault(key_of(entry), result_ips(entry))
         if (
@@ -323,6 +326,18 @@ class Verifier:
             shown = ", ".join(c.pod.ips) or "no IP"
             return f"the runtime reports {shown}; nri-cni gave it {', '.join(sorted(ours))}"
         return ""
+
+    def _native_readd(self, c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
+        """Native mode: the one network a pod lacks, with the IPs the runtime lists and no other
+        attachment holds ({} if none). A native runtime runs no CNI: an IP it lists came from
+        nri-cni's answer, so the pod lost that network since (an ADD or repair cut by a crash and
+        rolled back); asking for those IPs makes what the runtime reports true again. With two
+        missing, whose IP is whose cannot be told: "missed"."""
+        if mismatch or len(c.missing) != 1 or not c.pod.ips:
+            return {}
+        held = {plain(a) for e in c.entries for a in result_ips(e)}
+        left = tuple(ip for ip in c.pod.ips if plain(ip) not in held)
+        return {selected_key(c.missing[0]): left} if left else {}
 
     def _missed_reason(self, c: PodCheck, mismatch: str) -> str:
         if not c.entries and c.pod.id in self.ledger.repair:

@@ -202,8 +202,13 @@ async def _repair_cut(scene: NativeScene, victim) -> None:
         assert asyncio.get_running_loop().time() < deadline, (left, scene.daemon.log_tail())
         await asyncio.sleep(0.05)
     assert await asyncio.to_thread(whole_problems, pod, ["eth0", "net1"]) == []
-    ops = await asyncio.to_thread(scene.daemon.op_lines)
-    assert "repair" in [op["op"] for op in ops if op["podId"] == victim.id]
+
+    def repair_recorded() -> bool:  # the record comes when the repair ends, after the link is back
+        return "repair" in [op["op"] for op in scene.daemon.op_lines() if op["podId"] == victim.id]
+
+    while not await asyncio.to_thread(repair_recorded):
+        assert asyncio.get_running_loop().time() < deadline, scene.daemon.log_tail()
+        await asyncio.sleep(0.05)
     await scene.runtime.stop_pod_sandbox(victim)
     await scene.runtime.remove_pod_sandbox(victim)
     scene.runtime.pods.remove(victim)
