@@ -5,7 +5,7 @@ printed next to its rows (a 2-CPU machine shared with other jobs moves every fig
 
   --smoke     tiny sizes, for CI: checks that every bench still works, not the goals
   --full      the sizes of docs/performance.md
-  --only      a comma-separated subset: cni, gc, pods, daemon, ttrpc
+  --only      a comma-separated subset: cni, gc, pods, daemon, verify, ttrpc
   --markdown FILE / --json FILE   the table (and every figure) written out as well
 
 A bench that fails is reported as FAILED in its rows, the others still run, and the exit
@@ -36,6 +36,7 @@ SIZES = {
         "gc": {"stale": 4, "idle_adds": 2, "rounds": 1},
         "pods": {"pods": 2, "warmup": 1, "burst": 8, "burst_parallel": 4},
         "daemon": {"churn": 40, "attached": 40},
+        "verify": {"pods": 20, "rounds": 1},
         "ttrpc": {"n": 200},
     },
     "short": {
@@ -43,6 +44,7 @@ SIZES = {
         "gc": {"stale": 40, "idle_adds": 5, "rounds": 1},
         "pods": {"pods": 20, "warmup": 3, "burst": 32, "burst_parallel": 8},
         "daemon": {"churn": 500, "attached": 500},
+        "verify": {"pods": 500, "rounds": 3},
         "ttrpc": {"n": 2000},
     },
     "full": {
@@ -50,10 +52,11 @@ SIZES = {
         "gc": {"stale": 40, "idle_adds": 5, "rounds": 3},
         "pods": {"pods": 40, "warmup": 3, "burst": 32, "burst_parallel": 8},
         "daemon": {"churn": 500, "attached": 500},
+        "verify": {"pods": 500, "rounds": 5},
         "ttrpc": {"n": 5000},
     },
 }
-BENCHES = ("cni", "gc", "pods", "daemon", "ttrpc")
+BENCHES = ("cni", "gc", "pods", "daemon", "verify", "ttrpc")
 
 
 @dataclass
@@ -275,6 +278,36 @@ def run_daemon(size: dict) -> list[Row]:
     ]
 
 
+def run_verify(size: dict) -> list[Row]:
+    from bench import bench_verify, verify_service
+
+    made: list = []
+    try:
+        bench_verify.make_pods(size["pods"], made)
+        net = bench_verify.measure(made, size["rounds"], fork_sample=10, workers=None)
+        svc = verify_service.measure(made, size["rounds"])
+        seen = bench_verify.damage_is_seen(made)  # intact pods ok, flushed ones broken: or no figure
+    finally:
+        bench_verify.remove_pods(made)
+    not_ok = {k: v["not_ok"] for k, v in net["methods"].items() if v["not_ok"]} | (
+        {"service": svc["not_ok"]} if svc["not_ok"] else {}
+    )
+    if not_ok or not seen:
+        raise RuntimeError(f"verify bench judged wrongly: intact pods not ok {not_ok}, damage seen: {seen}")
+    one = net["methods"]["serial-iproute"]["median_s"]
+    t = svc["median_s"]
+    return [
+        Row(
+            f"verify of {net['pods']} attached pods (PodService.verify: netlink round and verdicts)",
+            f"{t * 1e3:.0f} ms",
+            f"a pyroute2 IPRoute per pod {one * 1e3:.0f} ms",
+            f"{one / t:.1f}x as fast",
+            "< 1 s",
+            _met(t < 1.0),
+        )
+    ]
+
+
 def run_ttrpc(size: dict) -> list[Row]:
     from bench import bench_ttrpc
 
@@ -291,7 +324,14 @@ def run_ttrpc(size: dict) -> list[Row]:
     ]
 
 
-RUNNERS = {"cni": run_cni, "gc": run_gc, "pods": run_pods, "daemon": run_daemon, "ttrpc": run_ttrpc}
+RUNNERS = {
+    "cni": run_cni,
+    "gc": run_gc,
+    "pods": run_pods,
+    "daemon": run_daemon,
+    "verify": run_verify,
+    "ttrpc": run_ttrpc,
+}
 
 
 # -- output ------------------------------------------------------------------------------------
