@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nri_cni.cni import versions
@@ -127,8 +127,14 @@ class CNIRuntime:
             prepared.discard()  # after a failure (or an override that did not write): no temp file
         return result
 
-    async def check(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
-        """CHECK on each plugin in order with the cached result (0.4.0 and later)."""
+    async def check(
+        self,
+        net: NetworkConfigList,
+        rt: RuntimeConf,
+        adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        """CHECK on each plugin in order with the cached result (0.4.0 and later); `adjust`
+        may amend that prevResult first (the caller's knowledge of what is not damage)."""
         if not versions.at_least(net.cni_version, "0.4.0"):
             raise CNIError(
                 CniCode.INCOMPATIBLE_VERSION,
@@ -140,6 +146,8 @@ class CNIRuntime:
         env = self._env("CHECK", rt)
         paths = self._find_all(net, net.plugins, "CHECK")
         prev = self._cached_prev(net, rt, "CHECK")
+        if prev is not None and adjust is not None:
+            prev = adjust(prev)
         for i, plugin in enumerate(net.plugins):
             await self.hooks.before_plugin("CHECK", net, i, rt)
             await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev), paths[i])

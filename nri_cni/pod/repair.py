@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
@@ -27,6 +29,7 @@ from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimar
 from nri_cni.pod.oprecord import OpRecord
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.select import Selected
+from nri_cni.validate import ifname_problem
 
 Key = tuple[str, str]  # (network, ifname)
 
@@ -155,6 +158,30 @@ def _full_text(exc: BaseException) -> str:
     return " ".join(parts)
 
 
+def host_macs_as_now(prev: dict[str, Any]) -> dict[str, Any]:
+    """The result's host-side interfaces (no sandbox) with the MACs they have now. A bridge
+    without a fixed MAC takes the lowest of its ports' (it changes as pods come and go:
+    plugins#60), and udev may rewrite a host veth's (plugins#805): the bridge plugin's CHECK
+    would call every pod made before such a change damaged, and a repair would cut its network
+    for nothing. What identifies the host side, its links and the veth's bridge, netlink judges
+    (nri_cni/node); the pod's own interface keeps its MAC check."""
+    ifaces = prev.get("interfaces")
+    if not isinstance(ifaces, list):
+        return prev
+    fixed = []
+    for iface in ifaces:
+        name = iface.get("name") if isinstance(iface, dict) else None
+        if isinstance(name, str) and not iface.get("sandbox") and not ifname_problem(name):
+            try:
+                mac = Path("/sys/class/net", name, "address").read_text().strip()
+            except OSError:
+                mac = ""  # gone: CHECK says so
+            if mac:
+                iface = {**iface, "mac": mac}
+        fixed.append(iface)
+    return {**prev, "interfaces": fixed}
+
+
 async def check_entry(plan: PodPlan, entry: CacheEntry, netns: str) -> str:
     """CNI CHECK of one attachment with its cached result: "" when it passes (or the chain
     cannot be checked: before 0.4.0, disableCheck), else the plugin's error."""
@@ -167,7 +194,7 @@ async def check_entry(plan: PodPlan, entry: CacheEntry, netns: str) -> str:
         capability_args=dict(entry.capability_args),
     )
     try:
-        await plan.cni.check(net, rt)
+        await plan.cni.check(net, rt, host_macs_as_now)
     except CNIError as exc:
         if exc.cni_code == CniCode.INCOMPATIBLE_VERSION and exc.ref.command == "CHECK" and not exc.ref.plugin:
             return ""  # the config's version has no CHECK: nothing to learn

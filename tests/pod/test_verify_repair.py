@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
@@ -436,6 +437,28 @@ def test_native_pod_answered_through_run_pod_sandbox_is_verified_against_the_ans
         await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
         (health,) = await w.svc.verify()
         assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
+        await w.teardown()
+
+    asyncio.run(scenario())
+
+
+def test_a_bridge_mac_that_changed_is_no_damage(node, podop_log):
+    """A bridge without a fixed MAC takes its lowest port's, so it changes as pods come and go
+    (plugins#60); the bridge plugin's CHECK with the cached result would call every older pod
+    damaged, and a repair would cut its network for nothing. Such a pod stays ok, untouched."""
+    w = World(node)
+
+    async def scenario():
+        a = await asyncio.to_thread(w.pod)
+        a = listed_as(a, await w.attach(a))
+        w.listed(a)
+        bridge = await asyncio.to_thread(get_link, w.bridge)
+        set_mac = ["ip", "link", "set", w.bridge, "address", "02:00:00:00:00:01"]
+        await asyncio.to_thread(subprocess.run, set_mac, check=True)
+        assert (await asyncio.to_thread(get_link, w.bridge)).mac != bridge.mac
+        (health,) = await w.svc.verify(a.id, check=True)
+        assert health.state is PodState.OK, health.to_dict()
+        assert [r for r in repair_records(podop_log) if r["op"] == "repair"] == []
         await w.teardown()
 
     asyncio.run(scenario())
