@@ -143,6 +143,11 @@ async def restart(node: NativeNode, conflist: dict, nets, attached: int) -> dict
     if verify:
         verified, status = await until_verified(node, t0)
         rounds = status["verify"]
+        wrong = {k: n for k, n in status.get("podStates", {}).items() if n and k != "ok"}
+        if wrong:  # intact pods: a verify that finds fault with them measured nothing worth a figure
+            raise RuntimeError(
+                f"after the restart verify judged intact pods {wrong}:\n{node.daemon.log_tail()}"
+            )
         out.update(
             verified_s=verified,
             round_s=rounds["lastRoundSeconds"],

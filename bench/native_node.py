@@ -163,6 +163,7 @@ class NativeNode:
         ms = (time.perf_counter() - t0) * 1000
         if not resp.adjust.network.ips:
             raise RuntimeError(f"pod {pod.id[:12]}: RunPodSandbox answered no IP")
+        pod.ips.extend(resp.adjust.network.ips)  # a PR #295 runtime keeps them: its pod list shows them
         return pod, ms
 
     async def remove_pod(self, pod: nri_pb2.PodSandbox) -> float:
