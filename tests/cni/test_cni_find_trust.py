@@ -23,6 +23,7 @@ def bin_dir(tmp_path):
     return d
 
 
+@pytest.mark.integration  # chown to another uid: root only
 def test_a_change_to_a_trusted_binary_or_its_directory_is_checked_again(bin_dir):
     ex = PluginExecutor()
     path = str(bin_dir / "nct-plugin")
