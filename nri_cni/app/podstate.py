@@ -30,6 +30,10 @@ class BrokenCode(Enum):
     REPAIR_FAILED = "repair-failed"  # repairs kept failing; backed off
     MISSED = "missed"  # native mode: the runtime created it without nri-cni's answer
     REPAIR_OFF = "repair-off"  # it differs and `repair` is off or verify-only
+    # its IPs must come back and its chain cannot be asked for addresses (no `ips` capability,
+    # no IPAM reading args.cni.ips): not cut
+    IPS_NOT_REQUESTABLE = "ips-not-requestable"
+    DEL_FAILED = "del-failed"  # its DEL (stop, remove, GC) fails: resources held, the reason says why
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from nri_cni.app.ledger import PodLedger
 from nri_cni.app.modes import Mode, mode_for
-from nri_cni.app.podstate import HealthBook, PodHealth
+from nri_cni.app.podstate import BrokenCode, HealthBook, PodHealth
 from nri_cni.app.verify import Verifier
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
@@ -33,6 +33,11 @@ from nri_cni.pod.plan import PodPlan
 log = logging.getLogger("nri_cni.daemon")
 
 T = TypeVar("T")
+
+DEL_ACTION = (
+    "find why in the plugin's error (a plugin binary missing or failing); once fixed, GC or the "
+    "runtime's next stop releases it"
+)
 
 
 class PodService:
@@ -93,19 +98,43 @@ class PodService:
         await _detached(self._detach(pod))
 
     async def remove(self, pod: PodInfo) -> None:
-        """NRI RemovePodSandbox: detach again if needed, then forget the pod."""
+        """NRI RemovePodSandbox: detach again if needed, then forget the pod (but for a DEL
+        that failed: the pod stays reported, broken "del-failed", until GC's DEL succeeds)."""
         try:
             await _detached(self._detach(pod))
         finally:
             self.ledger.gone(pod.id)
-            self.health.forget(pod.id)
             self.verifier.forget(pod.id)
+            if not self._del_failed(pod.id):
+                self.health.forget(pod.id)
 
     async def _detach(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
             # under the lock: a verify waiting for it must see the runtime tore the pod down
             self.ledger.detached(pod.id)
-            await self.plan.detach(pod)
+            try:
+                await self.plan.detach(pod)
+            except NriCniError as exc:
+                self._report_del_failed(pod.id, pod.label(), str(exc))
+                raise
+            if self._del_failed(pod.id):
+                log.info(
+                    "pod %s id=%s: its DEL succeeded; no longer broken (del-failed)", pod.label(), pod.id
+                )
+                self.health.forget(pod.id)
+
+    def _del_failed(self, pod_id: str) -> bool:
+        health = self.health.get(pod_id)
+        return health is not None and health.code is BrokenCode.DEL_FAILED
+
+    def _report_del_failed(self, pod_id: str, label: str, error: str) -> None:
+        """A DEL that fails is named, with its reason, in `nri-cni status` and `nri-cni pods`
+        (once in the log as it starts failing); GC retries it while the runtime does not list
+        the pod, the runtime's stop retries it while it does."""
+        reason = f"its DEL fails, so nri-cni still holds its networks: {error}; {DEL_ACTION}"
+        if not self._del_failed(pod_id):
+            log.warning("pod %s id=%s is broken (del-failed): %s", label, pod_id, reason)
+        self.health.broken(pod_id, BrokenCode.DEL_FAILED, reason)
 
     async def check(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
@@ -146,7 +175,22 @@ class PodService:
         # a pod attached again after GC DELed it (an ADD during this GC) keeps its grace
         deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
         self.ledger.collected(deleted, attached)
+        self._gc_outcome(report, attached)
         return report
+
+    def _gc_outcome(self, report: GcReport, attached: set[str]) -> None:
+        """A pod whose DEL failed is forgotten once nothing of it is held; an unlisted pod whose
+        DEL fails in GC is reported by name (del-failed), not retried silently for ever."""
+        held = attached | set(self.plan.intent_pod_ids())
+        for health in self.health.broken_pods():
+            if health.code is BrokenCode.DEL_FAILED and health.pod_id not in held:
+                log.info("pod id=%s: GC released what it held; no longer broken (del-failed)", health.pod_id)
+                self.health.forget(health.pod_id)
+        listed = self.ledger.pods
+        for pod_id in held - set(listed):
+            errors = [e for e in report["errors"] if pod_id in e]
+            if errors:
+                self._report_del_failed(pod_id, pod_id[:12], "; ".join(errors))
 
     async def gc_listed(self, pod_ids: set[str]) -> GcReport:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""

@@ -46,7 +46,15 @@ from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
-from nri_cni.pod.repair import IpTaken, check_entry, plain, repair, repair_selection, result_ips
+from nri_cni.pod.repair import (
+    IpsNotRequestable,
+    IpTaken,
+    check_entry,
+    plain,
+    repair,
+    repair_selection,
+    result_ips,
+)
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -287,6 +295,10 @@ class Verifier:
             self._failed(retry)
             reason = f"{what}; {exc}: never taken from it; {ADMIN_ACTION}"
             return self._broken(pod, BrokenCode.IP_TAKEN, reason, verdicts)
+        except IpsNotRequestable as exc:
+            self.ledger.repair.pop(pod.id, None)  # nothing was touched, nothing to retry
+            reason = f"{what}; {exc}; {ADMIN_ACTION}"
+            return self._broken(pod, BrokenCode.IPS_NOT_REQUESTABLE, reason, verdicts)
         except NriCniError as exc:
             return self._repair_failed(pod, retry, what, str(exc), verdicts)
         after = self._plan(pod, self.plan.cached(pod.id))

@@ -15,6 +15,30 @@ from nri_cni.cni.runtime_types import RuntimeConf
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef
 
 _RESULT_KEYS = {"interfaces", "ips", "routes", "dns", "ip4", "ip6"}
+
+# IPAM types that read addresses asked for in the config's `args.cni.ips` (CNI's conventions
+# doc; the plugins repository's host-local and static). Several addresses cannot go as CNI_ARGS
+# `IP=a,b`: host-local takes one address there and fails ADD and every later DEL on a list.
+ARGS_IPS_IPAMS = frozenset({"host-local", "static"})
+
+
+def ip_request_method(net: NetworkConfigList) -> str:
+    """How an ADD of this chain can ask for given addresses: "capability" (a plugin declares
+    the `ips` capability: runtimeConfig), "args" (an IPAM of ARGS_IPS_IPAMS: `args.cni.ips`),
+    or "" (neither: the chain cannot be asked for an address)."""
+    if any(p.capabilities.get("ips") is True for p in net.plugins):
+        return "capability"
+    if any(_ipam_type(p) in ARGS_IPS_IPAMS for p in net.plugins):
+        return "args"
+    return ""
+
+
+def _ipam_type(plugin: PluginConf) -> str:
+    ipam = plugin.conf.get("ipam")
+    kind = ipam.get("type") if isinstance(ipam, dict) else None
+    return kind if isinstance(kind, str) else ""
+
+
 _COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps() with options makes one per call
 
 
@@ -24,9 +48,14 @@ def plugin_stdin(
     rt: RuntimeConf | None,
     prev: dict[str, Any] | None,
     extra: dict[str, Any] | None = None,
+    *,
+    ask_ips: bool = False,
 ) -> bytes:
     """The plugin's config with name, cniVersion, prevResult and runtimeConfig injected
-    (runtimeConfig: only the capabilities the plugin declares true, and only if any)."""
+    (runtimeConfig: only the capabilities the plugin declares true, and only if any).
+
+    ask_ips (ADD only): rt.ip_request goes to a plugin declaring the `ips` capability as
+    runtimeConfig.ips, else to a plugin whose IPAM reads them as `args.cni.ips`."""
     conf = dict(plugin.conf)
     conf["name"] = net.name
     conf["cniVersion"] = net.cni_version
@@ -40,9 +69,20 @@ def plugin_stdin(
         }
         if rc:
             conf["runtimeConfig"] = rc
+    if ask_ips and rt is not None and rt.ip_request:
+        if plugin.capabilities.get("ips") is True:
+            conf["runtimeConfig"] = {**_dict(conf.get("runtimeConfig")), "ips": list(rt.ip_request)}
+        elif _ipam_type(plugin) in ARGS_IPS_IPAMS:
+            args = _dict(conf.get("args"))
+            args["cni"] = {**_dict(args.get("cni")), "ips": list(rt.ip_request)}
+            conf["args"] = args
     if extra:
         conf.update(extra)
     return _COMPACT.encode(conf).encode()
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def plugin_result(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes) -> Result:

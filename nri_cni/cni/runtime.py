@@ -118,7 +118,9 @@ class CNIRuntime:
                 if i == last:
                     # runs once the plugin is started: the cache file is made while it works
                     asyncio.get_running_loop().call_soon(prepared.prepare)
-                out = await self._call(net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev), paths[i])
+                out = await self._call(
+                    net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev, ask_ips=True), paths[i]
+                )
                 result = self._result(net, plugin, "ADD", out)
                 await self.hooks.after_plugin("ADD", net, i, rt, result)
             assert result is not None  # checked above: there was a plugin
@@ -329,16 +331,19 @@ class CNIRuntime:
 
     def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
         """The inherited environment with all six CNI variables set after it (libcni sets
-        empty strings for GC and STATUS)."""
+        empty strings for GC and STATUS). CNI_ARGS `IP` asks the IPAM for an address: ADD's
+        alone. A DEL or CHECK of an entry an older nri-cni cached with `IP=a,b` would fail in
+        host-local for ever (it parses CNI_ARGS on every verb): never passed to them."""
         if rt is None:
             return cni_env(self._base_env, command, path=self._cni_path)
+        args = rt.args if command == "ADD" else [(k, v) for k, v in rt.args if k != "IP"]
         return cni_env(
             self._base_env,
             command,
             container_id=rt.container_id,
             netns=rt.netns,
             ifname=rt.ifname,
-            args=cni_args(rt.args),
+            args=cni_args(args),
             path=self._cni_path,
         )
 

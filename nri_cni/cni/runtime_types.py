@@ -20,6 +20,10 @@ class RuntimeConf:
     capability_args: dict[str, Any] = field(
         default_factory=dict[str, Any]
     )  # runtimeConfig, filtered per plugin
+    # Addresses ADD asks the IPAM for (a repair keeping a pod's IPs), with prefix lengths. ADD
+    # only: never cached, never in an intent record, so no DEL, CHECK or FINALIZE carries it
+    # (plugin_io.request_ips says how it reaches the plugins).
+    ip_request: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

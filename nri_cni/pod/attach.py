@@ -19,7 +19,6 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
@@ -42,17 +41,6 @@ from nri_cni.pod.select import Selected
 log = logging.getLogger("nri_cni.pod")
 
 Key = tuple[str, str]  # (network, ifname): a pod may ask for one network twice (fast, fast@fast2)
-
-
-def ask_for_ips(
-    args: list[tuple[str, str]], caps: dict[str, Any], ips: Sequence[str]
-) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """An ADD that asks the IPAM for these addresses: CNI_ARGS `IP=a,b` (host-local, static) and
-    the `ips` capability (runtimeConfig, given only to plugins that declare it). Both are
-    asked: host-local honours either and counts an address asked twice once."""
-    plain = ",".join(ip.split("/", 1)[0] for ip in ips)
-    args = [(k, v) for k, v in args if k != "IP"] + [("IP", plain)]
-    return args, {**caps, "ips": list(ips)}
 
 
 class Attacher:
@@ -155,16 +143,14 @@ class Attacher:
             caps = dict(sel.capability_args)
             if index == 0:
                 caps = {**request.runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
-            args = pod.cni_args()
-            wanted = request.ips.get(_key(sel))
-            if wanted:
-                args, caps = ask_for_ips(args, caps, wanted)
             rt = RuntimeConf(
                 container_id=pod.id,
                 netns=pod.netns,
                 ifname=sel.ifname,
-                args=args,
+                args=pod.cni_args(),
                 capability_args=caps,
+                # ADD's alone: the intent record and the cache keep args and caps without it
+                ip_request=tuple(request.ips.get(_key(sel)) or ()),
             )
             confs[_key(sel)] = (sel.network.conflist, rt)
         intent = Intent(

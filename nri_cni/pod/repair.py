@@ -2,11 +2,17 @@
 
 The caller (the pod service's verify, nri_cni/app/verify.py) holds the pod's lock and has decided
 what is wrong. A repair DELs each damaged attachment from its cache entry (the config it was made
-with: a reload since does not change it), then ADDs what the pod lacks asking the IPAM for the
-addresses it had (CNI_ARGS `IP=` and the `ips` capability: attach.ask_for_ips), then FINALIZEs
-all of the pod's networks: the attach path does the ADDs, with its intent record and its rollback.
-An address another pod's attachment holds is never asked for (`IpTaken`, before anything is
-touched); an IPAM that refuses it fails the ADD with an error naming the address (`IpTaken` too).
+with: a reload since does not change it), then ADDs what the pod lacks asking the IPAM for every
+address it had, both families (RuntimeConf.ip_request: the `ips` capability where a plugin of the
+chain declares it, else `args.cni.ips` for host-local and static; never CNI_ARGS `IP=`, which
+takes one address), then FINALIZEs all of the pod's networks: the attach path does the ADDs,
+with its intent record and its rollback. The request belongs to that ADD alone: the cache entry
+and the intent record keep none, so the pod's later DEL, CHECK and rollback never carry it.
+
+Before anything is touched: an address another pod's attachment holds is never asked for
+(`IpTaken`), and a chain that cannot be asked for addresses at all is not cut (`IpsNotRequestable`:
+a DEL and a new ADD would hand the pod other IPs than the runtime reports). An IPAM that refuses
+an address fails the ADD with an error naming it as unavailable (`IpTaken` too).
 
 One operation record `"op":"repair"` per repair: what was wrong (`wrong`), what was done (the
 steps, and `asked` for the addresses).
@@ -22,6 +28,7 @@ from typing import Any
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.plugin_io import ip_request_method
 from nri_cni.cni.runtime import RuntimeConf
 from nri_cni.errors import CniCode, CNIError, NriCniError, PodError
 from nri_cni.pod.detach import attach_order
@@ -41,6 +48,13 @@ class IpTaken(PodError):
         super().__init__(msg)
         self.address = address
         self.holder = holder  # the pod id holding it, when known
+
+
+class IpsNotRequestable(PodError):
+    """A network that must get given addresses back has no way to be asked for them."""
+
+    def __init__(self, msg: str, network: str) -> None:
+        super().__init__(msg, network=network)
 
 
 def plain(address: str) -> str:
@@ -117,6 +131,7 @@ async def repair(
                         plain(address),
                         holder,
                     )
+        _check_requestable(pod, selected, ips)
         for entry in reversed(attach_order(list(damaged))):
             t0 = time.perf_counter()
             await plan.rollback.delete_entry(entry, netns=pod.netns)
@@ -138,14 +153,46 @@ async def repair(
         plan.oplog.emit(record)
 
 
+def _check_requestable(
+    pod: PodInfo, selected: Sequence[Selected], ips: Mapping[Key, tuple[str, ...]]
+) -> None:
+    for sel in selected:
+        if ips.get((sel.network.name, sel.ifname)) and not ip_request_method(sel.network.conflist):
+            raise IpsNotRequestable(
+                f"pod {pod.label()}: network {sel.network.name!r} ({sel.ifname}) must get "
+                f"{', '.join(map(plain, ips[(sel.network.name, sel.ifname)]))} back, and no plugin "
+                "of its chain can be asked for an address (no `ips` capability, no IPAM that "
+                "reads args.cni.ips): not cut, as a new ADD would give it other IPs",
+                sel.network.name,
+            )
+
+
+# how IPAMs say an address asked for is not theirs to give (host-local: "requested IP address
+# X is not available in range set ...", "... has been allocated to ..."; static and others:
+# "already in use", "already reserved")
+_REFUSALS = ("not available", "already", "allocated", "in use", "reserved")
+
+
 def _refused_address(exc: NriCniError, asked: Iterable[tuple[str, ...]]) -> str:
-    """The asked-for address an ADD's error names (host-local: "requested IP address X is not
-    available in range set ..."): the IPAM would not give it."""
+    """The asked-for address an ADD's error says the IPAM would not give. An error that merely
+    contains the address (one that could not parse the request, say) is no refusal."""
     text = _full_text(exc)
+    lowered = text.lower()
+    if not any(word in lowered for word in _REFUSALS):
+        return ""
     for addresses in asked:
         for address in addresses:
-            if plain(address) in text:
-                return plain(address)
+            ip = plain(address)
+            at = text.find(ip)
+            # the address itself, not a longer one it begins (10.0.0.1 in 10.0.0.12)
+            while (
+                at >= 0
+                and at + len(ip) < len(text)
+                and (text[at + len(ip)].isalnum() or text[at + len(ip)] in ".:")
+            ):
+                at = text.find(ip, at + 1)
+            if at >= 0:
+                return ip
     return ""
 
 

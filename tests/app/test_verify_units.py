@@ -9,7 +9,6 @@ import yaml
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import parse_config
 from nri_cni.errors import ConfigError
-from nri_cni.pod.attach import ask_for_ips
 from nri_cni.pod.repair import ip_holders, repair_selection, result_ips
 
 
@@ -50,13 +49,6 @@ def test_verify_section_and_bad_values_are_located():
         assert where in text, text
 
 
-def test_ask_for_ips_sets_cni_args_ip_and_the_ips_capability_once():
-    args = [("K8S_POD_NAME", "a"), ("IP", "10.0.0.9")]
-    new_args, caps = ask_for_ips(args, {"portMappings": []}, ["10.0.0.5/24", "fd00::5/64"])
-    assert new_args == [("K8S_POD_NAME", "a"), ("IP", "10.0.0.5,fd00::5")]
-    assert caps == {"portMappings": [], "ips": ["10.0.0.5/24", "fd00::5/64"]}
-
-
 def _entry(pod: str, ifname: str, *ips: str, network: str = "podnet") -> CacheEntry:
     conf = b'{"cniVersion":"1.1.0","name":"%s","plugins":[{"type":"bridge"}]}' % network.encode()
     result = {"cniVersion": "1.1.0", "ips": [{"address": a} for a in ips]}
@@ -93,3 +85,65 @@ def test_repair_selection_keeps_the_attachments_config_and_capability_args():
     assert out[0].capability_args == {"portMappings": [1]}  # the runtime's, from the cache
     assert out[0].network.default and out[0].network.conflist.bytes == eth0.config
     assert out[1].network.conflist.name == "retired"
+
+
+def test_an_ipam_refusal_names_the_address_and_a_parse_error_is_no_refusal():
+    from nri_cni.errors import CNIError
+    from nri_cni.pod.repair import _refused_address
+
+    asked = [("10.77.0.8/24", "fd77:77::4/64")]
+    refused = CNIError(
+        999, "failed to allocate for range 0: requested IP address 10.77.0.8 is not available in range set"
+    )
+    assert _refused_address(refused, asked) == "10.77.0.8"
+    # host-local's answer to CNI_ARGS IP=a,b names both addresses and refuses neither
+    unparsed = CNIError(
+        999, 'ARGS: error parsing value of pair "IP=10.77.0.8,fd77:77::4": invalid IP address'
+    )
+    assert _refused_address(unparsed, asked) == ""
+    # an address that only begins another is not named (10.77.0.8 in 10.77.0.80)
+    other = CNIError(999, "requested IP address 10.77.0.80 is not available in range set")
+    assert _refused_address(other, asked) == ""
+
+
+def test_a_repair_of_a_chain_that_cannot_be_asked_for_addresses_touches_nothing():
+    import asyncio
+
+    from nri_cni.cni.config import parse_conflist
+    from nri_cni.config import NetworkSpec
+    from nri_cni.pod.model import PodInfo
+    from nri_cni.pod.repair import IpsNotRequestable, repair
+    from nri_cni.pod.select import Selected
+
+    net = parse_conflist(
+        {"cniVersion": "1.1.0", "name": "dhcpnet", "plugins": [{"type": "macvlan", "ipam": {"type": "dhcp"}}]}
+    )
+    touched: list[str] = []
+
+    class Plan:  # only what repair reaches before it would touch anything; the rest records
+        def cached(self, pod_id=None):
+            return []
+
+        def __getattr__(self, name):
+            touched.append(name)
+            raise AssertionError(f"repair touched plan.{name}")
+
+    class Sink:
+        def emit(self, record):
+            touched.append("emit:" + (record.error.__class__.__name__ if record.error else "ok"))
+
+    plan = Plan()
+    plan.__dict__["oplog"] = Sink()
+    pod = PodInfo("a" * 64, name="p", namespace="default", netns="/run/netns/x")
+    with pytest.raises(IpsNotRequestable, match="dhcpnet"):
+        asyncio.run(
+            repair(
+                plan,
+                pod,
+                selected=[Selected(NetworkSpec(name="dhcpnet", conflist=net), "eth0", {})],
+                damaged=[],
+                ips={("dhcpnet", "eth0"): ("192.0.2.7/24",)},
+                wrong=["eth0 lacks 192.0.2.7/24"],
+            )
+        )
+    assert touched == ["emit:IpsNotRequestable"]  # one record, nothing DELed or ADDed

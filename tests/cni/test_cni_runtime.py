@@ -632,3 +632,63 @@ def test_cache_durability_modes(fake_bin, tmp_path, make_net, rt, durable, monke
         assert synced.wait(5)
         assert calls == [("write", False), ("sync", ("testnet", "c0ffee", "eth0"))]
     assert runtime.cache.read("testnet", "c0ffee", "eth0") is not None
+
+
+@pytest.mark.parametrize(
+    "chain, method",
+    [
+        # a plugin declaring the `ips` capability gets them as runtimeConfig.ips
+        ([{"type": "fake-a", "capabilities": {"ips": True}, "ipam": {"type": "host-local"}}], "capability"),
+        # else the plugin whose IPAM reads args.cni.ips (host-local, static) gets them there
+        ([{"type": "fake-a", "ipam": {"type": "host-local"}, "args": {"cni": {"mac": "x"}}}], "args"),
+        ([{"type": "fake-a", "ipam": {"type": "static"}}], "args"),
+        # an IPAM that reads neither: nothing to ask with
+        ([{"type": "fake-a", "ipam": {"type": "dhcp"}}], ""),
+    ],
+)
+def test_an_ip_request_reaches_add_alone_never_cni_args_nor_the_cache(
+    runtime, make_net, call_log, rt, chain, method
+):
+    from nri_cni.cni.plugin_io import ip_request_method
+
+    net = make_net([*chain, "fake-b"])
+    assert ip_request_method(net) == method
+    asked = ("10.77.0.8/24", "fd77:77::4/64")
+    run(runtime.add(net, dataclasses.replace(rt, ip_request=asked)))
+    first, second = call_log.calls()
+    for call in (first, second):  # one address only fits CNI_ARGS IP=: it never carries them
+        assert "IP=" not in call["env"]["CNI_ARGS"]
+    stdin = first["stdin"]
+    if method == "capability":
+        assert stdin["runtimeConfig"]["ips"] == list(asked) and "args" not in stdin
+    elif method == "args":
+        assert stdin["args"]["cni"]["ips"] == list(asked)
+        assert stdin["args"]["cni"].get("mac", "x") == "x"  # what the config had stays
+    else:
+        assert "runtimeConfig" not in stdin and "args" not in stdin
+    assert "runtimeConfig" not in second["stdin"] and "args" not in second["stdin"]
+    entry = runtime.cache.read("testnet", rt.container_id, rt.ifname)
+    assert entry.cni_args == rt.args and "ips" not in entry.capability_args  # the request: ADD's alone
+    call_log.clear()
+    run(runtime.check(net, rt))
+    run(runtime.delete_cached(entry))
+    for call in call_log.calls():
+        assert "ips" not in json.dumps(call["stdin"].get("runtimeConfig", {}))
+        assert "ips" not in json.dumps(call["stdin"].get("args", {}))
+
+
+def test_del_and_check_drop_a_cached_cni_args_ip(runtime, make_net, call_log, rt):
+    """An entry an older nri-cni cached with CNI_ARGS `IP=a,b` (a dual-stack repair): host-local
+    parses CNI_ARGS on every verb and fails on the list, so its DEL would fail for ever. DEL
+    and CHECK never pass `IP`; ADD passes what it is given."""
+    net = make_net(["fake-a"])
+    old = dataclasses.replace(rt, args=[*rt.args, ("IP", "10.77.0.8,fd77:77::4")])
+    run(runtime.add(net, old))
+    assert "IP=10.77.0.8,fd77:77::4" in call_log.calls()[0]["env"]["CNI_ARGS"]
+    call_log.clear()
+    entry = runtime.cache.read("testnet", rt.container_id, rt.ifname)
+    run(runtime.check(net, old))
+    run(runtime.delete_cached(entry))
+    assert [c["command"] for c in call_log.calls()] == ["CHECK", "DEL"]
+    for call in call_log.calls():
+        assert "IP=" not in call["env"]["CNI_ARGS"], call["env"]["CNI_ARGS"]
