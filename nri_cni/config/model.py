@@ -81,6 +81,11 @@ class PodLimits:
 
     networks_per_pod: int = 8
     attachments_per_network: int = 2
+    # A pod's networks are ADDed at once (each chain in its order, FINALIZE after all), at most
+    # this many of one pod together (1: one after another) ...
+    parallel_per_pod: int = 4
+    # ... and at most this many ADDs on the node together (read at start-up)
+    parallel_per_node: int = 16
 
 
 @dataclass(frozen=True)

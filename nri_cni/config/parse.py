@@ -102,10 +102,16 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         ),
     )
     limits = r.section(data, "limits")
-    r.unknown_keys(limits, {"networks_per_pod", "attachments_per_network"}, "limits")
+    r.unknown_keys(
+        limits,
+        {"networks_per_pod", "attachments_per_network", "parallel_per_pod", "parallel_per_node"},
+        "limits",
+    )
     pod_limits = PodLimits(
         networks_per_pod=r.integer(limits, "networks_per_pod", 8, "limits", low=1, high=64),
         attachments_per_network=r.integer(limits, "attachments_per_network", 2, "limits", low=1, high=64),
+        parallel_per_pod=r.integer(limits, "parallel_per_pod", 4, "limits", low=1, high=64),
+        parallel_per_node=r.integer(limits, "parallel_per_node", 16, "limits", low=1, high=1024),
     )
     files = r.section(data, "files")
     r.unknown_keys(files, {"trust"}, "files")

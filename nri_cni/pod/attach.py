@@ -67,6 +67,8 @@ class Attacher:
         # INIT / DEINIT per network generation: ADDs hold a lease on their generation
         self.lifecycle = lifecycle
         self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
+        # every pod's ADDs on the node together (limits.parallel_per_node, read at start-up)
+        self.node_slots = asyncio.Semaphore(cfg.limits.parallel_per_node)
 
     def reconfigure(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -177,22 +179,13 @@ class Attacher:
         planned = {(n.network, n.ifname): n for n in intent.networks}
 
         added: list[IntendedNetwork] = []
-        results: dict[Key, Result] = {}
+        results: dict[Key, Result] = {
+            _key(sel): parse_result(entry.result or {"cniVersion": "1.1.0"})
+            for sel in selected
+            if (entry := existing.get(_key(sel))) is not None
+        }
         try:
-            for sel in selected:
-                net, rt = confs[_key(sel)]
-                entry = existing.get(_key(sel))
-                if entry is not None:
-                    results[_key(sel)] = parse_result(entry.result or {"cniVersion": "1.1.0"})
-                    continue
-                t0 = time.perf_counter()
-                added.append(planned[_key(sel)])
-                try:
-                    results[_key(sel)] = await self._add_one(net, rt)
-                except NriCniError as exc:
-                    self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
-                    raise
-                record.step(net.name, sel.ifname, "add", t0)
+            await self._add_all(todo, confs, planned, intent, added, results, record)
             await synced
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
@@ -207,6 +200,48 @@ class Attacher:
         for sel in selected:
             answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
         return answer
+
+    async def _add_all(
+        self,
+        todo: list[Selected],
+        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]],
+        planned: dict[Key, IntendedNetwork],
+        intent: Intent,
+        added: list[IntendedNetwork],
+        results: dict[Key, Result],
+        record: OpRecord,
+    ) -> None:
+        """ADD the networks at once, each chain in its order (go-cni's way; limits.parallel_per_pod
+        of one pod together, limits.parallel_per_node on the node). A network that fails stops
+        the ones not started yet; those running finish (a plugin is never cut halfway), and
+        `added` names every one started, for the rollback. Raises the first failure."""
+        failed: list[NriCniError] = []
+        pod_slots = asyncio.Semaphore(self.cfg.limits.parallel_per_pod)
+
+        async def one(sel: Selected) -> None:
+            async with pod_slots, self.node_slots:
+                if failed:
+                    return  # another network failed: this one is not started
+                net, rt = confs[_key(sel)]
+                t0 = time.perf_counter()
+                added.append(planned[_key(sel)])
+                try:
+                    results[_key(sel)] = await self._add_one(net, rt)
+                except NriCniError as exc:
+                    failed.append(exc)
+                    self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
+                    return
+                record.step(net.name, sel.ifname, "add", t0)
+
+        if len(todo) == 1:
+            await one(todo[0])  # the common case: no task
+        else:
+            outcomes = await asyncio.gather(*(one(sel) for sel in todo), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome  # not a plugin's failure (cancelled, a bug): the intent stays
+        if failed:
+            raise failed[0]
 
     async def _check_ready(self, todo: list[Selected]) -> None:
         """status.refuse_when_not_ready: no ADD of a network whose STATUS fails."""

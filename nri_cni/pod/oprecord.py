@@ -40,6 +40,7 @@ class OpRecord:
     op: str
     pod: PodInfo
     started: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)  # the same instant, for step offsets
     networks: list[dict[str, Any]] = field(default_factory=list)
     plugins: list[dict[str, Any]] = field(default_factory=list)
     error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
@@ -53,9 +54,11 @@ class OpRecord:
         self.failures += 1
 
     def step(self, network: str, ifname: str, op: str, t0: float | None = None) -> None:
-        """One network's step; `t0` (time.perf_counter() at its start) adds its duration."""
+        """One network's step; `t0` (time.perf_counter() at its start) adds when it started
+        (`at`, ms into the operation: networks ADDed at once overlap) and its duration."""
         entry: dict[str, Any] = {"network": network, "ifname": ifname, "op": op}
         if t0 is not None:
+            entry["at"] = round((t0 - self.t0) * 1000, 2)
             entry["ms"] = ms_since(t0)
         self.networks.append(entry)
 
