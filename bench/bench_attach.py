@@ -1,0 +1,160 @@
+"""A pod with three networks: ADDed at once vs one after another vs each chain alone.
+
+Three bridge + host-local networks (real plugins, bridges and netns of the bench's own). Per
+round, in an order that rotates, one pod is attached and detached by each of five pod services
+that differ only in their config: all three networks at once (`limits.parallel_per_pod: 3`),
+all three one after another (`parallel_per_pod: 1`, Multus's way), and each network alone.
+The figure is the median over rounds of (at once) / (the slowest chain alone, that round): what
+a pod waits for beyond its slowest network. Times are the pod service's attach, as the daemon
+runs it (intent record, ADDs, FINALIZE, netlink fill).
+
+  sudo ./.venv/bin/python bench/bench_attach.py --pods 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.native_node import CNI_BIN  # noqa: E402
+from nri_cni.app.modes import mode_for  # noqa: E402
+from nri_cni.app.service import PodService  # noqa: E402
+from nri_cni.cni.runtime import CNIRuntime  # noqa: E402
+from nri_cni.config import parse_config  # noqa: E402
+from nri_cni.pod.model import PodInfo  # noqa: E402
+from nri_cni.pod.plan import PodPlan  # noqa: E402
+from tests.support.netns import Janitor, free_subnet, unique_name  # noqa: E402
+
+NETS = ("benchnet-a", "benchnet-b", "benchnet-c")
+
+
+def _networks(jan: Janitor, ipam_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    used: list[str] = []
+    for n, name in enumerate(NETS):
+        bridge = unique_name("bb")
+        jan.track_link(bridge)
+        subnet = str(free_subnet(exclude=used))
+        used.append(subnet)
+        out.append(
+            {
+                "name": name,
+                "default": True,
+                "interface": "eth0" if n == 0 else f"net{n}",
+                "conflist": {
+                    "cniVersion": "1.1.0",
+                    "name": name,
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": bridge,
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "ipam": {
+                                "type": "host-local",
+                                "dataDir": str(ipam_dir),
+                                "ranges": [[{"subnet": subnet}]],
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+    return out
+
+
+def _service(tmp: Path, name: str, networks: list[dict[str, Any]], per_pod: int) -> PodService:
+    own = tmp / name
+    (own / "_finalize.d").mkdir(parents=True)
+    if len(networks) == 1:
+        networks = [{**networks[0], "interface": "eth0"}]
+    doc = {
+        "mode": "shim",
+        "state_dir": str(own / "state"),
+        "nri": {"socket": str(own / "nri.sock")},
+        "daemon": {"socket": str(own / "daemon.sock")},
+        "cni": {
+            "bin_dirs": [str(CNI_BIN)],
+            "cache_dir": str(own / "cache"),
+            "finalize_dir": str(own / "_finalize.d"),
+        },
+        "networks": networks,
+        "limits": {"parallel_per_pod": per_pod},
+        "gc": {"interval": 0},
+        "status": {"interval": 0},
+    }
+    cfg = parse_config(doc, str(own / "config.yaml"))
+    cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir)
+    return PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
+
+
+async def _rounds(services: dict[str, PodService], netns: list[str], warmup: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in services}
+    names = list(services)
+    for r, path in enumerate(netns):
+        order = names[r % len(names) :] + names[: r % len(names)]  # the order rotates
+        for name in order:
+            pod = PodInfo(uuid.uuid4().hex * 2, f"b{r}", "nct-bench", str(uuid.uuid4()), netns=path)
+            t0 = time.perf_counter()
+            await services[name].attach(pod)
+            ms = (time.perf_counter() - t0) * 1000
+            await services[name].detach(pod)
+            if r >= warmup:
+                times[name].append(ms)
+    for svc in services.values():
+        await svc.close()
+    return times
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="nri-cni-bench-attach-") as tmp_s:
+        tmp = Path(tmp_s)
+        jan = Janitor()
+        try:
+            networks = _networks(jan, tmp / "ipam")
+            services = {
+                "at_once": _service(tmp, "at_once", networks, 3),
+                "one_by_one": _service(tmp, "one_by_one", networks, 1),
+                **{f"alone_{n}": _service(tmp, f"alone_{n}", [net], 1) for n, net in enumerate(networks)},
+            }
+            netns = [jan.netns().path for _ in range(args.warmup + args.pods)]
+            times = asyncio.run(_rounds(services, netns, args.warmup))
+        finally:
+            failed = jan.cleanup()
+            if failed:
+                print(f"bench_attach: cleanup: {failed}", file=sys.stderr)
+    slowest = [max(times[f"alone_{n}"][i] for n in range(len(NETS))) for i in range(args.pods)]
+    at_once, one_by_one = times["at_once"], times["one_by_one"]
+    return {
+        "pods": args.pods,
+        "at_once_median_ms": statistics.median(at_once),
+        "one_by_one_median_ms": statistics.median(one_by_one),
+        "slowest_alone_median_ms": statistics.median(slowest),
+        "at_once_over_slowest": statistics.median(a / s for a, s in zip(at_once, slowest)),
+        "at_once_over_one_by_one": statistics.median(a / b for a, b in zip(at_once, one_by_one)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pods", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=2)
+    rep = measure(p.parse_args(argv))
+    print(json.dumps(rep, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
