@@ -20,11 +20,11 @@ import logging
 import re
 
 from nri_cni.api import nri_pb2
-from nri_cni.app.modes import Mode
-from nri_cni.app.service import PodService
 from nri_cni.daemon.nri_answer import pod_info, run_pod_response
 from nri_cni.errors import NriCniError
 from nri_cni.pod.model import PodInfo
+from nri_cni.service.modes import Mode
+from nri_cni.service.service import PodService
 
 log = logging.getLogger("nri_cni.nri")
 

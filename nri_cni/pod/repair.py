@@ -29,7 +29,7 @@ from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimar
 from nri_cni.pod.oprecord import OpRecord
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.select import Selected
-from nri_cni.validate import ifname_problem
+from nri_cni.safety.validate import ifname_problem
 
 Key = tuple[str, str]  # (network, ifname)
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_cni import localcodec, localproto
-from nri_cni.app.modes import NativeMode, SecondaryMode, ShimMode, mode_for
-from nri_cni.cli import EXIT_FAILED, EXIT_PLUGIN, EXIT_UNAVAILABLE, EXIT_USAGE
+from nri_cni.cli.main import EXIT_FAILED, EXIT_PLUGIN, EXIT_UNAVAILABLE, EXIT_USAGE
 from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.cni.nocache import NO_CACHE
 from nri_cni.cni.runtime import CNIRuntime, RuntimeHooks
@@ -34,7 +32,10 @@ from nri_cni.errors import (
     Unavailable,
     exit_code_for,
 )
+from nri_cni.local import codec as localcodec
+from nri_cni.local import proto as localproto
 from nri_cni.pod.model import PodInfo, PrimaryNetwork
+from nri_cni.service.modes import NativeMode, SecondaryMode, ShimMode, mode_for
 from nri_cni.shim import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ MODE_NAMES = {"shim", "native", "secondary"}
 
 def test_no_mode_name_is_compared_outside_the_modes_and_config_parsing():
     allowed = {
-        ROOT / "nri_cni" / "app" / "modes.py",
+        ROOT / "nri_cni" / "service" / "modes.py",
         ROOT / "nri_cni" / "config" / "parse.py",
         ROOT / "nri_cni" / "config" / "model.py",
     }
@@ -180,10 +181,10 @@ def test_codes_come_from_the_kind(exc, kind, cni, grpc, exit_code):
 
 
 def test_cli_modules_take_exit_codes_from_the_errors_not_from_the_cli():
-    for path in (ROOT / "nri_cni" / "cni" / "cli.py", ROOT / "nri_cni" / "daemon_cli.py"):
+    for path in (ROOT / "nri_cni" / "cli" / "cnitool.py", ROOT / "nri_cni" / "cli" / "daemon.py"):
         tree = ast.parse(path.read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert "nri_cni.cli" not in imported, path
+        assert "nri_cni.cli.main" not in imported, path
 
 
 # -- the cache seam ----------------------------------------------------------------------------
@@ -210,7 +211,7 @@ def test_with_no_cache_the_same_runtime_writes_nothing(tmp_path):
 
 def test_the_python_shim_carries_the_shared_codec_and_imports_nothing_of_the_package():
     text = render("/run/x.sock", python="/usr/bin/python3")
-    codec = (ROOT / "nri_cni" / "localcodec.py").read_text()
+    codec = (ROOT / "nri_cni" / "local" / "codec.py").read_text()
     assert codec in text
     tree = ast.parse(text)
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -11,14 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-from nri_cni.app.modes import mode_for
-from nri_cni.app.service import PodService
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.pod.intents import IntendedNetwork, Intent
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
+from nri_cni.service.modes import mode_for
+from nri_cni.service.service import PodService
 
 SPAN_PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "span_plugin.py"
 PARALLEL = 4

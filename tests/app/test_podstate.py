@@ -1,4 +1,4 @@
-from nri_cni.app.podstate import BrokenCode, HealthBook, PodState
+from nri_cni.service.podstate import BrokenCode, HealthBook, PodState
 
 
 def test_repaired_stays_repaired_while_verified_ok():

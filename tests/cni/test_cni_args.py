@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nri_cni import validate
-from nri_cni.cni import cli
+from nri_cni.cli import cnitool as cli
+from nri_cni.safety import validate
 
 
 def test_the_cli_keeps_the_order_the_daemon_reads_by_key():

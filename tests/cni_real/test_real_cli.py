@@ -100,7 +100,7 @@ def test_cli_add_check_del(cni_env: CniEnv, ip_forward_restored):
 
 
 def test_cli_errors_are_cni_error_json(cni_env: CniEnv):
-    from nri_cni.cli import EXIT_PLUGIN, EXIT_USAGE
+    from nri_cni.cli.main import EXIT_PLUGIN, EXIT_USAGE
 
     env = cni_env
     confdir = env.tmp / "net.d"

@@ -1,4 +1,4 @@
-"""nri_cni/metrics.py: the Prometheus text endpoint on a unix socket and on 127.0.0.1."""
+"""nri_cni/metrics/endpoint.py: the Prometheus text endpoint on a unix socket and on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nri_cni.errors import CNIError, NriCniError, PluginRef, PodError, Unavailable
-from nri_cni.metrics import LATENCY_BUCKETS, Metrics, error_code
+from nri_cni.metrics.endpoint import LATENCY_BUCKETS, Metrics, error_code
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.oprecord import OpRecord
 

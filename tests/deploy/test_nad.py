@@ -1,4 +1,4 @@
-"""NetworkAttachmentDefinition files (nri_cni/nad.py): parsing, namespace isolation, errors
+"""NetworkAttachmentDefinition files (nri_cni/config/nad.py): parsing, namespace isolation, errors
 with their file, check-config's listing (with the _finalize.d drop-ins it loaded)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-node values (`${node.KEY}`, nri_cni/nodevalues.py): one config for every node of a
+"""Per-node values (`${node.KEY}`, nri_cni/config/nodevalues.py): one config for every node of a
 DaemonSet, each node's subnet from nodes.yaml, hot-reloaded like the config itself."""
 
 from __future__ import annotations

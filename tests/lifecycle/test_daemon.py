@@ -10,9 +10,9 @@ import time
 import pytest
 import yaml
 
-from nri_cni import localproto
 from nri_cni.errors import CniCode, CNIError, RPCError
 from nri_cni.lifecycle import generation_id
+from nri_cni.local import proto as localproto
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.netns import get_link, unique_name
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import asyncinotify
 
-from nri_cni.lifecycle import inotify
-from nri_cni.lifecycle.inotify import DirWatcher
+from nri_cni.daemon import inotify
+from nri_cni.daemon.inotify import DirWatcher
 
 
 def open_fds() -> set[str]:

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from nri_cni import fsutil
 from nri_cni.errors import CniCode, NriCniError
 from nri_cni.lifecycle import GenerationRecord, RecordStore
+from nri_cni.safety import files as fsutil
 
 
 def _record(phase: str = "init") -> GenerationRecord:

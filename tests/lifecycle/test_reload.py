@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from nri_cni.config import load_config
+from nri_cni.daemon.inotify import DirWatcher
 from nri_cni.daemon.reload import ConfigReloader, watched_dirs
 from nri_cni.lifecycle import generation_id
-from nri_cni.lifecycle.inotify import DirWatcher
 
 
 def base_config(tmp, networks, **extra) -> dict:

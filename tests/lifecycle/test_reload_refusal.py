@@ -10,7 +10,7 @@ import re
 
 import yaml
 
-from nri_cni.logsetup import setup_logging
+from nri_cni.cli.logsetup import setup_logging
 from tests.lifecycle.test_reload import base_config, inline, quiet, start, write
 
 

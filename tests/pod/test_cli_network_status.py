@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 import yaml
 
-from nri_cni import health
+from nri_cni.cli import health
 from nri_cni.cni.cache import CacheEntry, ResultCache
+from nri_cni.daemon.podreport import PodState, network_status, pods_report, runtime_primaries
 from nri_cni.pod.model import PodInfo
-from nri_cni.podreport import PodState, network_status, pods_report, runtime_primaries
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message, run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from nri_cni import localproto
+from nri_cni.local import proto as localproto
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message, run
 
 pytestmark = pytest.mark.netns

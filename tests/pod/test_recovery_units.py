@@ -9,8 +9,6 @@ import os
 
 import pytest
 
-from nri_cni.app.modes import mode_for
-from nri_cni.app.service import PodService
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.config import parse_config
@@ -22,6 +20,8 @@ from nri_cni.pod.oprecord import OpRecord
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.rollback import nothing_created
 from nri_cni.pod.upkeep import netns_gone
+from nri_cni.service.modes import mode_for
+from nri_cni.service.service import PodService
 
 CHAIN = {
     "cniVersion": "1.1.0",

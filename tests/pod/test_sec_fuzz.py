@@ -15,13 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nri_cni import localproto, validate
 from nri_cni.api import nri_pb2
 from nri_cni.cni.cache import CacheEntry, CorruptEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.errors import NriCniError
+from nri_cni.local import proto as localproto
 from nri_cni.pod.select import parse_annotation
+from nri_cni.safety import validate
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message
 from tests.pod.secharness import all_files, call_shim, install_shim, netns_path, shim_config
 

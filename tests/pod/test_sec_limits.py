@@ -14,9 +14,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nri_cni import jsonlimits
 from nri_cni.config import load_config_text
 from nri_cni.errors import ConfigError
+from nri_cni.safety import jsonlimits
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import (
     BUILDS,
@@ -228,7 +228,7 @@ def test_config_loader_raises_only_config_errors_on_any_text(text):
 @pytest.mark.netns
 def test_the_daemon_answers_while_random_requests_hit_the_local_socket(node):
     """Random and extreme requests on the local socket, interleaved with normal ADD/DELs."""
-    from nri_cni import localproto
+    from nri_cni.local import proto as localproto
 
     netns_path(node)
     shim_holder = {}

@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from nri_cni import localproto
+from nri_cni.local import proto as localproto
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import install_shim, netns_path, normal_add_del, shim_config, started
 
@@ -209,7 +209,7 @@ def test_the_cli_still_talks_to_the_daemon(node):
 
 def test_peer_check_without_a_subprocess_user_switch():
     """peer_allowed: root by uid, others by the configured uids or gids only."""
-    from nri_cni.peercred import Peer, peer_allowed
+    from nri_cni.local.guard import Peer, peer_allowed
 
     assert peer_allowed(Peer(1, 0, 0), (0,), ())
     assert not peer_allowed(Peer(1, 1000, 1000), (0,), ())

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from nri_cni import metrics_server
+from nri_cni.metrics import limits as metrics_server
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import install_shim, netns_path, normal_add_del, shim_config, started
 

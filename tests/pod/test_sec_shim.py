@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nri_cni import localproto
+from nri_cni.local import proto as localproto
 from tests.pod.conftest import new_pod_id, run
 from tests.pod.secharness import (
     BUILDS,

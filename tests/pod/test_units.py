@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from nri_cni import localproto
-from nri_cni.app.modes import mode_for
 from nri_cni.config import ConfigErrors, load_config_text, parse_config
 from nri_cni.errors import AnnotationRefused, ConfigError
+from nri_cni.local import proto as localproto
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PrimaryNetwork
 from nri_cni.pod.select import select_networks
+from nri_cni.service.modes import mode_for
 from nri_cni.shim import install
 
 BRIDGE = {

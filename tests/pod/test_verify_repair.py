@@ -14,14 +14,14 @@ import sys
 
 import pytest
 
-from nri_cni.app.modes import mode_for
-from nri_cni.app.podstate import BrokenCode, PodState
-from nri_cni.app.service import PodService
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.errors import NriCniError
 from nri_cni.pod.model import AttachRequest, PodInfo
 from nri_cni.pod.plan import PodPlan
+from nri_cni.service.modes import mode_for
+from nri_cni.service.podstate import BrokenCode, PodState
+from nri_cni.service.service import PodService
 from tests.pod.conftest import new_pod_id
 from tests.support.netns import delete_link, get_link
 

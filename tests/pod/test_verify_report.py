@@ -19,12 +19,12 @@ from pathlib import Path
 import jsonschema
 from prometheus_client.parser import text_string_to_metric_families
 
-from nri_cni import health
-from nri_cni.app.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
+from nri_cni.cli import health
 from nri_cni.errors import NriCniError
-from nri_cni.metrics import Metrics
+from nri_cni.metrics.endpoint import Metrics
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.oprecord import OpRecord
+from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
 from tests.pod.conftest import DaemonHarness, new_pod_id, pod_message, run
 
 ROOT = Path(__file__).resolve().parents[2]

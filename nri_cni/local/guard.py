@@ -22,8 +22,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nri_cni import localproto
-from nri_cni.ratelog import RateLimitedLog
+from nri_cni.local import proto as localproto
+from nri_cni.safety.ratelog import RateLimitedLog
 
 log = logging.getLogger("nri_cni.local")
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nri_cni.ratelog import RateLimitedLog
+from nri_cni.safety.ratelog import RateLimitedLog
 
 log = logging.getLogger("nri_cni.metrics")
 

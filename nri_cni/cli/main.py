@@ -40,8 +40,8 @@ __all__ = [
 
 # Command groups; each module has register(subparsers).
 COMMAND_MODULES = (
-    "nri_cni.daemon_cli",
-    "nri_cni.cni.cli",
+    "nri_cni.cli.daemon",
+    "nri_cni.cli.cnitool",
 )
 
 

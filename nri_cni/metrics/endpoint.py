@@ -21,9 +21,9 @@ from typing import Any, Protocol
 from prometheus_client import Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from nri_cni import metrics_server
 from nri_cni.errors import NriCniError
-from nri_cni.exposition import CONTENT_TYPE, LATENCY_BUCKETS, Exposition
+from nri_cni.metrics import limits as metrics_server
+from nri_cni.metrics.families import CONTENT_TYPE, LATENCY_BUCKETS, Exposition
 
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "Metrics", "Operation", "error_code"]
 

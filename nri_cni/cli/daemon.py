@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from nri_cni import health
+from nri_cni.cli import health
 from nri_cni.cni.config import load_finalize_dropins
 from nri_cni.config import DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_SOCKET, load_config, load_config_text
 from nri_cni.errors import EXIT_FAILED, EXIT_USAGE, Kind, NriCniError, Unavailable
@@ -127,9 +127,9 @@ def cmd_run(args) -> int:
     # lazy: the daemon's whole tree (~100 ms) loads for `nri-cni run` alone
     import asyncio
 
+    from nri_cni.cli.gctune import tune_gc
+    from nri_cni.cli.logsetup import setup_logging
     from nri_cni.daemon.app import build_daemon
-    from nri_cni.gctune import tune_gc
-    from nri_cni.logsetup import setup_logging
 
     cfg = load(args)
     setup_logging(cfg.log_level, cfg.log_format)
@@ -175,7 +175,7 @@ def cmd_check_config(args) -> int:
 
 def _ask(args, op: str):
     # lazy: the local protocol's asyncio (~25 ms) only for the commands that ask the daemon
-    from nri_cni import localproto
+    from nri_cni.local import proto as localproto
 
     status, payload = localproto.call(args.socket, {localproto.OP_KEY: op})
     data = json.loads(payload or b"null")
@@ -224,7 +224,7 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 def _ping(args) -> int:
-    from nri_cni import localproto  # lazy: the local protocol's asyncio (~25 ms)
+    from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
 
     try:
         status, _ = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
@@ -243,7 +243,7 @@ def health_name(code: int) -> str:
 
 def _status_once(args, quiet: bool = False) -> tuple[int, str]:
     """(exit code, what to print). Unreachable is `not ready` for a probe: exit 2."""
-    from nri_cni import localproto  # lazy: the local protocol's asyncio (~25 ms)
+    from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
 
     try:
         status, payload = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
@@ -316,7 +316,7 @@ def _verify_line(rounds, states, watch: bool = False) -> str:
 
 
 def cmd_pods(args) -> int:
-    from nri_cni.podreport import pods_table  # lazy: the report's cache and result parsers
+    from nri_cni.cli.tables import pods_table  # lazy: only `pods` prints it
 
     return _report(args, "pods", lambda data: print(pods_table(data, time.time())))
 
@@ -334,7 +334,7 @@ def _gc_table(data) -> None:
 def cmd_verify(args) -> int:
     """Exit 0 all ok or repaired, 1 a pod broken, 2 the daemon unreachable or the verify failed
     (as `nri-cni status`: 2 is "cannot say")."""
-    from nri_cni import localproto  # lazy: the local protocol's asyncio (~25 ms)
+    from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
 
     body = json.dumps({"pod": args.pod, "check": args.check}).encode()
     try:
@@ -352,7 +352,7 @@ def cmd_verify(args) -> int:
     if args.output == "json":
         print(json.dumps(data, indent=2))
     else:
-        from nri_cni.podreport import verify_table  # lazy: the report's cache and result parsers
+        from nri_cni.cli.tables import verify_table  # lazy: only `verify` prints it
 
         print(verify_table(data))
     return EXIT_FAILED if any(v["state"] == "broken" for v in data) else 0

@@ -21,7 +21,7 @@ import asyncio
 import socket
 
 from nri_cni.errors import Unavailable
-from nri_cni.localcodec import (
+from nri_cni.local.codec import (
     MAX_BODY,
     MAX_HEADER,
     RESPONSE_HEAD,
@@ -32,7 +32,7 @@ from nri_cni.localcodec import (
     encode_response,
     header_length,
 )
-from nri_cni.localcodec import encode_request as _encode_pairs
+from nri_cni.local.codec import encode_request as _encode_pairs
 
 __all__ = [
     "MAX_BODY",

@@ -18,10 +18,6 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from nri_cni.app.ledger import PodLedger
-from nri_cni.app.modes import Mode, mode_for
-from nri_cni.app.podstate import HealthBook, PodHealth
-from nri_cni.app.verify import Verifier
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import NriCniError
@@ -29,6 +25,10 @@ from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
 from nri_cni.pod.oprecord import GcReport
 from nri_cni.pod.plan import PodPlan
+from nri_cni.service.ledger import PodLedger
+from nri_cni.service.modes import Mode, mode_for
+from nri_cni.service.podstate import HealthBook, PodHealth
+from nri_cni.service.verify import Verifier
 
 log = logging.getLogger("nri_cni.daemon")
 

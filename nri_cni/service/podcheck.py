@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nri_cni.app.podstate import AttachmentVerdict
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.node import Expectation, Finding, FindingKind
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.select import Selected
+from nri_cni.service.podstate import AttachmentVerdict
 
 Key = tuple[str, str]  # (network, ifname)
 

@@ -29,10 +29,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nri_cni import jsonlimits, validate
 from nri_cni.cni.config import load_conf_dir, load_conflist_file, validate_ifname
 from nri_cni.cni.versions import CURRENT
 from nri_cni.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CNIError, ConfigError, NriCniError, exit_code_for
+from nri_cni.safety import jsonlimits, validate
 
 if TYPE_CHECKING:
     from nri_cni.cni.config import NetworkConfigList

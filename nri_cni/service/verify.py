@@ -30,10 +30,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from nri_cni.app.ledger import PodLedger
-from nri_cni.app.modes import Mode
-from nri_cni.app.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
-from nri_cni.app.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import Kind, NriCniError
@@ -47,6 +43,10 @@ from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpTaken, check_entry, plain, repair, repair_selection, result_ips
+from nri_cni.service.ledger import PodLedger
+from nri_cni.service.modes import Mode
+from nri_cni.service.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
+from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 
 log = logging.getLogger("nri_cni.daemon")
 
