@@ -29,12 +29,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.native_node import CNI_BIN  # noqa: E402
-from nri_cni.app.modes import mode_for  # noqa: E402
-from nri_cni.app.service import PodService  # noqa: E402
 from nri_cni.cni.runtime import CNIRuntime  # noqa: E402
 from nri_cni.config import parse_config  # noqa: E402
 from nri_cni.pod.model import PodInfo  # noqa: E402
 from nri_cni.pod.plan import PodPlan  # noqa: E402
+from nri_cni.service.modes import mode_for  # noqa: E402
+from nri_cni.service.service import PodService  # noqa: E402
 from tests.support.netns import Janitor, free_subnet, unique_name  # noqa: E402
 
 NETS = ("benchnet-a", "benchnet-b", "benchnet-c")

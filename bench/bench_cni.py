@@ -18,7 +18,7 @@ the ADD result as prevResult (kept in memory: the floor writes no cache file; nr
 write and read are part of what is measured).
 
 nri-cni is driven as the daemon drives it: its CNIRuntime awaited inside an event loop that is
-already running, with the daemon's GC settings (nri_cni.gctune). The floor's blocking calls run
+already running, with the daemon's GC settings (nri_cni.cli.gctune). The floor's blocking calls run
 in that same loop.
 
 Output: per chain and verb, the medians, the median of the per-pod ratios nri-cni/floor, and
@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from nri_cni.gctune import tune_gc  # noqa: E402
+from nri_cni.cli.gctune import tune_gc  # noqa: E402
 from tests.support.netns import (  # noqa: E402  (netns/bridge helpers with cleanup)
     Janitor,
     free_subnet,

@@ -101,7 +101,7 @@ async def churn(node: NativeNode, nets, pods: int, parallel: int) -> dict:
 def has_verify(node: NativeNode) -> bool:
     """True if the running daemon has `nri-cni verify` (asked for a pod that does not exist, so
     nothing is verified): a daemon without it answers "unknown operation" or "has no verify"."""
-    from nri_cni import localproto  # lazy: only the restart bench asks
+    from nri_cni.local import proto as localproto  # lazy: only the restart bench asks
 
     body = json.dumps({"pod": PROBE_POD}).encode()
     status, payload = localproto.call(node.daemon.socket, {localproto.OP_KEY: "verify"}, body, timeout=60)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nri_cni.metrics import Metrics
+from nri_cni.metrics.endpoint import Metrics
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import OpRecord
 

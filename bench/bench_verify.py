@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import verify_service  # noqa: E402
-from nri_cni.gctune import tune_gc  # noqa: E402
+from nri_cni.cli.gctune import tune_gc  # noqa: E402
 from nri_cni.node import Expectation, NodeInspector  # noqa: E402
 from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, compare  # noqa: E402
 from tests.support.netns import free_subnet  # noqa: E402  (a subnet nothing on the host uses)

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from nri_cni.app.modes import mode_for
-from nri_cni.app.podstate import PodState
-from nri_cni.app.service import PodService
 from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
+from nri_cni.service.modes import mode_for
+from nri_cni.service.podstate import PodState
+from nri_cni.service.service import PodService
 
 NETWORK = "benchnet"
 

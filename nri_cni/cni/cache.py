@@ -21,9 +21,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import jsonlimits, safefs
 from nri_cni.errors import CniCode, CNIError, ConfigError
-from nri_cni.fsutil import AtomicFile, fsync_dir
+from nri_cni.safety import files as safefs
+from nri_cni.safety import jsonlimits
+from nri_cni.safety.files import AtomicFile, fsync_dir
 
 log = logging.getLogger(__name__)
 

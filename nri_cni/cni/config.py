@@ -14,9 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import jsonlimits, safefs, validate
 from nri_cni.cni import versions
 from nri_cni.errors import ConfigError
+from nri_cni.safety import files as safefs
+from nri_cni.safety import jsonlimits, validate
 
 LIST_EXTENSIONS = (".conflist",)
 SINGLE_EXTENSIONS = (".conf", ".json")

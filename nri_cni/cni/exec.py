@@ -22,10 +22,10 @@ import os
 import stat
 from collections.abc import Iterable
 
-from nri_cni import safefs
 from nri_cni.cni.exec_errors import excerpt, failure
 from nri_cni.cni.plugin_process import STDERR_TAIL, ChildRun
 from nri_cni.errors import PluginNotRun, PluginRef, PluginTimeout
+from nri_cni.safety import files as safefs
 
 # re-exported: callers and tests import these from here
 __all__ = ["STDERR_TAIL", "PluginExecutor", "PluginOutput", "excerpt"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
-from nri_cni import jsonlimits
 from nri_cni.cni import plugin_process
 from nri_cni.cni.plugin_process import STDERR_TAIL, ChildRun
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
+from nri_cni.safety import jsonlimits
 
 
 def failure(run: ChildRun, plugin_path: str, ref: PluginRef, timeout: float) -> NoReturn:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nri_cni import jsonlimits
 from nri_cni.cni.config import NetworkConfigList, PluginConf
 from nri_cni.cni.exec_errors import excerpt
 from nri_cni.cni.result import Result
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime_types import RuntimeConf
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef
+from nri_cni.safety import jsonlimits
 
 _RESULT_KEYS = {"interfaces", "ips", "routes", "dns", "ip4", "ip6"}
 

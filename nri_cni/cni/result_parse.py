@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nri_cni import jsonlimits
 from nri_cni.cni.result import DNS, V02, V04, V1, Interface, IPConfig, Result, Route
 from nri_cni.cni.result_addr import bad_result, canonical
 from nri_cni.errors import CniCode, CNIError
+from nri_cni.safety import jsonlimits
 
 _INTERFACE_KEYS = {"name", "mac", "mtu", "sandbox", "socketPath", "pciID", "metadata"}
 _TOP_KEYS = {"cniVersion", "interfaces", "ips", "routes", "dns", "ip4", "ip6"}

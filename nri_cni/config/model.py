@@ -103,7 +103,7 @@ class NetworkSpec:
     interface: str = ""  # "" = assigned in order: eth0 for the primary, then net1, net2, ...
     default: bool = False  # attached to every pod
     namespaces: tuple[str, ...] = ()  # who may ask for it by annotation; "*" = every namespace
-    nad: str = ""  # "namespace/name" of the NetworkAttachmentDefinition it came from (nri_cni/nad.py)
+    nad: str = ""  # "namespace/name" of the NetworkAttachmentDefinition it came from (nri_cni/config/nad.py)
 
     def allowed_in(self, namespace: str) -> bool:
         return "*" in self.namespaces or namespace in self.namespaces
@@ -120,7 +120,7 @@ class Config:
     log_format: str = "text"
     cni: CniSettings = field(default_factory=CniSettings)
     networks: tuple[NetworkSpec, ...] = ()
-    nad_dir: str = ""  # NetworkAttachmentDefinition files (nri_cni/nad.py)
+    nad_dir: str = ""  # NetworkAttachmentDefinition files (nri_cni/config/nad.py)
     # Secondary mode: the runtime's own network (its result is read from the runtime's cache and
     # FINALIZE runs for it too). Other modes: the network whose result is the pod's primary one.
     primary_network: str = ""

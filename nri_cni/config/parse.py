@@ -13,7 +13,6 @@ import os
 import re
 from typing import Any
 
-from nri_cni import jsonlimits, safefs
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.config.model import (
@@ -42,6 +41,8 @@ from nri_cni.config.model import (
 from nri_cni.config.reader import _join, _kind, _Reader
 from nri_cni.errors import ConfigError
 from nri_cni.lifecycle.spec import validate_list
+from nri_cni.safety import files as safefs
+from nri_cni.safety import jsonlimits
 
 _TOP_KEYS = {
     "mode",
@@ -177,7 +178,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     networks = _parse_networks(r, data.get("networks"), base_dir)
     nad_dir = r.string(data, "nad_dir", "", "", path=True)
     if nad_dir:
-        from nri_cni.nad import nad_networks  # lazy: only configs with nad_dir read NAD files
+        from nri_cni.config.nad import nad_networks  # lazy: only configs with nad_dir read NAD files
 
         nad_dir = _resolve(nad_dir, base_dir)
         nads, nad_errors = nad_networks(nad_dir, (n.name for n in networks))
@@ -381,7 +382,7 @@ def load_config(path: str) -> Config:
             text = f.read(jsonlimits.MAX_YAML_BYTES + 1)  # a bigger one is refused by its size
     except OSError as exc:
         raise ConfigError(f"cannot read the config: {exc.strerror or exc}", location=path) from exc
-    from nri_cni.nodevalues import expand  # lazy: it imports PyYAML, as load_config_text does
+    from nri_cni.config.nodevalues import expand  # lazy: it imports PyYAML, as load_config_text does
 
     return load_config_text(expand(text, path), path)  # ${node.KEY}: per-node values
 

@@ -21,10 +21,6 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from nri_cni import safefs
-from nri_cni.app.modes import mode_for
-from nri_cni.app.readiness import NetworkReadiness
-from nri_cni.app.service import PodService
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
 from nri_cni.daemon.local_server import LocalServer
@@ -32,11 +28,15 @@ from nri_cni.daemon.nri_handlers import NriHandlers
 from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.daemon.reports import DaemonReports
 from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_counter
-from nri_cni.metrics import Metrics
-from nri_cni.metrics_server import BackgroundValue
+from nri_cni.metrics.endpoint import Metrics
+from nri_cni.metrics.limits import BackgroundValue
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.plan import PodPlan
+from nri_cni.safety import files as safefs
+from nri_cni.service.modes import mode_for
+from nri_cni.service.readiness import NetworkReadiness
+from nri_cni.service.service import PodService
 
 log = logging.getLogger("nri_cni.daemon")
 

@@ -15,13 +15,16 @@ import logging
 import os
 from typing import Any
 
-from nri_cni import jsonlimits, localproto, peercred, safefs, validate
-from nri_cni.app.readiness import NetworkReadiness
-from nri_cni.app.service import PodService
 from nri_cni.config import Config
 from nri_cni.daemon.reports import DaemonReports
 from nri_cni.errors import ConfigError, Kind, NriCniError
+from nri_cni.local import guard as peercred
+from nri_cni.local import proto as localproto
 from nri_cni.pod.model import AttachRequest, PodInfo
+from nri_cni.safety import files as safefs
+from nri_cni.safety import jsonlimits, validate
+from nri_cni.service.readiness import NetworkReadiness
+from nri_cni.service.service import PodService
 
 log = logging.getLogger("nri_cni.local")
 

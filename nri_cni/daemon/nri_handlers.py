@@ -8,7 +8,7 @@
 | remove | detach again if needed (netns gone: DEL still runs so IPAM releases), forget the pod      |
 | sync   | the runtime's pod list: GC everything else, repair pods missing an attachment              |
 
-Which column applies is the mode's answer (nri_cni/app/modes.py). A failed attach in
+Which column applies is the mode's answer (nri_cni/service/modes.py). A failed attach in
 RunPodSandbox fails the pod, except where the runtime would then leak the sandbox (containerd
 before 2.2.6, containerd#13355): there the pod is kept, the error logged, and the attachment
 retried by the repair loop. `failure_policy` in the config overrides this.
@@ -20,11 +20,11 @@ import logging
 import re
 
 from nri_cni.api import nri_pb2
-from nri_cni.app.modes import Mode
-from nri_cni.app.service import PodService
 from nri_cni.daemon.nri_answer import pod_info, run_pod_response
 from nri_cni.errors import NriCniError
 from nri_cni.pod.model import PodInfo
+from nri_cni.service.modes import Mode
+from nri_cni.service.service import PodService
 
 log = logging.getLogger("nri_cni.nri")
 

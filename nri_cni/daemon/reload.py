@@ -26,8 +26,8 @@ from typing import Any
 
 from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, load_finalize_dropins
 from nri_cni.config import Config, ConfigErrors, load_config
+from nri_cni.daemon.inotify import DirWatcher, InotifyUnavailable
 from nri_cni.errors import ConfigError
-from nri_cni.lifecycle.inotify import DirWatcher, InotifyUnavailable
 
 log = logging.getLogger("nri_cni.reload")
 

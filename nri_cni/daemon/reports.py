@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nri_cni import podreport
-from nri_cni.app.podstate import PodHealth
-from nri_cni.app.readiness import NetworkReadiness
-from nri_cni.app.service import PodService
+from nri_cni.daemon import podreport
 from nri_cni.daemon.reload import ConfigReloader
 from nri_cni.errors import NriCniError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.nri.stub import Stub
+from nri_cni.service.podstate import PodHealth
+from nri_cni.service.readiness import NetworkReadiness
+from nri_cni.service.service import PodService
 
 MIN_ID_PREFIX = 6  # `nri-cni verify --pod` takes an id prefix this long or longer, as `nri-cni pods` shows 12
 

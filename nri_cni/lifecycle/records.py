@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from nri_cni.errors import CniCode, NriCniError
-from nri_cni.fsutil import fsync_dir, write_atomic
+from nri_cni.safety.files import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 

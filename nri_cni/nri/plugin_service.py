@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from nri_cni import validate
 from nri_cni.api import nri_pb2
 from nri_cni.errors import GrpcCode, ProtocolError
 from nri_cni.nri.handlers import Handlers, handlers_of
+from nri_cni.safety import validate
 from nri_cni.ttrpc.server import Handler
 
 log = logging.getLogger(__name__)

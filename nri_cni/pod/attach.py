@@ -29,7 +29,7 @@ from nri_cni.config import Config
 from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.lifecycle.spec import is_managed
-from nri_cni.pod import netlink
+from nri_cni.node import netlink
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import AttachRequest, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary

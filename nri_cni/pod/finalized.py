@@ -18,9 +18,9 @@ import logging
 import os
 from collections.abc import Callable
 
-from nri_cni import validate
-from nri_cni.fsutil import is_temporary, write_atomic
 from nri_cni.pod.upkeep import netns_gone
+from nri_cni.safety import validate
+from nri_cni.safety.files import is_temporary, write_atomic
 
 log = logging.getLogger("nri_cni.pod")
 

@@ -28,9 +28,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import jsonlimits, safefs, validate
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.fsutil import fsync_dir, is_temporary, write_atomic
+from nri_cni.safety import files as safefs
+from nri_cni.safety import jsonlimits, validate
+from nri_cni.safety.files import fsync_dir, is_temporary, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class IntentStore:
         self.dir = os.path.join(state_dir, "intents")
 
     def _path(self, pod_id: str) -> str:
-        # the file is named after the pod: it can never leave the directory (nri_cni/validate.py)
+        # the file is named after the pod: it can never leave the directory (nri_cni/safety/validate.py)
         return os.path.join(self.dir, validate.check_id(pod_id, "pod id"))
 
     def write(self, intent: Intent, *, durable: bool = True) -> None:

@@ -4,7 +4,7 @@ It is the verbs over (pod, its networks), each in a module of its own: attach.py
 FINALIZE, rollback on failure), detach.py (DEL, CHECK), rollback.py (undo an intent record,
 doomed delete), upkeep.py (GC, the netns reaper, start-up recovery), oprecord.py (one log line
 and one metric per operation). Who may run what when (per-pod locks, GC alone, tasks that
-outlive a caller) is the pod service's (nri_cni/app/service.py): every method here that
+outlive a caller) is the pod service's (nri_cni/service/service.py): every method here that
 changes a pod expects the caller to hold that pod's lock (or the exclusive one for GC).
 """
 

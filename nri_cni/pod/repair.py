@@ -1,6 +1,6 @@
 """repair: make one pod's damaged attachments true again, with the same IPs (issue 17).
 
-The caller (the pod service's verify, nri_cni/app/verify.py) holds the pod's lock and has decided
+The caller (the pod service's verify, nri_cni/service/verify.py) holds the pod's lock and has decided
 what is wrong. A repair DELs each damaged attachment from its cache entry (the config it was made
 with: a reload since does not change it), then ADDs what the pod lacks asking the IPAM for every
 address it had, both families (RuntimeConf.ip_request: the `ips` capability where a plugin of the
@@ -36,7 +36,7 @@ from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimar
 from nri_cni.pod.oprecord import OpRecord
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.select import Selected
-from nri_cni.validate import ifname_problem
+from nri_cni.safety.validate import ifname_problem
 
 Key = tuple[str, str]  # (network, ifname)
 

@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni import jsonlimits, nad, validate
-from nri_cni.config import Config, NetworkSpec
+from nri_cni.config import Config, NetworkSpec, nad
 from nri_cni.errors import AnnotationRefused
 from nri_cni.pod.model import PrimaryNetwork
+from nri_cni.safety import jsonlimits, validate
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 MAX_ANNOTATION_BYTES = 64 * 1024

@@ -27,14 +27,14 @@ from nri_cni.cni.plugin_process import PLUGIN_NICE
 from nri_cni.cni.runtime import Attachment, CNIRuntime
 from nri_cni.config import Config
 from nri_cni.errors import NriCniError
-from nri_cni.fsutil import is_temporary
 from nri_cni.pod.detach import Detacher, attach_order
 from nri_cni.pod.intents import Intent
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 from nri_cni.pod.oprecord import GcReport, OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
-from nri_cni.validate import is_valid_id
+from nri_cni.safety.files import is_temporary
+from nri_cni.safety.validate import is_valid_id
 
 log = logging.getLogger("nri_cni.pod")
 

@@ -23,7 +23,9 @@ from nri_cni.errors import ConfigError
 
 SHIM_NAME = "nri-cni-shim"
 # program.py's import of the codec, replaced by the codec's text when the script is rendered
-_CODEC_IMPORT = re.compile(r"^from nri_cni\.localcodec import \(  # @LOCAL_CODEC@\n(?:    .*\n)*?\)\n", re.M)
+_CODEC_IMPORT = re.compile(
+    r"^from nri_cni\.local\.codec import \(  # @LOCAL_CODEC@\n(?:    .*\n)*?\)\n", re.M
+)
 log = logging.getLogger(__name__)
 
 
@@ -32,7 +34,7 @@ def render(socket_path: str = DEFAULT_DAEMON_SOCKET, python: str | None = None) 
     source = resources.files(__package__).joinpath("program.py").read_text()
     python = python or os.path.realpath(sys.executable)
     # the local protocol's one Python implementation, inlined: the script imports nothing
-    codec = resources.files("nri_cni").joinpath("localcodec.py").read_text()
+    codec = resources.files("nri_cni.local").joinpath("codec.py").read_text()
     body = _CODEC_IMPORT.sub(lambda _: codec, source.replace("@DEFAULT_SOCKET@", socket_path), count=1)
     return f"#!{python} -IS\n" + body
 

@@ -3,7 +3,7 @@
 # Standalone on purpose: only builtins and the C module _socket, no json (it alone costs ~17 ms
 # of imports), no package; the few keys it reads (cniVersion, daemonSocket) come from the top level
 # of the config by a small non-recursive JSON scanner. The environment's CNI_* variables and the raw stdin go to the daemon
-# over its local socket (see nri_cni/localproto.py for the framing); the daemon runs the pod's
+# over its local socket (see nri_cni/local/proto.py for the framing); the daemon runs the pod's
 # whole network plan and answers with the bytes to print and the exit status. VERSION is answered
 # here so that it works while the daemon is down. Any failure to reach the daemon is printed as a
 # CNI error object with code 11 ("try again later").
@@ -11,9 +11,9 @@ import _socket
 import os
 import sys
 
-# `nri-cni install-shim` replaces this import with the text of nri_cni/localcodec.py: the
+# `nri-cni install-shim` replaces this import with the text of nri_cni/local/codec.py: the
 # installed script imports nothing of the package.
-from nri_cni.localcodec import (  # @LOCAL_CODEC@
+from nri_cni.local.codec import (  # @LOCAL_CODEC@
     RESPONSE_HEAD,
     decode_response_head,
     encode_request,

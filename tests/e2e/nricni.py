@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from nri_cni import localproto
+from nri_cni.local import proto as localproto
 from nri_cni.shim import install
 
 REPO = Path(__file__).resolve().parents[2]

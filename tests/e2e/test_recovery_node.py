@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nri_cni import localproto
+from nri_cni.local import proto as localproto
 from tests.e2e.nricni import NriCni, ShimSetup
 from tests.plugins.block_plugin import BlockControl
 from tests.plugins.block_plugin import install as install_block

@@ -1,4 +1,4 @@
-# A scriptable CNI plugin for unit tests. The `fake_bin` fixture (tests/cni/conftest.py)
+# A scriptable CNI plugin for unit tests. The `fake_bin` fixture (tests/unit/cni/conftest.py)
 # installs it with a `#!<python> -IS` line (one argument: Linux passes the rest of the line as one) under several names.
 #
 # Every call appends one JSON line to the file named by the config key "log" (or $FAKE_LOG):

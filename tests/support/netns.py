@@ -1,6 +1,6 @@
 """Network test helpers: namespaces, veths and bridges that are always cleaned up, and a leak checker.
 
-Everything here is meant to be shared by the tests that run real CNI plugins (tests/cni_real) and
+Everything here is meant to be shared by the tests that run real CNI plugins (tests/integration) and
 the pod-networking tests. Rules it follows (see the project brief):
 
 * every name it makes starts with ``nct`` and carries a random suffix, so tests can run in parallel

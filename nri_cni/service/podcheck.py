@@ -1,0 +1,71 @@
+"""One pod in one verify round (app/verify.py): its records, what the node showed, what it
+lacks, and the per-attachment verdicts the health book keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.node import Expectation, Finding, FindingKind
+from nri_cni.pod.model import PodInfo
+from nri_cni.pod.select import Selected
+from nri_cni.service.podstate import AttachmentVerdict
+
+Key = tuple[str, str]  # (network, ifname)
+
+
+def key_of(e: CacheEntry) -> Key:
+    return (e.network_name, e.ifname)
+
+
+def selected_key(s: Selected) -> Key:
+    return (s.network.name, s.ifname)
+
+
+@dataclass
+class PodCheck:
+    """One pod in one round: its records, what netlink showed, what it lacks."""
+
+    pod: PodInfo
+    entries: list[CacheEntry]  # nri-cni's attachments, attach order
+    selected: list[Selected]  # what it should have ([] when the config refuses it now)
+    expectations: list[tuple[CacheEntry, Expectation]] = field(default_factory=list)
+    findings: dict[Key, Finding] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[Selected]:
+        have = {key_of(e) for e in self.entries}
+        return [s for s in self.selected if selected_key(s) not in have]
+
+    @property
+    def damaged(self) -> list[CacheEntry]:
+        return [e for e in self.entries if (f := self.findings.get(key_of(e))) is not None and f.damaged]
+
+    @property
+    def netns_gone(self) -> bool:
+        return any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
+
+    def signature(self) -> list[tuple[Key, object]]:
+        return [(key_of(e), e.result) for e in self.entries]
+
+
+@dataclass
+class Retry:
+    failures: int = 0
+    next_at: float = 0.0
+    ips: dict[Key, tuple[str, ...]] = field(default_factory=dict)  # asked for, kept across tries
+
+
+def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
+    out = []
+    for entry in c.entries:
+        key = key_of(entry)
+        finding = c.findings.get(key)
+        if finding is not None and not finding.ok:
+            out.append(AttachmentVerdict(key[0], key[1], finding.kind.value, finding.reason))
+        elif key in failed_checks:
+            out.append(AttachmentVerdict(key[0], key[1], "check-failed", failed_checks[key]))
+        else:
+            out.append(AttachmentVerdict(key[0], key[1], "ok"))
+    out += [AttachmentVerdict(n, i, "missing", "not attached") for n, i in map(selected_key, c.missing)]
+    return out

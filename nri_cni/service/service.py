@@ -1,0 +1,273 @@
+"""The pod service: every pod operation enters here, whatever reached the daemon.
+
+Entry points (NRI handlers, the local socket, the daemon's timers) translate their protocol
+into these calls and nothing else. The service owns what makes operations safe together:
+
+- per-pod serialization (nri_cni/pod/locks.py): operations on one pod never overlap,
+  different pods run in parallel, GC DELs each stale pod under that pod's lock and runs only
+  the plugins' GC verb alone (it waits for every operation in flight and holds back new ones);
+- tasks of their own: a caller that gives up (an NRI request past its deadline) does not cancel
+  plugins halfway; the work finishes and its state is kept (`_detached`);
+- the pod ledger (ledger.py), updated under the pod's lock where GC must see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.config import Config
+from nri_cni.errors import NriCniError
+from nri_cni.pod.locks import PodLocks
+from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
+from nri_cni.pod.oprecord import GcReport
+from nri_cni.pod.plan import PodPlan
+from nri_cni.service.ledger import PodLedger
+from nri_cni.service.modes import Mode, mode_for
+from nri_cni.service.podstate import BrokenCode, HealthBook, PodHealth
+from nri_cni.service.verify import Verifier
+
+log = logging.getLogger("nri_cni.daemon")
+
+T = TypeVar("T")
+
+DEL_ACTION = (
+    "find why in the plugin's error (a plugin binary missing or failing); once fixed, GC or the "
+    "runtime's next stop releases it"
+)
+
+
+class PodService:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        plan: PodPlan,
+        mode: Mode,
+        ledger: PodLedger | None = None,
+        locks: PodLocks | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.mode = mode
+        self.ledger = ledger or PodLedger()
+        self.locks = locks or PodLocks()
+        self.health = HealthBook()  # each pod's verdict from the last verify (podstate.py)
+        self.verifier = Verifier(
+            cfg, mode, plan=plan, ledger=self.ledger, locks=self.locks, health=self.health
+        )
+        self._background: set[asyncio.Task[None]] = set()
+
+    def reconfigure(self, cfg: Config) -> None:
+        """A hot reload: the next operation uses it (primary_network may have changed)."""
+        self.cfg = cfg
+        self.mode = mode_for(cfg)
+        self.plan.reconfigure(cfg)
+        self.verifier.configure(cfg, self.mode)
+
+    async def close(self) -> None:
+        """Stops the background work (GC and repair after a Synchronize)."""
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.verifier.close()
+
+    # -- pod operations ----------------------------------------------------------------------
+
+    async def attach(self, pod: PodInfo, request: AttachRequest | None = None) -> PodNetworks:
+        return await _detached(self._attach(pod, request or AttachRequest()))
+
+    async def _attach(self, pod: PodInfo, request: AttachRequest) -> PodNetworks:
+        selected = self.plan.select(pod, self.mode.primary, request)
+        async with self.locks.pod(pod.id):
+            attached = await self.plan.attach(pod, selected, request, self.mode.runtime_primary(pod))
+            if self.mode.answers_run_pod:
+                self.ledger.answered(pod.id, tuple(attached.networks.ips()))
+            if attached.new:
+                # Still under the pod's lock: a GC waiting for the exclusive lock computes its
+                # valid pods after this, so a pod attached just now is never garbage.
+                self.ledger.attached(pod)
+            return attached.networks
+
+    async def detach(self, pod: PodInfo) -> None:
+        """NRI StopPodSandbox, the shim's DEL: the first does the work, the second finds nothing."""
+        await _detached(self._detach(pod))
+
+    async def remove(self, pod: PodInfo) -> None:
+        """NRI RemovePodSandbox: detach again if needed, then forget the pod (but for a DEL
+        that failed: the pod stays reported, broken "del-failed", until GC's DEL succeeds)."""
+        try:
+            await _detached(self._detach(pod))
+        finally:
+            self.ledger.gone(pod.id)
+            self.verifier.forget(pod.id)
+            if not self._del_failed(pod.id):
+                self.health.forget(pod.id)
+
+    async def _detach(self, pod: PodInfo) -> None:
+        async with self.locks.pod(pod.id):
+            # under the lock: a verify waiting for it must see the runtime tore the pod down
+            self.ledger.detached(pod.id)
+            try:
+                await self.plan.detach(pod)
+            except NriCniError as exc:
+                self._report_del_failed(pod.id, pod.label(), str(exc))
+                raise
+            if self._del_failed(pod.id):
+                log.info(
+                    "pod %s id=%s: its DEL succeeded; no longer broken (del-failed)", pod.label(), pod.id
+                )
+                self.health.forget(pod.id)
+
+    def _del_failed(self, pod_id: str) -> bool:
+        health = self.health.get(pod_id)
+        return health is not None and health.code is BrokenCode.DEL_FAILED
+
+    def _report_del_failed(self, pod_id: str, label: str, error: str) -> None:
+        """A DEL that fails is named, with its reason, in `nri-cni status` and `nri-cni pods`
+        (once in the log as it starts failing); GC retries it while the runtime does not list
+        the pod, the runtime's stop retries it while it does."""
+        reason = f"its DEL fails, so nri-cni still holds its networks: {error}; {DEL_ACTION}"
+        if not self._del_failed(pod_id):
+            log.warning("pod %s id=%s is broken (del-failed): %s", label, pod_id, reason)
+        self.health.broken(pod_id, BrokenCode.DEL_FAILED, reason)
+
+    async def check(self, pod: PodInfo) -> None:
+        async with self.locks.pod(pod.id):
+            await self.plan.check(pod)
+
+    def seen(self, pod: PodInfo) -> None:
+        self.ledger.seen(pod)
+
+    def needs_repair(self, pod: PodInfo) -> None:
+        self.ledger.needs_repair(pod)
+
+    # -- the runtime's pod list, GC, repair, reaper, recovery --------------------------------
+
+    def synchronized(self, pods: list[PodInfo]) -> None:
+        """The runtime's full pod list (every (re)connection). Returns at once: GC and repair
+        run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
+        self.ledger.synchronized(pods)
+        log.info("synchronized: the runtime has %d pod(s)", len(pods))
+        self._spawn(self._after_sync(), "after-sync")
+
+    async def _after_sync(self) -> None:
+        try:
+            await self.gc(reason="synchronize")
+        finally:  # a GC that failed still leaves the pods to verify
+            if self.cfg.repair_on_sync and self.cfg.repair != "off":
+                await self.verify()
+
+    async def gc(self, reason: str) -> GcReport:
+        """GC against the ledger's valid pods; refused before the runtime's first pod list."""
+        if not self.ledger.synced:
+            raise NriCniError(
+                "no pod list from the runtime yet (not synchronized): GC would delete every attachment"
+            )
+        log.info("gc (%s): %d pod(s) listed by the runtime", reason, len(self.ledger.pods))
+        # asked again under each stale pod's lock: a pod attached (or listed) meanwhile is valid
+        report = await self._collect(lambda: self.ledger.valid_pod_ids(self.in_flight()))
+        attached = self.plan.attached_pod_ids()
+        # a pod attached again after GC DELed it (an ADD during this GC) keeps its grace
+        deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
+        self.ledger.collected(deleted, attached)
+        self._gc_outcome(report, attached)
+        return report
+
+    def _gc_outcome(self, report: GcReport, attached: set[str]) -> None:
+        """A pod whose DEL failed is forgotten once nothing of it is held; an unlisted pod whose
+        DEL fails in GC is reported by name (del-failed), not retried silently for ever."""
+        held = attached | set(self.plan.intent_pod_ids())
+        for health in self.health.broken_pods():
+            if health.code is BrokenCode.DEL_FAILED and health.pod_id not in held:
+                log.info("pod id=%s: GC released what it held; no longer broken (del-failed)", health.pod_id)
+                self.health.forget(health.pod_id)
+        listed = self.ledger.pods
+        for pod_id in held - set(listed):
+            errors = [e for e in report["errors"] if pod_id in e]
+            if errors:
+                self._report_del_failed(pod_id, pod_id[:12], "; ".join(errors))
+
+    async def gc_listed(self, pod_ids: set[str]) -> GcReport:
+        """The runtime's own GC of the shim's network: its valid attachments are its pods."""
+        return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid())
+
+    async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
+        # The stale pods' DELs each take their pod's lock, the GC verb the exclusive one
+        # (Upkeep.collect_garbage): a pod ADD meanwhile waits for nothing but its own pod.
+        return await self.plan.collect_garbage(valid, self.locks)
+
+    async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
+        """One verify round (app/verify.py): every pod the runtime lists running with a netns,
+        or only `pod_id` (NriCniError when the runtime does not list it); `check` forces CNI
+        CHECK of every attachment verified. Verdicts go to `self.health`, what differs is
+        repaired per `repair`; each pod's part runs under its lock. Returns the verdicts."""
+        return await _detached(self.verifier.run(pod_id, check=check))
+
+    async def repair(self) -> None:
+        """A verify round, which repairs per `repair` (the name of the pre-verify entry point)."""
+        await self.verify()
+
+    async def upkeep(self, runtime_connected: bool) -> None:
+        """The GC timer: GC while the runtime's pod list is current, retry failed attaches."""
+        if self.ledger.synced and runtime_connected:
+            await self.gc(reason="timer")
+        if self.ledger.repair and self.cfg.repair == "on":
+            await self.verify()
+
+    async def verify_tick(self, runtime_connected: bool) -> None:
+        """The verify timer: a round while the runtime's pod list is current."""
+        if self.ledger.synced and runtime_connected:
+            await self.verify()
+
+    async def reap(self) -> None:
+        """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9
+        sends no NRI stop/remove for pods that lived through its restart, containerd#8426)."""
+        for pod_id in self.plan.reap_candidates():
+            if self.locks.busy(pod_id):
+                continue
+            async with self.locks.pod(pod_id):
+                reaped = await self.plan.reap(pod_id)
+            if reaped:
+                self.ledger.gone(pod_id)  # stopped (or removed) without an event: nothing more to do
+
+    async def recover(self) -> int:
+        """Start-up, before anything serves: roll back every ADD a crash interrupted."""
+        intents = self.plan.interrupted()
+        for intent in intents:
+            async with self.locks.pod(intent.pod_id):
+                await self.plan.recover(intent)
+        return len(intents)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def busy(self, pod_id: str) -> bool:
+        return self.locks.busy(pod_id)
+
+    def in_flight(self) -> set[str]:
+        return self.locks.pod_ids()
+
+    def attachments(self, pod_id: str | None = None) -> list[CacheEntry]:
+        return self.plan.cached(pod_id)
+
+    def pending_rollbacks(self) -> list[str]:
+        """Pods with an intent record and no operation in flight: a rollback waiting to be
+        retried (or, for an instant, an ADD about to take its lock)."""
+        return [p for p in self.plan.intent_pod_ids() if not self.locks.busy(p)]
+
+    def background(self) -> int:
+        return len(self._background)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _detached(coro: Awaitable[T]) -> T:
+    # shield: the operation finishes even if the caller is cancelled (NRI deadline).
+    return await asyncio.shield(asyncio.ensure_future(coro))

@@ -1,0 +1,412 @@
+"""verify: the node is the truth (issue 17). One round compares, for every pod the runtime lists
+running with a netns, three things: the networks it should have (config + annotation), what
+nri-cni recorded (its cache entries), and what the node shows (netlink through the node
+inspector; the chain's CNI CHECK with the cached result on the policy's cadence, when forced, and
+whenever netlink finds a difference). Then, per pod and under that pod's lock, the verdict goes
+to the health book and, per `repair`, the repair runs (nri_cni/pod/repair.py).
+
+What a difference leads to:
+
+- an attachment damaged (netlink or CHECK): DEL it, ADD it again asking for its IPs, FINALIZE;
+- a network the pod lacks: ADD it (shim mode: the primary asks for the runtime's IPs, the
+  containerd-restart case; secondary mode: the extra networks the runtime never reports);
+  native mode only when the runtime lists IPs that can only be that network's (_native_readd);
+  otherwise such a pod is broken "missed" (the runtime learns IPs only from RunPodSandbox);
+- shim mode, the runtime reports IPs eth0 does not have: the primary is made again with them;
+- an IP another pod holds is never taken: broken "ip-taken";
+- a repair that fails is retried with exponential backoff, broken "repair-failed" after
+  MAX_FAILURES; `repair: verify-only` (or `off`, on demand) marks the pod broken "repair-off".
+
+A pod with an operation in flight is left for the next round; the netlink read of a round is
+done for all pods at once, outside any lock (it only reads); a pod whose records changed before
+its lock was taken is read again under the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.config import Config
+from nri_cni.errors import Kind, NriCniError
+from nri_cni.node import (
+    NodeInspector,
+    VerifyPolicy,
+    expectation_from_result,
+)
+from nri_cni.pod.detach import attach_order
+from nri_cni.pod.locks import PodLocks
+from nri_cni.pod.model import PodInfo
+from nri_cni.pod.plan import PodPlan
+from nri_cni.pod.repair import (
+    IpsNotRequestable,
+    IpTaken,
+    check_entry,
+    plain,
+    repair,
+    repair_selection,
+    result_ips,
+)
+from nri_cni.service.ledger import PodLedger
+from nri_cni.service.modes import Mode
+from nri_cni.service.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
+from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
+
+log = logging.getLogger("nri_cni.daemon")
+
+MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
+BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
+ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
+
+
+class Verifier:
+    def __init__(
+        self,
+        cfg: Config,
+        mode: Mode,
+        *,
+        plan: PodPlan,
+        ledger: PodLedger,
+        locks: PodLocks,
+        health: HealthBook,
+        inspector: NodeInspector | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plan = plan
+        self.ledger = ledger
+        self.locks = locks
+        self.health = health
+        self.clock = clock  # the backoff's (tests move it)
+        self._inspector = inspector
+        self._retries: dict[str, Retry] = {}
+        self._round = asyncio.Lock()  # rounds never overlap (timer, Synchronize, on demand)
+        self.rounds = 0
+        self.configure(cfg, mode)
+
+    def configure(self, cfg: Config, mode: Mode) -> None:
+        self.cfg = cfg
+        self.mode = mode
+        # the policy spreads CHECKs over rounds; a timer switched off still has rounds on demand
+        self.policy = VerifyPolicy(interval=cfg.verify_interval or 30.0, check_every=cfg.verify_check_every)
+
+    @property
+    def inspector(self) -> NodeInspector:
+        if self._inspector is None:  # its threads start on first use
+            self._inspector = NodeInspector()
+        return self._inspector
+
+    def close(self) -> None:
+        if self._inspector is not None:
+            self._inspector.close()
+
+    def forget(self, pod_id: str) -> None:
+        self._retries.pop(pod_id, None)
+
+    # -- a round -----------------------------------------------------------------------------
+
+    async def run(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
+        async with self._round:
+            started = time.time()
+            # made at the first round, pods or not: its one fd (the daemon's netns) is held from
+            # then on, not from whenever the first pod came
+            _ = self.inspector
+            if pod_id is not None:
+                pod = self.ledger.pods.get(pod_id)
+                if pod is None:
+                    # closest existing kind: the argument names nothing (exit code "usage")
+                    raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
+                pods = [pod]
+            else:
+                pods = [
+                    p
+                    for p in self.ledger.pods.values()
+                    if p.netns and not self.locks.busy(p.id) and p.id not in self.ledger.stopped
+                ]
+            self.rounds += 1
+            by_pod: dict[str, list[CacheEntry]] = {}
+            for entry in await asyncio.to_thread(self.plan.cached):
+                by_pod.setdefault(entry.container_id, []).append(entry)
+            checks = [
+                self._plan(p, by_pod.get(p.id, [])) for p in pods if p.netns and os.path.exists(p.netns)
+            ]
+            await self._inspect(checks)
+            out = []
+            for c in checks:
+                health = await self._settle(c, forced=check, explicit=pod_id is not None)
+                if health is not None:
+                    out.append(health)
+            if pod_id is None:
+                self.health.round_done(started, time.time())
+                for gone in set(self._retries) - set(self.ledger.pods):
+                    del self._retries[gone]
+            return out
+
+    def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
+        try:
+            selected = self.plan.expected(pod, self.mode.primary)
+        except NriCniError as exc:  # refused now (a reload): what it has is checked, nothing added
+            log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
+            selected = []
+        check = PodCheck(pod, attach_order(entries), selected)
+        for entry in check.entries:
+            if entry.result is None:
+                continue  # nothing recorded to compare with
+            try:
+                exp = expectation_from_result(
+                    entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
+                    ifname=entry.ifname,
+                )  # fmt: skip
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                log.debug("verify: pod %s: unusable cached result of %s: %s", pod.label(), key_of(entry), exc)
+                continue
+            check.expectations.append((entry, exp))
+        return check
+
+    async def _inspect(self, checks: Sequence[PodCheck]) -> None:
+        exps = [e for c in checks for _, e in c.expectations]
+        if not exps:
+            return
+        findings = iter(await self.inspector.inspect(exps))
+        for c in checks:
+            c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
+
+    # -- one pod -----------------------------------------------------------------------------
+
+    def _due(self, c: PodCheck, forced: bool) -> list[CacheEntry]:
+        """The attachments this round CHECKs."""
+        return [
+            e
+            for e in c.entries
+            if e.result is not None
+            and self.policy.needs_check(
+                f"{c.pod.id}/{e.network_name}/{e.ifname}",
+                self.rounds,
+                differs=key_of(e) in {key_of(d) for d in c.damaged},
+                forced=forced,
+            )
+        ]
+
+    async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
+        pod = c.pod
+        if c.netns_gone:
+            return None  # the reaper's
+        quiet = not c.damaged and not c.missing and not self._ip_mismatch(c) and not self._due(c, forced)
+        if quiet and not self.locks.busy(pod.id):
+            # nothing to run: no lock needed, and nothing awaited between this test and the write
+            if pod.id not in self.ledger.pods:
+                return None
+            self._retries.pop(pod.id, None)
+            return self._ok(pod, verdicts_of(c, {}))
+        if not explicit and self.locks.busy(pod.id):
+            return None  # an operation in flight: the next round
+        async with self.locks.pod(pod.id):
+            pod = self.ledger.pods.get(pod.id) or pod
+            if pod.id not in self.ledger.pods or not os.path.exists(pod.netns):
+                return None
+            if pod.id in self.ledger.stopped:
+                return None  # torn down (while the round read it): never attached again
+            now = self.plan.cached(pod.id)
+            if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
+                c = self._plan(pod, now)  # an operation ran since the round read it
+                await self._inspect([c])
+                if c.netns_gone:
+                    return None
+            return await self._settle_locked(c, forced=forced, explicit=explicit)
+
+    async def _settle_locked(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
+        pod = c.pod
+        failed_checks: dict[Key, str] = {}
+        for entry in self._due(c, forced):
+            error = await check_entry(self.plan, entry, pod.netns)
+            if error:
+                failed_checks[key_of(entry)] = error
+        verdicts = verdicts_of(c, failed_checks)
+        damaged = [
+            e for e in c.entries if key_of(e) in {key_of(d) for d in c.damaged} or key_of(e) in failed_checks
+        ]
+        wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in map(key_of, c.damaged)]
+        wrong += [f"{n}/{i}: CHECK failed: {err}" for (n, i), err in failed_checks.items()]
+        wrong += [f"{n}/{i}: not attached" for n, i in map(selected_key, c.missing)]
+        mismatch = self._ip_mismatch(c)
+        if mismatch:
+            wrong.append(mismatch)
+        if not wrong:
+            self._retries.pop(pod.id, None)
+            self.ledger.repair.pop(pod.id, None)
+            return self._ok(pod, verdicts)
+        what = "; ".join(wrong)
+        if (
+            not c.entries
+            and not pod.ips
+            and self.mode.runtime_reports_our_ips
+            and self.mode.adds_behind_runtime
+        ):
+            # shim mode, nothing of ours and no IP the runtime reports: no network it knows of
+            # to make true (a pod in creation, or one the runtime never networked)
+            return None
+        readd: dict[Key, tuple[str, ...]] = {}
+        if (
+            self.mode.runtime_reports_our_ips
+            and not self.mode.adds_behind_runtime
+            and (c.missing or mismatch)
+        ):
+            readd = self._native_readd(c, mismatch)
+            if not readd:
+                reason = self._missed_reason(c, mismatch)
+                self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
+                return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
+        if self.cfg.repair != "on":
+            reason = f"{what} (repair is {self.cfg.repair}: nothing was changed)"
+            return self._broken(pod, BrokenCode.REPAIR_OFF, reason, verdicts)
+        primary = self._primary(c)
+        retry = self._retries.setdefault(pod.id, Retry())
+        if retry.failures and self.clock() < retry.next_at and not explicit:
+            return self.health.get(pod.id)  # backing off
+        ips = dict(retry.ips) | readd
+        for entry in damaged:
+            ips.setdefault(key_of(entry), result_ips(entry))
+        if (
+            primary is not None
+            and pod.ips
+            and self.mode.runtime_reports_our_ips
+            and self.mode.adds_behind_runtime
+        ):
+            # shim mode: the runtime's IPs are eth0's, and what it reports is what the repair
+            # makes true (native mode's are every network's: each asks for its own, equal ones)
+            ips[primary] = pod.ips
+        if mismatch and primary is not None:
+            damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
+        retry.ips = {k: v for k, v in ips.items() if v}
+        try:
+            await repair(
+                self.plan,
+                pod,
+                selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
+                damaged=damaged,
+                ips=retry.ips,
+                wrong=wrong,
+                runtime_primary=self.mode.runtime_primary(pod),
+            )
+        except IpTaken as exc:
+            self._failed(retry)
+            reason = f"{what}; {exc}: never taken from it; {ADMIN_ACTION}"
+            return self._broken(pod, BrokenCode.IP_TAKEN, reason, verdicts)
+        except IpsNotRequestable as exc:
+            self.ledger.repair.pop(pod.id, None)  # nothing was touched, nothing to retry
+            reason = f"{what}; {exc}; {ADMIN_ACTION}"
+            return self._broken(pod, BrokenCode.IPS_NOT_REQUESTABLE, reason, verdicts)
+        except NriCniError as exc:
+            return self._repair_failed(pod, retry, what, str(exc), verdicts)
+        after = self._plan(pod, self.plan.cached(pod.id))
+        await self._inspect([after])
+        if after.damaged or after.missing:
+            still = "; ".join(f.reason for f in after.findings.values() if f.damaged) or "networks missing"
+            return self._repair_failed(pod, retry, what, f"still differs after the repair: {still}", verdicts)
+        self._retries.pop(pod.id, None)
+        self.ledger.repair.pop(pod.id, None)
+        log.info("pod %s id=%s repaired: %s", pod.label(), pod.id, what)
+        return self.health.repaired(pod.id, what, verdicts_of(after, {}))
+
+    def _primary(self, c: PodCheck) -> Key | None:
+        """nri-cni's primary attachment of the pod (eth0), when the primary is nri-cni's."""
+        if not self.mode.primary.ours or not c.selected:
+            return None
+        return selected_key(c.selected[0])
+
+    def _ip_mismatch(self, c: PodCheck) -> str:
+        """What differs between the IPs the runtime reports and nri-cni's primary (shim: the
+        runtime's IPs must be eth0's; native: eth0's must be among the runtime's)."""
+        primary = self._primary(c)
+        if not self.mode.runtime_reports_our_ips or primary is None:
+            return ""
+        entry = next((e for e in c.entries if key_of(e) == primary), None)
+        if entry is None or entry.result is None:
+            return ""
+        ours = {plain(a) for a in result_ips(entry)}
+        theirs = set(c.pod.ips)
+        if self.mode.adds_behind_runtime:
+            if theirs and not theirs <= ours:
+                return (
+                    f"the runtime reports {', '.join(c.pod.ips)}; {primary[1]} has {', '.join(sorted(ours))}"
+                )
+            return ""
+        if not ours <= theirs:
+            shown = ", ".join(c.pod.ips) or "no IP"
+            return f"the runtime reports {shown}; nri-cni gave it {', '.join(sorted(ours))}"
+        return ""
+
+    def _native_readd(self, c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
+        """Native mode: the one network a pod lacks, with the IPs the runtime lists and no other
+        attachment holds ({} if none). A native runtime runs no CNI: an IP it lists came from
+        nri-cni's answer, so the pod lost that network since (an ADD or repair cut by a crash and
+        rolled back); asking for those IPs makes what the runtime reports true again. With two
+        missing, whose IP is whose cannot be told: "missed"."""
+        if mismatch or len(c.missing) != 1 or not c.pod.ips:
+            return {}
+        held = {plain(a) for e in c.entries for a in result_ips(e)}
+        left = tuple(ip for ip in c.pod.ips if plain(ip) not in held)
+        return {selected_key(c.missing[0]): left} if left else {}
+
+    def _missed_reason(self, c: PodCheck, mismatch: str) -> str:
+        if not c.entries and c.pod.id in self.ledger.repair:
+            why = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
+        elif not c.entries:
+            why = (
+                "the runtime created it without nri-cni's answer (nri-cni was down or killed, or "
+                "answered past the NRI request timeout) and nri-cni holds no network of it"
+            )
+        elif mismatch:
+            why = f"the runtime did not take nri-cni's answer ({mismatch}): past the NRI deadline or killed"
+        else:
+            names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
+            why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
+        return f"missed: {why}; {ADMIN_ACTION}"
+
+    def _failed(self, retry: Retry) -> None:
+        retry.failures += 1
+        base = self.cfg.verify_interval or 30.0
+        retry.next_at = self.clock() + base * min(2 ** (retry.failures - 1), BACKOFF_CAP)
+
+    def _repair_failed(
+        self, pod: PodInfo, retry: Retry, what: str, error: str, verdicts: list[AttachmentVerdict]
+    ) -> PodHealth | None:
+        self._failed(retry)
+        if retry.failures < MAX_FAILURES:
+            log.warning(
+                "pod %s id=%s: repair failed (try %d of %d, again in %.0f s): %s",
+                pod.label(),
+                pod.id,
+                retry.failures,
+                MAX_FAILURES,
+                retry.next_at - self.clock(),
+                error,
+            )
+            return self.health.get(pod.id)
+        reason = f"{what}; repair failed {retry.failures} times, the last: {error} (retried with backoff)"
+        return self._broken(pod, BrokenCode.REPAIR_FAILED, reason, verdicts)
+
+    def _ok(self, pod: PodInfo, verdicts: list[AttachmentVerdict]) -> PodHealth:
+        old = self.health.get(pod.id)
+        if old is not None and old.state is PodState.BROKEN:
+            log.info(
+                "pod %s id=%s is no longer broken (%s): the node agrees again",
+                pod.label(),
+                pod.id,
+                old.code.value if old.code else "",
+            )
+        return self.health.ok(pod.id, verdicts)
+
+    def _broken(
+        self, pod: PodInfo, code: BrokenCode, reason: str, verdicts: list[AttachmentVerdict]
+    ) -> PodHealth:
+        old = self.health.get(pod.id)
+        health = self.health.broken(pod.id, code, reason, verdicts)
+        if old is None or old.code is not code:  # one line as it enters (this) broken state
+            log.warning(
+                "pod %s/%s id=%s is broken (%s): %s", pod.namespace, pod.name, pod.id, code.value, reason
+            )
+        return health

@@ -1,0 +1,199 @@
+"""The daemon's side of recovery, in-process against the NRI test double with real plugins:
+
+- an NRI request that runs past the runtime's timeout loses nothing: the runtime drops the
+  connection (and creates the pod anyway), the attach finishes, the reconnect's Synchronize
+  finds the pod whole; nri-cni asks for a longer timeout when configured (NRI PR #304);
+- a pod attached just before a Synchronize that does not list it yet (the runtime stores a pod
+  only after its RunPodSandbox returned) is not garbage; one more Synchronize without it and
+  it is;
+- GC runs alone: it waits for the pod operation in flight, and one asked for meanwhile waits
+  for it; the GC timer retries a DEL that failed until it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from nri_cni.errors import GrpcCode, RPCError
+from tests.e2e.test_recovery_node import install_ctl, read_calls
+from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
+from tests.support.netns import get_link
+
+pytestmark = pytest.mark.netns
+
+
+def _podnet(node, subnet, **finalize):
+    net = node.bridge_net("podnet", subnet)
+    if finalize:
+        net["finalize_plugins"] = [node.fake("fake-finalize", **finalize)]
+    return [{"name": "podnet", "default": True, "conflist": net}]
+
+
+def test_request_past_the_runtime_deadline_finishes_and_the_pod_is_whole_after_reconnect(node):
+    ns = node.jan.netns()
+    cfg = node.config("native", _podnet(node, "10.244.72.0/24", FINALIZE={"sleep": 1.0}))
+    cfg["nri"]["request_timeout"] = "5s"
+    pod = pod_message(new_pod_id(), ns.path)
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            # asked for in ConfigureResponse.request_timeout (NRI PR #304)
+            assert h.runtime.plugin.configure_response.request_timeout == 5000
+            h.runtime.request_timeout_ms = 300  # what this runtime grants regardless
+            h.runtime.pods = [pod]  # past the deadline it creates the pod without us
+            with pytest.raises(RPCError) as err:
+                await h.runtime.run_pod_sandbox(pod)
+            assert err.value.code == GrpcCode.DEADLINE_EXCEEDED
+            h.runtime.request_timeout_ms = 20000
+            await h.runtime.wait_plugin(2)  # the stub reconnected at once
+            await h.settle()
+            for _ in range(100):  # the cut-off attach is still in its FINALIZE
+                if not h.daemon.pods.busy(pod.id):
+                    break
+                await asyncio.sleep(0.05)
+            assert [e.ifname for e in h.daemon.pods.attachments(pod.id)] == ["eth0"]
+            assert await asyncio.to_thread(get_link, "eth0", ns) is not None
+            assert [r.container_id for r in node.reservations()] == [pod.id]
+            # one ADD, one FINALIZE: the repair after the reconnect found it done
+            assert [c["command"] for c in node.calls()] == ["FINALIZE"]
+            assert list((node.state_dir / "intents").iterdir()) == []
+            await h.runtime.stop_pod_sandbox(pod)
+            await h.runtime.remove_pod_sandbox(pod)
+        assert node.reservations() == []
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("listed_before", [False, True])
+def test_pod_missing_from_one_synchronize_is_kept_once(node, listed_before):
+    """listed_before=False: attached just before a Synchronize that does not list it yet.
+    True: listed, then left out of one Synchronize (containerd lists no pod whose state it
+    cannot tell yet, e.g. right after its restart)."""
+    ns = node.jan.netns()
+    cfg = node.config("native", _podnet(node, "10.244.73.0/24"))
+    pod = pod_message(new_pod_id(), ns.path)
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:  # the runtime's list: empty
+            await h.runtime.run_pod_sandbox(pod)
+            if listed_before:
+                h.runtime.pods = [pod]
+                await h.runtime.close()
+                await h.runtime.wait_plugin(2)
+                await h.settle()
+                assert h.daemon.reports.status()["unconfirmed"] == 0
+                h.runtime.pods = []
+            await h.runtime.close()  # reconnect; Synchronize without the pod
+            n = 3 if listed_before else 2
+            await h.runtime.wait_plugin(n)
+            await h.settle()
+            assert [r.container_id for r in node.reservations()] == [pod.id]
+            assert h.daemon.reports.status()["unconfirmed"] == 1
+
+            await h.runtime.close()  # and once more: now it is garbage
+            await h.runtime.wait_plugin(n + 1)
+            await h.settle()
+            assert node.reservations() == []
+            assert h.daemon.pods.attachments() == []
+            assert h.daemon.reports.status()["unconfirmed"] == 0
+
+    run(scenario())
+
+
+def test_pod_listed_by_the_next_synchronize_is_confirmed(node):
+    ns = node.jan.netns()
+    cfg = node.config("native", _podnet(node, "10.244.74.0/24"))
+    pod = pod_message(new_pod_id(), ns.path)
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            await h.runtime.run_pod_sandbox(pod)
+            h.runtime.pods = [pod]
+            await h.runtime.close()
+            await h.runtime.wait_plugin(2)
+            await h.settle()
+            assert h.daemon.reports.status()["unconfirmed"] == 0
+            assert [r.container_id for r in node.reservations()] == [pod.id]
+            await h.runtime.stop_pod_sandbox(pod)
+            await h.runtime.remove_pod_sandbox(pod)
+        assert node.reservations() == []
+
+    run(scenario())
+
+
+def _ctl_net(node, subnet, control, **finalize):
+    net = _podnet(node, subnet, **finalize)
+    net[0]["conflist"]["plugins"].append({"type": "ctl", "control": str(control)})
+    return net
+
+
+def test_gc_runs_alone_between_pod_operations(node):
+    install_ctl(node.bin_dir)
+    control = node.tmp / "ctl"
+    control.mkdir()
+    (control / "gc-sleep").write_text("0.5")
+    ns_a, ns_b = node.jan.netns(), node.jan.netns()
+    cfg = node.config("native", _ctl_net(node, "10.244.75.0/24", control, FINALIZE={"sleep": 0.5}))
+    a, b = pod_message(new_pod_id(), ns_a.path), pod_message(new_pod_id(), ns_b.path)
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            h.runtime.pods = [a, b]
+            first = asyncio.create_task(h.runtime.run_pod_sandbox(a))  # 0.5 s in FINALIZE
+            await asyncio.sleep(0.25)
+            gc = asyncio.create_task(h.daemon.pods.gc(reason="test"))
+            await asyncio.sleep(0.1)
+            second = asyncio.create_task(h.runtime.run_pod_sandbox(b))  # GC is waiting: after it
+            await asyncio.gather(first, gc, second)
+            ops = {op: t for op, t in ((c[0] + c[1][:4], c[3]) for c in read_calls(control))}
+            gc_calls = [c for c in read_calls(control) if c[0] == "GC"]
+            # (the first one is the start's, after Synchronize) A attached, B not yet
+            assert len(gc_calls) == 2 and gc_calls[1][4] == [a.id]
+            a_done = next(o for o in node.calls() if o["env"]["CNI_CONTAINERID"] == a.id)
+            assert a_done["command"] == "FINALIZE"
+            # GC began after A's whole operation; B's ADD began after GC's plugin returned
+            assert ops["GC"] > ops["ADD" + a.id[:4]] + 0.4
+            assert ops["ADD" + b.id[:4]] > ops["GC"] + 0.5
+            for pod in (a, b):
+                await h.runtime.stop_pod_sandbox(pod)
+                await h.runtime.remove_pod_sandbox(pod)
+        assert node.reservations() == []
+
+    run(scenario())
+
+
+def test_gc_timer_retries_a_failed_del_until_it_succeeds(node):
+    install_ctl(node.bin_dir)
+    control = node.tmp / "ctl"
+    control.mkdir()
+    ns = node.jan.netns()
+    cfg = node.config("native", _ctl_net(node, "10.244.76.0/24", control), gc={"interval": "300ms"})
+    pod = pod_message(new_pod_id(), ns.path)
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            await h.runtime.run_pod_sandbox(pod)
+            (control / "del-fail").write_text("1")
+            with pytest.raises(RPCError) as err:
+                await h.runtime.stop_pod_sandbox(pod)  # reported to the runtime
+            assert "ctl: DEL fails as told" in str(err.value)
+            with pytest.raises(RPCError):
+                await h.runtime.remove_pod_sandbox(pod)
+            for _ in range(200):  # timer GCs retry (stop, remove, then at least two of them)
+                if len([c for c in read_calls(control) if c[0] == "DEL"]) >= 4:
+                    break
+                await asyncio.sleep(0.05)
+            assert len([c for c in read_calls(control) if c[0] == "DEL"]) >= 4
+            assert [r.container_id for r in node.reservations()] == [pod.id]  # still failing
+            (control / "del-fail").unlink()
+            # the reservation goes while the DEL chain runs, the cache entry once it finished
+            for _ in range(100):
+                if not node.reservations() and not h.daemon.pods.attachments():
+                    break
+                await asyncio.sleep(0.05)
+            assert node.reservations() == []
+            assert h.daemon.pods.attachments() == []
+
+    run(scenario())

@@ -1,0 +1,35 @@
+"""Fixtures of the ttrpc and NRI tests (their conftests import them): running coroutines (no
+pytest-asyncio here) and sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def arun() -> Callable[..., object]:
+    """arun(coro, timeout=10): run a coroutine in a fresh loop, failing it if it hangs."""
+
+    def run(coro: Awaitable[T], timeout: float = 10.0) -> T:
+        async def bounded() -> T:
+            async with asyncio.timeout(timeout):
+                return await coro
+
+        return asyncio.run(bounded())
+
+    return run
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory for unix sockets (tmp_path can exceed sun_path's 108 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="nct-") as name:
+        yield Path(name)

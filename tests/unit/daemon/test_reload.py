@@ -1,0 +1,290 @@
+"""Hot reload without a daemon: ConfigReloader with a recording `apply`, inotify and the rescan,
+refusals with locations, drop-in plugin directories (libcni 1.3) and `_finalize.d`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+
+import pytest
+import yaml
+
+from nri_cni.config import load_config
+from nri_cni.daemon.inotify import DirWatcher
+from nri_cni.daemon.reload import ConfigReloader, watched_dirs
+from nri_cni.lifecycle import generation_id
+
+
+def base_config(tmp, networks, **extra) -> dict:
+    (tmp / "net.d" / "_finalize.d").mkdir(parents=True, exist_ok=True)
+    return {
+        "mode": "native",
+        "nri": {"socket": str(tmp / "nri.sock")},
+        "daemon": {"socket": str(tmp / "daemon.sock")},
+        "state_dir": str(tmp / "state"),
+        "cni": {
+            "bin_dirs": [str(tmp / "bin")],
+            "cache_dir": str(tmp / "cache"),
+            "finalize_dir": str(tmp / "net.d" / "_finalize.d"),
+        },
+        "reload": {"watch": True, "rescan_interval": 0, "debounce": "50ms"},
+        "networks": networks,
+        **extra,
+    }
+
+
+def inline(name, *, default=False, plugin_type="fake-ok", **keys) -> dict:
+    return {
+        "name": name,
+        "default": default,
+        "conflist": {"cniVersion": "1.1.0", "name": name, "plugins": [{"type": plugin_type, **keys}]},
+    }
+
+
+def write(path, text: str) -> None:
+    """As editors and ConfigMaps do: a new file renamed over the old one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.rename(tmp, path)
+
+
+class Applied:
+    def __init__(self) -> None:
+        self.configs = []
+        self.event = asyncio.Event()
+
+    async def __call__(self, cfg) -> None:
+        self.configs.append(cfg)
+        self.event.set()
+
+    async def next(self, timeout=5.0):
+        await asyncio.wait_for(self.event.wait(), timeout)
+        self.event.clear()
+        return self.configs[-1]
+
+
+async def quiet(reloader, seconds=0.4):
+    """Gives the watcher time to react (and proves nothing was applied meanwhile)."""
+    await asyncio.sleep(seconds)
+
+
+def start(path):
+    applied = Applied()
+    reloader = ConfigReloader(load_config(str(path)), applied)
+    return reloader, applied
+
+
+def test_a_rewritten_config_is_seen_by_inotify_and_applied(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(base_config(tmp_path, [inline("one", default=True)])))
+
+    async def scenario():
+        reloader, applied = start(path)
+        await reloader.start()
+        assert reloader.report()["inotify"] is True
+        write(path, yaml.safe_dump(base_config(tmp_path, [inline("one", default=True), inline("two")])))
+        cfg = await applied.next()
+        assert [n.name for n in cfg.networks] == ["one", "two"]
+        assert reloader.cfg is cfg and reloader.report()["applied"] == 1
+        # touching the file without changing it applies nothing
+        write(path, path.read_text())
+        await quiet(reloader)
+        assert len(applied.configs) == 1
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_rescan_finds_changes_when_inotify_is_off(tmp_path):
+    path = tmp_path / "config.yaml"
+    cfg = base_config(tmp_path, [inline("one", default=True)])
+    cfg["reload"] = {"watch": False, "rescan_interval": "200ms"}
+    path.write_text(yaml.safe_dump(cfg))
+
+    async def scenario():
+        reloader, applied = start(path)
+        await reloader.start()
+        assert reloader.report()["inotify"] is False
+        cfg["networks"].append(inline("two"))
+        write(path, yaml.safe_dump(cfg))
+        new = await applied.next()
+        assert [n.name for n in new.networks] == ["one", "two"]
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_malformed_yaml_is_refused_with_its_location_and_the_running_config_stays(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    good = yaml.safe_dump(base_config(tmp_path, [inline("one", default=True)]))
+    path.write_text(good)
+
+    async def scenario():
+        reloader, applied = start(path)
+        before = reloader.cfg
+        await reloader.start()
+        with caplog.at_level(logging.ERROR, logger="nri_cni.reload"):
+            write(path, good + "networks:\n  - name: [unclosed\n")
+            await quiet(reloader)
+        assert applied.configs == [] and reloader.cfg is before
+        refused = reloader.report()["refused"]
+        assert refused.startswith(f"{path}:") and "not valid YAML" in refused
+        assert f"{path}:" in caplog.text and "the running configuration stays" in caplog.text
+        write(path, good.replace("one", "uno"))  # fixed: applied, and the refusal is cleared
+        cfg = await applied.next()
+        assert [n.name for n in cfg.networks] == ["uno"] and reloader.report()["refused"] == ""
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_change_with_one_bad_network_is_refused_as_a_whole(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(base_config(tmp_path, [inline("one", default=True)])))
+    bad_lifecycle = inline("three", **{"cni.dev/lifecycle": ["init", "reboot"]})
+
+    async def scenario():
+        reloader, applied = start(path)
+        await reloader.start()
+        write(
+            path,
+            yaml.safe_dump(
+                base_config(tmp_path, [inline("one", default=True), inline("two"), bad_lifecycle])
+            ),
+        )
+        await quiet(reloader)
+        assert applied.configs == [] and [n.name for n in reloader.cfg.networks] == ["one"]
+        refused = reloader.report()["refused"]
+        assert "networks[2].conflist" in refused and "'reboot'" in refused
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_setting_that_needs_a_restart_refuses_the_change(tmp_path):
+    path = tmp_path / "config.yaml"
+    cfg = base_config(tmp_path, [inline("one", default=True)])
+    path.write_text(yaml.safe_dump(cfg))
+
+    async def scenario():
+        reloader, applied = start(path)
+        await reloader.start()
+        cfg["daemon"]["socket"] = str(tmp_path / "other.sock")
+        cfg["networks"].append(inline("two"))
+        write(path, yaml.safe_dump(cfg))
+        await quiet(reloader)
+        assert applied.configs == []
+        assert "daemon.socket needs a restart" in reloader.report()["refused"]
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_drop_in_plugins_are_appended_reloaded_and_turned_off_by_load_only_inlined(tmp_path):
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    base = {"cniVersion": "1.1.0", "name": "dropnet", "plugins": [{"type": "fake-ok", "n": 0}]}
+    (conf_dir / "10-dropnet.conflist").write_text(json.dumps(base))
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            base_config(tmp_path, [{"name": "dropnet", "default": True, "conf_dir": str(conf_dir)}])
+        )
+    )
+
+    async def scenario():
+        reloader, applied = start(path)
+        await reloader.start()
+        assert [p.conf.get("n") for p in reloader.cfg.networks[0].conflist.plugins] == [0]
+        # the drop-in dir does not exist yet: its creation in the watched conf dir is seen
+        (conf_dir / "dropnet").mkdir()
+        await quiet(reloader)
+        write(conf_dir / "dropnet" / "20-second.conf", json.dumps({"type": "fake-ok", "n": 2}))
+        write(conf_dir / "dropnet" / "10-first.conf", json.dumps({"type": "fake-ok", "n": 1}))
+        (conf_dir / "dropnet" / "30-ignored.json").write_text(json.dumps({"type": "x"}))
+        net = None
+        for _ in range(3):  # one reload per file at most
+            net = (await applied.next()).networks[0].conflist
+            if len(net.plugins) == 3:
+                break
+        assert [p.conf.get("n") for p in net.plugins] == [0, 1, 2]  # appended in file order
+        cached = json.loads(net.bytes)  # what ADD caches and the generation is the hash of
+        assert [p["n"] for p in cached["plugins"]] == [0, 1, 2]
+        assert cached["loadOnlyInlinedPlugins"] is True  # a DEL from the cache appends nothing
+        assert generation_id(net.bytes) != generation_id(json.dumps(base).encode())
+
+        write(conf_dir / "10-dropnet.conflist", json.dumps({**base, "loadOnlyInlinedPlugins": True}))
+        net = (await applied.next()).networks[0].conflist
+        assert [p.conf.get("n") for p in net.plugins] == [0]
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_finalize_drop_ins_are_reloaded_and_a_bad_one_is_refused(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(base_config(tmp_path, [inline("one", default=True)])))
+    finalize = tmp_path / "net.d" / "_finalize.d"
+
+    async def scenario():
+        reloader, applied = start(path)
+        await reloader.start()
+        assert str(finalize) in watched_dirs(reloader.cfg)
+        write(finalize / "50-routes.conf", json.dumps({"type": "fake-finalize"}))
+        await applied.next()
+        assert [p.type for p in reloader._dropins] == ["fake-finalize"]
+        write(finalize / "60-bad.conf", "{not json")
+        await quiet(reloader)
+        assert len(applied.configs) == 1
+        assert "60-bad.conf" in reloader.report()["refused"]
+        await reloader.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_dir_watcher_reports_changes_and_skips_missing_dirs(tmp_path):
+    seen = []
+
+    async def scenario():
+        watcher = DirWatcher(lambda: seen.append(time.monotonic()))
+        watched = tmp_path / "w"
+        watched.mkdir()
+        added = watcher.watch([str(watched), str(tmp_path / "missing")])
+        assert added == {str(watched)} and watcher.watched == {str(watched)}
+        (tmp_path / "outside").write_text("x")
+        await asyncio.sleep(0.1)
+        assert seen == []
+        (watched / "f").write_text("x")
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen
+        (watched / "f").unlink()
+        watched.rmdir()
+        await asyncio.sleep(0.1)
+        assert watcher.watched == set()  # the kernel dropped the watch with the directory
+        watcher.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("init", "must be a list"),
+        (["init", "start"], "unknown verb"),
+    ],
+)
+def test_a_bad_lifecycle_key_is_a_config_error_with_its_location(tmp_path, value, message):
+    from nri_cni.config import parse_config
+    from nri_cni.errors import ConfigError
+
+    cfg = base_config(tmp_path, [inline("one", default=True), inline("two", **{"cni.dev/lifecycle": value})])
+    with pytest.raises(ConfigError) as err:
+        parse_config(cfg, str(tmp_path / "config.yaml"))
+    assert "networks[1].conflist" in str(err.value) and "plugins[0]" in str(err.value)
+    assert message in str(err.value)

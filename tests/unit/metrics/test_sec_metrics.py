@@ -1,0 +1,97 @@
+"""Issue 15, the metrics port: idle connections are capped and timed out, so they cannot take
+the descriptors the daemon needs for plugins; a scrape does not read the cache files; accept
+errors are logged at a bounded rate."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pytest
+
+from nri_cni.metrics import limits as metrics_server
+from tests.support.harness import new_pod_id, run
+from tests.support.secharness import install_shim, netns_path, normal_add_del, shim_config, started
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _scrape(port: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 20)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return body.decode()
+
+
+async def _eof(reader) -> bool:
+    try:
+        return await reader.read() == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.netns
+def test_idle_connections_are_capped_and_timed_out_and_pods_still_work(node):
+    netns_path(node)
+    port = _free_port()
+    cfg = shim_config(node, metrics={"listen": f"127.0.0.1:{port}", "max_connections": 16, "timeout": "1s"})
+
+    async def scenario():
+        h = await started(node, cfg)
+        try:
+            shim = install_shim(node, True)
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(300)]
+            await normal_add_del(shim, node, new_pod_id())  # while they are open
+            closed = await asyncio.wait_for(asyncio.gather(*(_eof(r) for r, _ in conns)), 30)
+            assert all(closed)
+            for _, w in conns:
+                w.close()
+            guard = h.daemon.metrics.guard
+            assert guard.refused >= 300 - 16 and guard.open == 0
+            # a scrape does not count the cache files each time
+            for _ in range(20):
+                text = await _scrape(port)
+            assert "nri_cni_attachments 0" in text
+            assert h.daemon.metrics.attachments.computed <= 2
+            await normal_add_del(shim, node, new_pod_id())
+        finally:
+            await h.stop()
+
+    run(scenario())
+
+
+def test_accept_errors_are_logged_at_a_bounded_rate(caplog):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        metrics_server.limit_accept_errors(loop)
+        handler = loop.get_exception_handler()
+        for _ in range(5000):
+            handler(
+                loop, {"message": "socket.accept() out of system resource", "exception": OSError(24, "x")}
+            )
+
+    with caplog.at_level(logging.ERROR, logger="nri_cni.metrics"):
+        run(scenario())
+    lines = [r for r in caplog.records if "accept" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, len(lines)
+
+
+def test_background_value_is_computed_once_per_max_age():
+    calls = []
+
+    def count():
+        calls.append(1)
+        return len(calls)
+
+    value = metrics_server.BackgroundValue(count, max_age=3600)
+    assert [value() for _ in range(100)] == [1] * 100
+    assert len(calls) == 1

@@ -1,0 +1,208 @@
+"""Unit tests of the recovery rules, without plugins or namespaces: which failed ADD counts as
+"nothing created", how a DEL is cut around a doomed plugin, the intent record of a rollback that
+failed, the hooks' bookkeeping, and when a netns counts as gone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.config import parse_conflist
+from nri_cni.config import parse_config
+from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
+from nri_cni.pod.hooks import PluginHooks
+from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
+from nri_cni.pod.model import PodInfo
+from nri_cni.pod.oprecord import OpRecord
+from nri_cni.pod.plan import PodPlan
+from nri_cni.pod.rollback import nothing_created
+from nri_cni.pod.upkeep import netns_gone
+from nri_cni.service.modes import mode_for
+from nri_cni.service.service import PodService
+
+CHAIN = {
+    "cniVersion": "1.1.0",
+    "name": "podnet",
+    "plugins": [{"type": "bridge"}, {"type": "tuning"}, {"type": "ctl"}, {"type": "portmap"}],
+}
+POD = "0123456789abcdef" * 4
+
+
+def _ref(plugin="ctl"):
+    return PluginRef(network="podnet", plugin=plugin, command="ADD")
+
+
+@pytest.mark.parametrize(
+    "exc, doomed",
+    [
+        (CNIError(CniCode.INCOMPATIBLE_VERSION, "x", ref=_ref()), True),
+        (CNIError(CniCode.UNSUPPORTED_FIELD, "x", ref=_ref()), True),
+        (CNIError(CniCode.UNKNOWN_CONTAINER, "x", ref=_ref()), True),
+        (CNIError(CniCode.INVALID_ENV, "x", ref=_ref()), True),
+        (CNIError(CniCode.DECODING_FAILURE, "x", ref=_ref()), True),
+        (CNIError(CniCode.INVALID_CONFIG, "x", ref=_ref()), True),
+        (CNIError(CniCode.IO_FAILURE, "x", ref=_ref()), False),
+        (CNIError(CniCode.INVALID_NETNS, "x", ref=_ref()), False),  # skel checks it after cmdAdd
+        (CNIError(CniCode.TRY_AGAIN_LATER, "x", ref=_ref()), False),
+        (CNIError(CniCode.INTERNAL, "x", ref=_ref()), False),
+        (CNIError(120, "plugin-specific", ref=_ref()), False),
+        # the runtime's own failure (a cache write): no plugin to blame
+        (CNIError(CniCode.IO_FAILURE, "cannot write CNI cache file"), False),
+        (CNIError(CniCode.INVALID_CONFIG, "no plugin named"), False),
+        (PluginNotRun("failed to find plugin 'ctl' in path ['/x']", ref=_ref()), True),
+        (PluginNotRun("cannot run plugin /x/ctl: Permission denied", ref=_ref()), True),
+        # the kind decides, not the wording: a crash worded like a missing binary still ran
+        (PluginExecError("failed to find plugin 'ctl' (it said so, then crashed)", ref=_ref()), False),
+        # it ran: whatever it printed, it may have created things
+        (
+            PluginExecError(
+                "plugin ctl failed (exit status 2) and its output is not a CNI error",
+                ref=_ref(),
+                code=CniCode.DECODING_FAILURE,
+            ),
+            False,
+        ),
+        (
+            PluginExecError(
+                "plugin ctl printed an unusable result: x", ref=_ref(), code=CniCode.DECODING_FAILURE
+            ),
+            False,
+        ),
+        (PluginTimeout("plugin ctl killed after 1s timeout", ref=_ref()), False),
+    ],
+)
+def test_nothing_created(exc, doomed):
+    assert nothing_created(exc) is doomed
+
+
+class FakeCNI:
+    """Records each DEL as the plugin types of the (sub-)list it was given, last first."""
+
+    def __init__(self, fail: set[str]) -> None:
+        self.fail = fail
+        self.calls: list[list[str]] = []
+        self.cache = type(
+            "C",
+            (),
+            {"read": lambda *a, **k: None, "entries": lambda *a, **k: [], "results_dir": "/nonexistent"},
+        )()
+
+    async def delete(self, net, rt):
+        types = [p.type for p in reversed(net.plugins)]
+        self.calls.append(types)
+        for t in types:
+            if t in self.fail:
+                raise CNIError(111, f"{t} DEL failed", ref=PluginRef(plugin=t, command="DEL"))
+
+    async def delete_cached(self, entry):
+        await self.delete(parse_conflist(entry.config), None)
+
+    async def gc(self, net, valid):
+        self.calls.append(["GC", net.name, len(valid)])
+
+    def with_cache(self, cache):
+        return self
+
+
+def _networker(tmp_path, fail):
+    cfg = parse_config(
+        {"state_dir": str(tmp_path), "networks": [{"name": "podnet", "default": True, "conflist": CHAIN}]},
+        str(tmp_path / "c.yaml"),
+    )
+    return PodPlan(cfg, FakeCNI(fail))
+
+
+def _entry():
+    conf = parse_conflist(CHAIN)
+    return CacheEntry(container_id=POD, ifname="eth0", network_name="podnet", config=conf.bytes)
+
+
+def test_del_is_cut_around_the_doomed_plugin_and_its_failure_ignored(tmp_path):
+    net = _networker(tmp_path, fail={"ctl"})
+    asyncio.run(net.rollback.delete_entry(_entry(), doomed={2}))
+    # portmap, then ctl alone (fails: ignored), then tuning and bridge: every DEL ran
+    assert net.cni.calls == [["portmap"], ["ctl"], ["tuning", "bridge"]]
+
+
+def test_without_a_doomed_record_the_del_stops_at_the_failure(tmp_path):
+    net = _networker(tmp_path, fail={"ctl"})
+    with pytest.raises(CNIError):
+        asyncio.run(net.rollback.delete_entry(_entry()))
+    assert net.cni.calls == [["portmap", "ctl", "tuning", "bridge"]]  # one chain; ctl failed it
+
+
+def test_a_failure_of_a_plugin_that_is_not_doomed_still_counts(tmp_path):
+    net = _networker(tmp_path, fail={"tuning"})
+    with pytest.raises(CNIError) as err:
+        asyncio.run(net.rollback.delete_entry(_entry(), doomed={2}))
+    assert "tuning" in str(err.value)
+    assert net.cni.calls == [["portmap"], ["ctl"], ["tuning", "bridge"]]
+
+
+def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
+    net = _networker(tmp_path, fail={"ctl"})
+    config = parse_conflist(CHAIN).bytes
+    intent = Intent(POD, "", [IntendedNetwork("podnet", "eth0", config)])
+    net.intents.write(intent)
+    record = OpRecord("rollback", PodInfo(POD))
+    errors = asyncio.run(net.rollback.undo(intent, record))
+    assert len(errors) == 1 and "ctl DEL failed" in str(errors[0])
+    kept = net.intents.load(POD)
+    assert kept is not None and "ctl DEL failed" in kept.rollback_error
+    assert [n.network for n in kept.networks] == ["podnet"]
+    assert PodService(net.cfg, plan=net, mode=mode_for(net.cfg)).pending_rollbacks() == [POD]
+
+    net.cni.fail = set()  # the plugin recovered: the next try (GC) finishes it
+    report = asyncio.run(net.collect_garbage(set()))
+    assert report["rolledBack"] == [POD] and report["errors"] == []
+    assert net.cni.calls[-1] == ["GC", "podnet", 0]
+    assert net.intents.load(POD) is None
+
+
+def test_intent_record_round_trip_with_doomed_plugins(tmp_path):
+    store = IntentStore(str(tmp_path))
+    net = IntendedNetwork(
+        "podnet", "eth0", b"{}", [("K8S_POD_NAME", "web")], {"mac": "x"}, doomed_plugins=["2:ctl"]
+    )
+    store.write(Intent(POD, "/run/netns/x", [net], rollback_error="boom"))
+    [back] = store.load_all()
+    assert back.networks[0].doomed_indexes() == {2}
+    assert back.rollback_error == "boom" and back.netns == "/run/netns/x"
+    assert store.pod_ids() == [POD]
+    (tmp_path / "intents" / "garbage").write_text("{")
+    assert [i.pod_id for i in store.load_all()] == [POD]
+    assert store.pod_ids() == [POD]  # the unreadable one was removed
+
+
+def test_hooks_name_the_failed_plugin_and_forget_everything_at_drain():
+    hooks = PluginHooks()
+    net = parse_conflist(CHAIN)
+    rt = type("RT", (), {"container_id": POD})()
+
+    async def chain():
+        await hooks.before_plugin("ADD", net, 0, rt)
+        await hooks.after_plugin("ADD", net, 0, rt, None)
+        await hooks.before_plugin("ADD", net, 1, rt)  # ... and this one fails
+
+    asyncio.run(chain())
+    assert hooks.failed_index(POD, "podnet", "ADD") == 1
+    assert hooks.failed_index(POD, "podnet", "ADD") is None
+    asyncio.run(hooks.before_plugin("DEL", net, 3, rt))  # a failed DEL nobody asks about
+    assert len(hooks) == 1
+    assert [t["plugin"] for t in hooks.drain(POD)] == ["bridge"]
+    assert len(hooks) == 0
+
+
+def test_netns_gone(tmp_path):
+    present = tmp_path / "ns-present"
+    present.write_text("")
+    assert not netns_gone(str(present))
+    assert netns_gone(str(tmp_path / "ns-removed"))
+    # nothing can be said: no path, a relative one, or a directory this process cannot see
+    assert not netns_gone("")
+    assert not netns_gone("ns-relative")
+    assert not netns_gone(str(tmp_path / "not-mounted-here" / "cni-1234"))
+    assert os.path.isdir(tmp_path)

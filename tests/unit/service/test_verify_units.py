@@ -1,0 +1,149 @@
+"""Verify and repair without root: the config keys, how a repair asks for its IPs, and which
+addresses the cache says another pod holds (the real rounds are in tests/integration/pod/test_verify_repair.py)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.config import parse_config
+from nri_cni.errors import ConfigError
+from nri_cni.pod.repair import ip_holders, repair_selection, result_ips
+
+
+def _doc(**extra) -> dict:
+    return {
+        "networks": [
+            {
+                "name": "podnet",
+                "default": True,
+                "conflist": {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "bridge"}]},
+            }
+        ],
+        **extra,
+    }
+
+
+def test_verify_and_repair_defaults():
+    cfg = parse_config(_doc())
+    assert (cfg.verify_interval, cfg.verify_check_every, cfg.repair) == (30.0, 10, "on")
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [("on", "on"), ("off", "off"), ("verify-only", "verify-only"), ('"off"', "off")]
+)
+def test_repair_reads_yaml_words_and_booleans(text, want):
+    # unquoted on/off are YAML 1.1 booleans: they still mean the words
+    doc = _doc(**yaml.safe_load(f"repair: {text}"))
+    assert parse_config(doc).repair == want
+
+
+def test_verify_section_and_bad_values_are_located():
+    cfg = parse_config(_doc(verify={"interval": "5s", "check_every": 3}))
+    assert (cfg.verify_interval, cfg.verify_check_every) == (5.0, 3)
+    with pytest.raises(ConfigError) as ei:
+        parse_config(_doc(verify={"interval": "soon", "check_every": 0, "every": 1}, repair="sometimes"))
+    text = str(ei.value)
+    for where in ("verify.interval", "verify.check_every", "verify.every", "repair"):
+        assert where in text, text
+
+
+def _entry(pod: str, ifname: str, *ips: str, network: str = "podnet") -> CacheEntry:
+    conf = b'{"cniVersion":"1.1.0","name":"%s","plugins":[{"type":"bridge"}]}' % network.encode()
+    result = {"cniVersion": "1.1.0", "ips": [{"address": a} for a in ips]}
+    return CacheEntry(
+        pod, ifname, network, conf, "/run/netns/x", capability_args={"portMappings": [1]}, result=result
+    )
+
+
+def test_result_ips_and_holders():
+    a = _entry("pod-a", "eth0", "10.0.0.2/24", "fd00::2/64")
+    b = _entry("pod-b", "eth0", "10.0.0.3/24")
+    old = CacheEntry(
+        "pod-c", "eth0", "old", b"{}", result={"cniVersion": "0.2.0", "ip4": {"ip": "10.1.0.4/24"}}
+    )
+    assert result_ips(a) == ("10.0.0.2/24", "fd00::2/64")
+    assert result_ips(old) == ("10.1.0.4/24",)
+    assert ip_holders([a, b, old]) == {
+        "10.0.0.2": "pod-a",
+        "fd00::2": "pod-a",
+        "10.0.0.3": "pod-b",
+        "10.1.0.4": "pod-c",
+    }
+
+
+def test_repair_selection_keeps_the_attachments_config_and_capability_args():
+    cfg = parse_config(_doc())
+    from nri_cni.pod.select import Selected
+
+    selected = [Selected(cfg.networks[0], "eth0")]
+    eth0 = _entry("pod-a", "eth0", "10.0.0.2/24")
+    gone = _entry("pod-a", "net1", "10.9.0.2/24", network="retired")
+    out = repair_selection(selected, [eth0, gone], [("podnet", "eth0"), ("retired", "net1")])
+    assert [(s.network.name, s.ifname) for s in out] == [("podnet", "eth0"), ("retired", "net1")]
+    assert out[0].capability_args == {"portMappings": [1]}  # the runtime's, from the cache
+    assert out[0].network.default and out[0].network.conflist.bytes == eth0.config
+    assert out[1].network.conflist.name == "retired"
+
+
+def test_an_ipam_refusal_names_the_address_and_a_parse_error_is_no_refusal():
+    from nri_cni.errors import CNIError
+    from nri_cni.pod.repair import _refused_address
+
+    asked = [("10.77.0.8/24", "fd77:77::4/64")]
+    refused = CNIError(
+        999, "failed to allocate for range 0: requested IP address 10.77.0.8 is not available in range set"
+    )
+    assert _refused_address(refused, asked) == "10.77.0.8"
+    # host-local's answer to CNI_ARGS IP=a,b names both addresses and refuses neither
+    unparsed = CNIError(
+        999, 'ARGS: error parsing value of pair "IP=10.77.0.8,fd77:77::4": invalid IP address'
+    )
+    assert _refused_address(unparsed, asked) == ""
+    # an address that only begins another is not named (10.77.0.8 in 10.77.0.80)
+    other = CNIError(999, "requested IP address 10.77.0.80 is not available in range set")
+    assert _refused_address(other, asked) == ""
+
+
+def test_a_repair_of_a_chain_that_cannot_be_asked_for_addresses_touches_nothing():
+    import asyncio
+
+    from nri_cni.cni.config import parse_conflist
+    from nri_cni.config import NetworkSpec
+    from nri_cni.pod.model import PodInfo
+    from nri_cni.pod.repair import IpsNotRequestable, repair
+    from nri_cni.pod.select import Selected
+
+    net = parse_conflist(
+        {"cniVersion": "1.1.0", "name": "dhcpnet", "plugins": [{"type": "macvlan", "ipam": {"type": "dhcp"}}]}
+    )
+    touched: list[str] = []
+
+    class Plan:  # only what repair reaches before it would touch anything; the rest records
+        def cached(self, pod_id=None):
+            return []
+
+        def __getattr__(self, name):
+            touched.append(name)
+            raise AssertionError(f"repair touched plan.{name}")
+
+    class Sink:
+        def emit(self, record):
+            touched.append("emit:" + (record.error.__class__.__name__ if record.error else "ok"))
+
+    plan = Plan()
+    plan.__dict__["oplog"] = Sink()
+    pod = PodInfo("a" * 64, name="p", namespace="default", netns="/run/netns/x")
+    with pytest.raises(IpsNotRequestable, match="dhcpnet"):
+        asyncio.run(
+            repair(
+                plan,
+                pod,
+                selected=[Selected(NetworkSpec(name="dhcpnet", conflist=net), "eth0", {})],
+                damaged=[],
+                ips={("dhcpnet", "eth0"): ("192.0.2.7/24",)},
+                wrong=["eth0 lacks 192.0.2.7/24"],
+            )
+        )
+    assert touched == ["emit:IpsNotRequestable"]  # one record, nothing DELed or ADDed
