@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from nri_cni.local import proto as localproto
 from tests.e2e.test_pod_shim import shim_node  # noqa: F401  (the fixture)
 from tests.support.netns import host_local_reservations
 
@@ -45,8 +46,6 @@ def _reaches(netns_path: str, ip: str) -> bool:
 
 def _verify(daemon, pod_id: str) -> dict:
     body = json.dumps({"pod": pod_id, "check": False}).encode()
-    from nri_cni import localproto
-
     status, payload = localproto.call(daemon.socket, {localproto.OP_KEY: "verify"}, body, timeout=120)
     data = json.loads(payload)
     assert status == 0, data
