@@ -40,6 +40,8 @@ from nri_cni.service.service import PodService
 
 log = logging.getLogger("nri_cni.daemon")
 
+DEFAULT_NRI_DEADLINE = 2.0  # containerd's and CRI-O's plugin request timeout, when neither side said one
+
 
 class ConfigApplier:
     """A hot reload the reloader validated (docs/lifecycle.md): the next pod operation uses
@@ -212,11 +214,29 @@ def build_daemon(cfg: Config) -> Daemon:
     handlers = NriHandlers(
         pods, mode, failure_policy=cfg.failure_policy, request_timeout=cfg.nri.request_timeout
     )
-    stub = Stub(handlers, name=cfg.nri.plugin_name, idx=cfg.nri.plugin_index, socket_path=cfg.nri.socket)
+
+    def observe_nri(method: str, seconds: float) -> None:
+        # the deadline the runtime said (Configure), else the one asked for, else containerd's 2 s
+        deadline = stub.request_timeout_ms / 1000 or cfg.nri.request_timeout or DEFAULT_NRI_DEADLINE
+        metrics.observe_nri_request(method, seconds, deadline)
+
+    stub = Stub(
+        handlers,
+        name=cfg.nri.plugin_name,
+        idx=cfg.nri.plugin_index,
+        socket_path=cfg.nri.socket,
+        observe_request=observe_nri,
+    )
     applier = ConfigApplier(pods=pods, handlers=handlers, lifecycle=lifecycle, readiness=readiness)
     reloader = ConfigReloader(cfg, applier.apply)
     reports = DaemonReports(pods=pods, readiness=readiness, lifecycle=lifecycle, reloader=reloader, stub=stub)
-    local = LocalServer(cfg.daemon_socket, pods=pods, readiness=readiness, reports=reports)
+    local = LocalServer(
+        cfg.daemon_socket,
+        pods=pods,
+        readiness=readiness,
+        reports=reports,
+        observe_shim=metrics.observe_shim_request,
+    )
     return Daemon(
         cni=cni,
         metrics=metrics,

@@ -13,6 +13,8 @@ import asyncio
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 from nri_cni.config import Config
@@ -34,9 +36,18 @@ MAX_POD_ARG = 512  # `nri-cni verify --pod`: an id, a prefix or namespace/name (
 
 class LocalServer:
     def __init__(
-        self, path: str, *, pods: PodService, readiness: NetworkReadiness, reports: DaemonReports
+        self,
+        path: str,
+        *,
+        pods: PodService,
+        readiness: NetworkReadiness,
+        reports: DaemonReports,
+        observe_shim: Callable[[str, float], None] | None = None,
     ) -> None:
+        """observe_shim(verb, seconds): each shim request answered, how long the runtime's CNI
+        call waited on the daemon."""
         self.pods = pods
+        self.observe_shim = observe_shim
         self.readiness = readiness
         self.reports = reports
         self.path = path
@@ -76,7 +87,12 @@ class LocalServer:
                 return
             op = header.get(localproto.OP_KEY)
             if op is None:
-                status, payload = await self._cni_call(header, body)
+                t0 = time.perf_counter()
+                try:
+                    status, payload = await self._cni_call(header, body)
+                finally:
+                    if self.observe_shim is not None:
+                        self.observe_shim(str(header.get("CNI_COMMAND", "")), time.perf_counter() - t0)
             else:
                 status, payload = await self._cli_call(op, body)
             writer.write(localproto.encode_response(status, payload))

@@ -88,6 +88,14 @@ class Metrics:
         if record.op == REPAIR_OP:
             self.repairs.labels("error" if record.error else "ok").inc()
 
+    def observe_nri_request(self, method: str, seconds: float, deadline: float) -> None:
+        """One NRI request answered (the stub's observer): per method, and against the deadline."""
+        self.exposition.observe_nri(method, seconds, deadline)
+
+    def observe_shim_request(self, verb: str, seconds: float) -> None:
+        """One shim request answered (the local server's observer), per CNI verb."""
+        self.exposition.observe_shim(verb, seconds)
+
     def observe_gc(self, report: dict) -> None:
         """One GC run's report: {"deleted": [...], "errors": [...]} (PodPlan.collect_garbage)."""
         self.exposition.observe_gc(report)

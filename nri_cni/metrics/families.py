@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,26 @@ disable_created_metrics()
 # a DEL (iptables, veth deletion), seconds for DHCP or a plugin near its timeout.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# What the runtime waits for an NRI answer: its deadline is 2 s by default, so the buckets are
+# fine around it (an alert on the share above 1 s says the deadline is near).
+NRI_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+# How far back nri_cni_nri_request_slowest_recent_seconds looks, and how many answers it keeps.
+RECENT_WINDOW = 300.0
+RECENT_KEPT = 4096
+# The labels a request's method or verb may take: anything else counts as "other" (the shim's
+# CNI_COMMAND comes from whoever runs it; a label must never grow with input).
+NRI_METHODS = frozenset(
+    {
+        "Configure",
+        "Synchronize",
+        "Shutdown",
+        "RunPodSandbox",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+        "StateChange",
+    }
+)
+SHIM_VERBS = frozenset({"ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION"})
 
 
 class _Attachments:
@@ -48,6 +69,29 @@ class _Attachments:
             return
         yield GaugeMetricFamily(
             "nri_cni_attachments", "Network attachments nri-cni holds (cache entries).", value=held
+        )
+
+
+class _RecentNri:
+    """A collector asked at every scrape: the slowest NRI answer of the last RECENT_WINDOW
+    seconds, beside the runtime's deadline for it (0 before the runtime said one)."""
+
+    def __init__(self) -> None:
+        self.answers: deque[tuple[float, float]] = deque(maxlen=RECENT_KEPT)  # (when, seconds)
+        self.deadline = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        since = time.monotonic() - RECENT_WINDOW
+        slowest = max((s for at, s in self.answers if at >= since), default=0.0)
+        yield GaugeMetricFamily(
+            "nri_cni_nri_request_slowest_recent_seconds",
+            f"The slowest NRI answer of the last {RECENT_WINDOW:.0f} s (0: none).",
+            value=slowest,
+        )
+        yield GaugeMetricFamily(
+            "nri_cni_nri_request_timeout_seconds",
+            "The runtime's deadline for an NRI answer (its Configure request, else nri.request_timeout, else 2 s).",
+            value=self.deadline,
         )
 
 
@@ -113,6 +157,29 @@ class Exposition:
         self.gc_errors = Counter(
             "nri_cni_gc_errors", "Errors reported by garbage collection runs.", registry=reg
         )
+        self.nri_duration = Histogram(
+            "nri_cni_nri_request_duration_seconds",
+            "Time from an NRI request's arrival to nri-cni's answer, by method: what the runtime waits.",
+            ("method",),
+            buckets=NRI_BUCKETS,
+            registry=reg,
+        )
+        self.shim_duration = Histogram(
+            "nri_cni_shim_request_duration_seconds",
+            "Time from a shim request's arrival to nri-cni's answer, by CNI verb: what the runtime's CNI call waits.",
+            ("verb",),
+            buckets=buckets,
+            registry=reg,
+        )
+        self.plugin_duration = Histogram(
+            "nri_cni_plugin_duration_seconds",
+            "One CNI plugin call in a pod operation, by plugin type and verb (ADD, DEL, CHECK, FINALIZE).",
+            ("plugin", "verb"),
+            buckets=buckets,
+            registry=reg,
+        )
+        self._recent = _RecentNri()
+        reg.register(self._recent)
 
         self._children: dict[tuple, Any] = {}
 
@@ -135,9 +202,25 @@ class Exposition:
             ms = step.get("ms")
             if isinstance(ms, (int, float)) and not isinstance(ms, bool):
                 self._child(self.network_duration, str(step.get("op", op)), name).observe(ms / 1000.0)
+        for call in record.plugins:
+            ms = call.get("ms")
+            if isinstance(ms, (int, float)) and not isinstance(ms, bool):
+                plugin, verb = str(call.get("plugin", "")), str(call.get("command", ""))
+                self._child(self.plugin_duration, plugin, verb).observe(ms / 1000.0)
         self._child(self.operations, op, "error" if record.error else "ok").inc()
         if record.error:
             self._child(self.failures, op, self._error_code(record)).inc()
+
+    def observe_nri(self, method: str, seconds: float, deadline: float) -> None:
+        """One NRI request answered after `seconds`; `deadline`: the runtime's, as now known."""
+        label = method if method in NRI_METHODS else "other"
+        self._child(self.nri_duration, label).observe(seconds)
+        self._recent.answers.append((time.monotonic(), seconds))
+        self._recent.deadline = deadline
+
+    def observe_shim(self, verb: str, seconds: float) -> None:
+        """One shim request (a CNI verb the runtime ran) answered after `seconds`."""
+        self._child(self.shim_duration, verb if verb in SHIM_VERBS else "other").observe(seconds)
 
     def observe_gc(self, report: dict) -> None:
         """One GC run's report: {"deleted": [...], "errors": [...]} (PodPlan.collect_garbage)."""

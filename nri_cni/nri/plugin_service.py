@@ -9,6 +9,7 @@ Synchronize pages collect in it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -66,15 +67,19 @@ class PluginService:
         *,
         on_configured: Callable[[nri_pb2.ConfigureRequest], None],
         on_synchronized: Callable[[], None],
+        observe: Callable[[str, float], None] | None = None,
     ) -> None:
+        """observe(method, seconds): each request answered (or failed), how long the runtime
+        waited; a StateChange is named for the pod event it carries."""
         self._plugin = handlers_of(plugin)
+        self._observe = observe
         self._on_configured = on_configured
         self._on_synchronized = on_synchronized
         self._sync_pods: list[nri_pb2.PodSandbox] = []
         self._sync_containers: list[nri_pb2.Container] = []
 
     def handlers(self) -> dict[str, Handler]:
-        return {
+        table: dict[str, Handler] = {
             "Configure": self.configure,
             "Synchronize": self.synchronize,
             "Shutdown": self.shutdown,
@@ -83,6 +88,22 @@ class PluginService:
             "RemovePodSandbox": self.remove_pod_sandbox,
             "StateChange": self.state_change,
         }
+        if self._observe is None:
+            return table
+        return {name: self._timed(name, handler) for name, handler in table.items()}
+
+    def _timed(self, name: str, handler: Handler) -> Handler:
+        observe = self._observe
+        assert observe is not None
+
+        async def timed(payload: bytes) -> bytes:
+            t0 = time.perf_counter()
+            try:
+                return await handler(payload)
+            finally:
+                observe(_event_name(payload) if name == "StateChange" else name, time.perf_counter() - t0)
+
+        return timed
 
     async def configure(self, payload: bytes) -> bytes:
         req = _decode(nri_pb2.ConfigureRequest, payload)
@@ -152,6 +173,14 @@ class PluginService:
         # a new pod must be wholly valid; stop/remove need only a valid id to clean it up
         _check_pod(POD_EVENT_NAMES[event], pod, whole=event == nri_pb2.RUN_POD_SANDBOX)
         return await handler(pod)
+
+
+def _event_name(payload: bytes) -> str:
+    """The pod event a StateChange carries, as its own method's name ("StateChange" for others)."""
+    try:
+        return POD_EVENT_NAMES.get(nri_pb2.StateChangeEvent.FromString(payload).event, "StateChange")
+    except DecodeError:
+        return "StateChange"
 
 
 def _check_pod(event: str, pod: nri_pb2.PodSandbox, *, whole: bool) -> None:

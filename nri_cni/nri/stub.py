@@ -19,7 +19,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from nri_cni.api import nri_pb2
 from nri_cni.errors import ConfigError, RPCError, Unavailable
@@ -76,7 +76,9 @@ class Stub:
         backoff_initial: float = 0.2,
         backoff_max: float = 5.0,
         registration_timeout: float = 5.0,
+        observe_request: Callable[[str, float], None] | None = None,
     ) -> None:
+        """observe_request(method, seconds): every NRI request answered, how long it took."""
         fd = os.environ.get(SOCKET_ENV, "")
         try:
             self._launch_fd = int(fd) if fd else None
@@ -98,6 +100,7 @@ class Stub:
         self._reconnect = reconnect
         self._backoff = (backoff_initial, backoff_max)
         self._registration_timeout = registration_timeout
+        self._observe_request = observe_request
         # set after Configure / after the last Synchronize page; cleared when the connection goes
         self.registered = asyncio.Event()
         self.synchronized = asyncio.Event()
@@ -171,7 +174,9 @@ class Stub:
             if generation == self._generation:
                 self.synchronized.set()
 
-        service = PluginService(self.plugin, on_configured=configured, on_synchronized=synchronized)
+        service = PluginService(
+            self.plugin, on_configured=configured, on_synchronized=synchronized, observe=self._observe_request
+        )
         server = TtrpcServer({PLUGIN_SERVICE: service.handlers()}, name="NRI plugin service")
         runtime = TtrpcClient(name="NRI runtime client")
         endpoints = {mux.PLUGIN_SERVICE_CONN: server.protocol(), mux.RUNTIME_SERVICE_CONN: runtime}

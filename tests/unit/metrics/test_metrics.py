@@ -306,6 +306,12 @@ STABLE_FAMILIES = {
     "nri_cni_gc_deleted_attachments": "counter",
     "nri_cni_gc_errors": "counter",
     "nri_cni_pod_repairs": "counter",
+    # what the runtime waits for (#24): per NRI method, per shim verb, per plugin and verb
+    "nri_cni_nri_request_duration_seconds": "histogram",
+    "nri_cni_shim_request_duration_seconds": "histogram",
+    "nri_cni_plugin_duration_seconds": "histogram",
+    "nri_cni_nri_request_slowest_recent_seconds": "gauge",
+    "nri_cni_nri_request_timeout_seconds": "gauge",
 }
 
 
@@ -325,3 +331,24 @@ def test_the_exposition_is_prometheus_clients_with_the_stable_names():
     dur = "nri_cni_network_operation_duration_seconds"
     verbs = {(s.labels["op"], s.labels["network"]) for s in fams[dur].samples if s.name == dur + "_count"}
     assert verbs == {("add", "pods"), ("add", "lan"), ("finalize", "pods"), ("del", "lan"), ("del", "pods")}
+
+
+def test_request_latency_labels_stay_bounded_and_the_slowest_recent_answer_is_kept():
+    """A shim verb or an NRI method is a label only when known: the shim's CNI_COMMAND comes
+    from whoever runs it, and a label must never grow with input."""
+    m = Metrics()
+    m.observe_shim_request("ADD", 0.02)
+    m.observe_shim_request('EVIL"\nverb', 0.01)
+    m.observe_nri_request("RunPodSandbox", 0.3, 2.0)
+    m.observe_nri_request("NoSuchMethod", 0.1, 2.0)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(m.render())
+        for s in fam.samples
+    }
+    shim = "nri_cni_shim_request_duration_seconds_count"
+    assert samples[(shim, (("verb", "ADD"),))] == 1 and samples[(shim, (("verb", "other"),))] == 1
+    nri = "nri_cni_nri_request_duration_seconds_count"
+    assert samples[(nri, (("method", "RunPodSandbox"),))] == 1 and samples[(nri, (("method", "other"),))] == 1
+    assert samples[("nri_cni_nri_request_slowest_recent_seconds", ())] == 0.3
+    assert samples[("nri_cni_nri_request_timeout_seconds", ())] == 2.0
