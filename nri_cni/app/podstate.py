@@ -30,6 +30,7 @@ class BrokenCode(Enum):
     REPAIR_FAILED = "repair-failed"  # repairs kept failing; backed off
     MISSED = "missed"  # native mode: the runtime created it without nri-cni's answer
     REPAIR_OFF = "repair-off"  # it differs and `repair` is off or verify-only
+    NETNS_UNREADABLE = "netns-unreadable"  # its netns path is gone while the pod still runs
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,11 @@ class HealthBook:
     def forget(self, pod_id: str) -> None:
         """The pod is gone (removed, or collected)."""
         self._pods.pop(pod_id, None)
+
+    def retain(self, pod_ids: set[str]) -> None:
+        """Only these pods are (the runtime's list): every other verdict goes."""
+        for pod_id in [p for p in self._pods if p not in pod_ids]:
+            del self._pods[pod_id]
 
     def broken_pods(self) -> list[PodHealth]:
         return [h for h in self._pods.values() if h.state is PodState.BROKEN]

@@ -34,6 +34,8 @@ log = logging.getLogger("nri_cni.daemon")
 
 T = TypeVar("T")
 
+REMOVAL_GRACE = 3.0  # seconds a torn-down pod waits for its RemovePodSandbox before a new list is asked for
+
 
 class PodService:
     def __init__(
@@ -55,6 +57,11 @@ class PodService:
             cfg, mode, plan=plan, ledger=self.ledger, locks=self.locks, health=self.health
         )
         self._background: set[asyncio.Task[None]] = set()
+        # set when the runtime tore a pod down (its CNI DEL, NRI stop) and no RemovePodSandbox
+        # followed: containerd sends none for pods that lived through its restart
+        # (containerd#8426), so only a new pod list can say the pod is gone (the daemon asks
+        # for one by reconnecting; docs/reliability.md)
+        self.roster_stale = asyncio.Event()
 
     def reconfigure(self, cfg: Config) -> None:
         """A hot reload: the next operation uses it (primary_network may have changed)."""
@@ -101,11 +108,42 @@ class PodService:
             self.health.forget(pod.id)
             self.verifier.forget(pod.id)
 
+    async def missed(self, pod: PodInfo, why: str) -> None:
+        """Native mode: the RunPodSandbox answer for `pod` missed the runtime's deadline, so
+        the runtime made the pod without it (no IP). Treated at once as a pod the runtime made
+        without nri-cni: what was attached is released (never left behind the runtime's back)
+        and the pod is reported broken "missed" by name, with `why`."""
+        await _detached(self._missed(pod, why))
+
+    async def _missed(self, pod: PodInfo, why: str) -> None:
+        log.error("pod %s id=%s: %s", pod.label(), pod.id, why)
+        async with self.locks.pod(pod.id):
+            self.ledger.missed(pod.id, why)
+            try:
+                await self.plan.detach(pod, op="missed")
+            except NriCniError as exc:  # GC retries (the pod's attachments stay recorded)
+                log.error("pod %s id=%s: releasing the late attach failed: %s", pod.label(), pod.id, exc)
+        try:
+            await self.verifier.run(pod.id)  # reports it "missed", by name
+        except NriCniError:
+            log.debug("pod %s: removed before its verdict", pod.id)  # no longer listed: nothing to report
+
     async def _detach(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
             # under the lock: a verify waiting for it must see the runtime tore the pod down
             self.ledger.detached(pod.id)
             await self.plan.detach(pod)
+        if pod.id in self.ledger.pods and not self.mode.answers_run_pod:
+            self._spawn(self._await_removal(pod.id), "await-removal")
+
+    async def _await_removal(self, pod_id: str) -> None:
+        """The runtime tore the pod down: its RemovePodSandbox normally follows at once. When
+        none comes within REMOVAL_GRACE, the roster is stale (a pod restored by a runtime
+        restart). Not in native mode: reconnecting there makes pods created meanwhile miss
+        nri-cni's answer."""
+        await asyncio.sleep(REMOVAL_GRACE)
+        if pod_id in self.ledger.pods and pod_id in self.ledger.stopped:
+            self.roster_stale.set()
 
     async def check(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
@@ -123,6 +161,7 @@ class PodService:
         """The runtime's full pod list (every (re)connection). Returns at once: GC and repair
         run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
         self.ledger.synchronized(pods)
+        self._prune()
         log.info("synchronized: the runtime has %d pod(s)", len(pods))
         self._spawn(self._after_sync(), "after-sync")
 
@@ -146,7 +185,16 @@ class PodService:
         # a pod attached again after GC DELed it (an ADD during this GC) keeps its grace
         deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
         self.ledger.collected(deleted, attached)
+        self._prune()
         return report
+
+    def _prune(self) -> None:
+        """The runtime's list is the roster: verdicts and repair retries of pods it does not
+        list (a RemovePodSandbox lost while the connection was down) go; what nri-cni still
+        holds of them (cache entries, intent records) stays until GC has released it."""
+        listed = set(self.ledger.pods)
+        self.health.retain(listed)
+        self.verifier.retain(listed)
 
     async def gc_listed(self, pod_ids: set[str]) -> GcReport:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
@@ -155,7 +203,7 @@ class PodService:
     async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
         # The stale pods' DELs each take their pod's lock, the GC verb the exclusive one
         # (Upkeep.collect_garbage): a pod ADD meanwhile waits for nothing but its own pod.
-        return await self.plan.collect_garbage(valid, self.locks)
+        return await self.plan.collect_garbage(valid, self.locks, running=self.ledger.running)
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         """One verify round (app/verify.py): every pod the runtime lists running with a netns,
@@ -182,9 +230,11 @@ class PodService:
 
     async def reap(self) -> None:
         """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9
-        sends no NRI stop/remove for pods that lived through its restart, containerd#8426)."""
+        sends no NRI stop/remove for pods that lived through its restart, containerd#8426).
+        Never a pod the runtime lists whose pause process runs: its path vanished, not the pod
+        (verify reports it "netns-unreadable"; it is released when the runtime drops it)."""
         for pod_id in self.plan.reap_candidates():
-            if self.locks.busy(pod_id):
+            if self.locks.busy(pod_id) or self.ledger.running(pod_id):
                 continue
             async with self.locks.pod(pod_id):
                 reaped = await self.plan.reap(pod_id)

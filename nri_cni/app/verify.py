@@ -98,6 +98,10 @@ class Verifier:
     def forget(self, pod_id: str) -> None:
         self._retries.pop(pod_id, None)
 
+    def retain(self, pod_ids: set[str]) -> None:
+        for gone in set(self._retries) - pod_ids:
+            del self._retries[gone]
+
     # -- a round -----------------------------------------------------------------------------
 
     async def run(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
@@ -122,19 +126,18 @@ class Verifier:
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            checks = [
-                self._plan(p, by_pod.get(p.id, [])) for p in pods if p.netns and os.path.exists(p.netns)
-            ]
+            live = [p for p in pods if p.netns and os.path.exists(p.netns)]
+            lost = [p for p in pods if p.netns and p not in live and self.ledger.running(p.id)]
+            checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
-            out = []
+            out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]
             for c in checks:
                 health = await self._settle(c, forced=check, explicit=pod_id is not None)
                 if health is not None:
                     out.append(health)
             if pod_id is None:
                 self.health.round_done(started, time.time())
-                for gone in set(self._retries) - set(self.ledger.pods):
-                    del self._retries[gone]
+                self.retain(set(self.ledger.pods))
             return out
 
     def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
@@ -185,6 +188,8 @@ class Verifier:
     async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
         pod = c.pod
         if c.netns_gone:
+            if self.ledger.running(pod.id):
+                return self._netns_unreadable(pod, c.entries)
             return None  # the reaper's
         quiet = not c.damaged and not c.missing and not self._ip_mismatch(c) and not self._due(c, forced)
         if quiet and not self.locks.busy(pod.id):
@@ -206,7 +211,7 @@ class Verifier:
                 c = self._plan(pod, now)  # an operation ran since the round read it
                 await self._inspect([c])
                 if c.netns_gone:
-                    return None
+                    return self._netns_unreadable(pod, c.entries) if self.ledger.running(pod.id) else None
             return await self._settle_locked(c, forced=forced, explicit=explicit)
 
     async def _settle_locked(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
@@ -340,7 +345,10 @@ class Verifier:
         return {selected_key(c.missing[0]): left} if left else {}
 
     def _missed_reason(self, c: PodCheck, mismatch: str) -> str:
-        if not c.entries and c.pod.id in self.ledger.repair:
+        late = self.ledger.late.get(c.pod.id)
+        if late and not c.entries:
+            why = late
+        elif not c.entries and c.pod.id in self.ledger.repair:
             why = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
         elif not c.entries:
             why = (
@@ -353,6 +361,20 @@ class Verifier:
             names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
             why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
         return f"missed: {why}; {ADMIN_ACTION}"
+
+    def _netns_unreadable(self, pod: PodInfo, entries: list[CacheEntry]) -> PodHealth:
+        """The runtime lists the pod and its pause process runs, but its netns path is gone or
+        no network namespace: nothing can be read or repaired through that path, and nothing
+        is released (the pod may still work); reported by name until the runtime drops it."""
+        self._retries.pop(pod.id, None)
+        why = (
+            f"its netns path {pod.netns} is gone or is no network namespace, while its pause "
+            f"process {pod.pid} runs and the runtime lists it: nri-cni can neither read nor "
+            "repair its networks and keeps its IPs held"
+        )
+        verdicts = [AttachmentVerdict(e.network_name, e.ifname, BrokenCode.NETNS_UNREADABLE.value, why)
+                    for e in attach_order(entries)]  # fmt: skip
+        return self._broken(pod, BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", verdicts)
 
     def _failed(self, retry: Retry) -> None:
         retry.failures += 1
