@@ -31,6 +31,7 @@ class BrokenCode(Enum):
     MISSED = "missed"  # native mode: the runtime created it without nri-cni's answer
     REPAIR_OFF = "repair-off"  # it differs and `repair` is off or verify-only
     NETNS_UNREADABLE = "netns-unreadable"  # its netns path is gone while the pod still runs
+    UNREADABLE = "unreadable"  # part of what it needs could not be read: never called ok
 
 
 @dataclass(frozen=True)

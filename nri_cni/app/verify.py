@@ -53,6 +53,9 @@ log = logging.getLogger("nri_cni.daemon")
 MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
 ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
+# attachment verdicts for a cache entry nothing could be compared with (never "ok")
+NO_RESULT = "no-result"
+BAD_RESULT = "bad-result"
 
 
 class Verifier:
@@ -148,15 +151,18 @@ class Verifier:
             selected = []
         check = PodCheck(pod, attach_order(entries), selected)
         for entry in check.entries:
-            if entry.result is None:
-                continue  # nothing recorded to compare with
+            if entry.result is None:  # nothing recorded to compare with: unknown, never ok
+                why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"
+                check.unknown[key_of(entry)] = (NO_RESULT, why)
+                continue
             try:
                 exp = expectation_from_result(
                     entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
                     ifname=entry.ifname,
                 )  # fmt: skip
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                log.debug("verify: pod %s: unusable cached result of %s: %s", pod.label(), key_of(entry), exc)
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
+                check.unknown[key_of(entry)] = (BAD_RESULT, why)
                 continue
             check.expectations.append((entry, exp))
         return check
@@ -197,6 +203,8 @@ class Verifier:
             if pod.id not in self.ledger.pods:
                 return None
             self._retries.pop(pod.id, None)
+            if c.unreadable:
+                return self._unreadable(pod, c, verdicts_of(c, {}))
             return self._ok(pod, verdicts_of(c, {}))
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
@@ -234,6 +242,8 @@ class Verifier:
         if not wrong:
             self._retries.pop(pod.id, None)
             self.ledger.repair.pop(pod.id, None)
+            if c.unreadable:
+                return self._unreadable(pod, c, verdicts)
             return self._ok(pod, verdicts)
         what = "; ".join(wrong)
         if (
@@ -361,6 +371,16 @@ class Verifier:
             names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
             why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
         return f"missed: {why}; {ADMIN_ACTION}"
+
+    def _unreadable(self, pod: PodInfo, c: PodCheck, verdicts: list[AttachmentVerdict]) -> PodHealth:
+        """Something the pod needs could not be read: unknown is not ok. Nothing is changed on
+        a guess; the next round reads again (a passing netlink error clears by itself)."""
+        reason = (
+            "; ".join(c.unreadable) + ": not verified, nothing was changed; read again every round "
+            "(if it stays: nri-cni pods and the daemon log say what failed; a cache entry without a "
+            f"usable result cannot be repaired: {ADMIN_ACTION})"
+        )
+        return self._broken(pod, BrokenCode.UNREADABLE, reason, verdicts)
 
     def _netns_unreadable(self, pod: PodInfo, entries: list[CacheEntry]) -> PodHealth:
         """The runtime lists the pod and its pause process runs, but its netns path is gone or
