@@ -309,7 +309,15 @@ FINDINGS = (
     FindingDoc("address-missing", "an address of the result is not on the interface", ROUND, REPAIR_SAME_IPS,
                DELETE_POD),
     FindingDoc("address-extra", "a static global address nobody expected", ROUND, REPAIR_SAME_IPS, DELETE_POD),
-    FindingDoc("unreadable", "the pod's netns or the host's links could not be read: not verified, never ok",
+    FindingDoc("route-missing", "a route of the result is not in the pod's netns through its interface", ROUND,
+               REPAIR_SAME_IPS, DELETE_POD),
+    FindingDoc("dnat-missing", "portmap's DNAT rule for a hostPort is gone (iptables or nft; a firewall reload)",
+               ROUND + " (the rules are read once a round for every pod)", REPAIR_SAME_IPS, DELETE_POD),
+    FindingDoc("lease-missing", "host-local's lease file of an address is gone, or names another container (the "
+               "address could be handed out twice)", ROUND + " (the leases are read once a round)",
+               REPAIR_SAME_IPS + "; if another pod holds the address: broken ip-taken", DELETE_POD),
+    FindingDoc("unreadable", "the pod's netns, its routes, the host's links, DNAT rules or leases could not be "
+               "read: not verified, never ok",
                ROUND + "; read again every round", "nothing (never on a guess); the pod: broken unreadable",
                "if it stays: the daemon log says what failed; delete the pod"),
     FindingDoc("no-result", "nri-cni's cache entry holds no result: nothing to compare with", ROUND,

@@ -25,6 +25,7 @@ its lock was taken is read again under the lock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ from nri_cni.node import (
     NodeInspector,
     VerifyPolicy,
     expectation_from_result,
+    host_side_wants,
 )
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
@@ -160,6 +162,11 @@ class Verifier:
                     entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
                     ifname=entry.ifname,
                 )  # fmt: skip
+                # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
+                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
+                exp = dataclasses.replace(
+                    exp, container_id=entry.container_id, host_ports=ports, leases=leases
+                )
             except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
                 why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
                 check.unknown[key_of(entry)] = (BAD_RESULT, why)
