@@ -69,6 +69,12 @@ def register(sub) -> None:
         "--pod", default=None, metavar="ID", help="one pod: its id, an id prefix, or namespace/name"
     )
     p.add_argument("--check", action="store_true", help="run each chain's CNI CHECK as well")
+    p.add_argument(
+        "--kinds",
+        action="store_true",
+        help="list every finding and broken code verify reports: what it means, how soon it is "
+        "noticed, what repair does, what an admin does (asks the daemon nothing)",
+    )
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_verify)
 
@@ -198,7 +204,7 @@ def _report(args, op: str, show_table, ok=lambda data: True) -> int:
 
 
 def cmd_status(args) -> int:
-    """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/health.py)."""
+    """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/cli/health.py)."""
     if args.ping:
         return _ping(args)
     if args.watch is None:
@@ -334,6 +340,11 @@ def _gc_table(data) -> None:
 def cmd_verify(args) -> int:
     """Exit 0 all ok or repaired, 1 a pod broken, 2 the daemon unreachable or the verify failed
     (as `nri-cni status`: 2 is "cannot say")."""
+    if args.kinds:
+        from nri_cni.cli.findings import kinds_table  # lazy: the report's cache and result parsers
+
+        print(kinds_table())
+        return 0
     from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
 
     body = json.dumps({"pod": args.pod, "check": args.check}).encode()

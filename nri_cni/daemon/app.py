@@ -41,6 +41,7 @@ from nri_cni.service.service import PodService
 log = logging.getLogger("nri_cni.daemon")
 
 DEFAULT_NRI_DEADLINE = 2.0  # containerd's and CRI-O's plugin request timeout, when neither side said one
+RESYNC_EVERY = 10.0  # seconds between two reconnects for a fresh pod list, at least
 
 
 class ConfigApplier:
@@ -164,7 +165,17 @@ class Daemon:
 
         # repair: off switches the verify timer off (verify on demand still reports)
         verify_interval = cfg.verify_interval if cfg.repair != "off" else 0.0
+
+        async def resync() -> None:
+            """A stale roster (app/service.py): a fresh pod list, at most every RESYNC_EVERY."""
+            while True:
+                await self.pods.roster_stale.wait()
+                self.pods.roster_stale.clear()
+                self.stub.resync()
+                await asyncio.sleep(RESYNC_EVERY)
+
         tasks = [
+            asyncio.create_task(resync()),
             asyncio.create_task(_every(verify_interval, verify)),
             asyncio.create_task(_every(cfg.status_interval, self.readiness.refresh)),
             asyncio.create_task(_every(cfg.status_interval, self.pods.reap)),

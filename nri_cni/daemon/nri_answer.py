@@ -32,6 +32,7 @@ def pod_info(pod: nri_pb2.PodSandbox) -> PodInfo:
         netns=netns,
         annotations=dict(pod.annotations),
         ips=tuple(pod.ips),
+        pid=pod.pid,
     )
 
 

@@ -16,6 +16,7 @@ retried by the repair loop. `failure_policy` in the config overrides this.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -25,6 +26,7 @@ from nri_cni.errors import NriCniError
 from nri_cni.pod.model import PodInfo
 from nri_cni.service.modes import Mode
 from nri_cni.service.service import PodService
+from nri_cni.ttrpc import request_deadline
 
 log = logging.getLogger("nri_cni.nri")
 
@@ -52,10 +54,12 @@ class NriHandlers:
         self.requested_timeout_ms = int(request_timeout * 1000)
         self.runtime_name = ""
         self.runtime_version = ""
+        self.runtime_timeout = 0.0  # the runtime's NRI request timeout (Configure), seconds
 
     async def configure(self, req: nri_pb2.ConfigureRequest) -> None:
         self.runtime_name = req.runtime_name
         self.runtime_version = req.runtime_version
+        self.runtime_timeout = req.request_timeout / 1000
         if req.config:
             log.info(
                 "runtime-supplied plugin config ignored (%d bytes): nri-cni reads its own file",
@@ -76,7 +80,8 @@ class NriHandlers:
         try:
             # Past the runtime's request timeout the runtime gives up on us (and creates the
             # pod anyway); the attach goes on regardless (a shielded task), its state is kept,
-            # and the Synchronize after the reconnect (GC, repair) makes the pod whole.
+            # and the Synchronize after the reconnect (GC, repair) makes the pod whole; in
+            # native mode it is released at once (below): the runtime never got its IPs.
             answer = await self.pods.attach(info)
         except NriCniError as exc:
             if self._fail_pods():
@@ -89,7 +94,31 @@ class NriHandlers:
             )
             self.pods.needs_repair(info)
             return None
-        return run_pod_response(answer) if self.mode.answers_run_pod else None
+        if not self.mode.answers_run_pod:
+            return None
+        late = self._late()
+        if late:
+            await self.pods.missed(info, late)
+            return None
+        return run_pod_response(answer)
+
+    def _late(self) -> str:
+        """Why this RunPodSandbox's answer cannot reach the runtime in time ("" when it can):
+        its deadline (the request's ttrpc timeout, else the one Configure gave) passed."""
+        deadline = request_deadline()
+        if deadline is None:
+            return ""
+        took = asyncio.get_running_loop().time() - deadline.received
+        timeout = deadline.timeout or self.runtime_timeout
+        if not deadline.expired and not (timeout and took >= timeout):
+            return ""
+        return (
+            f"nri-cni's RunPodSandbox answer was ready {took:.1f} s after the request, past the "
+            f"runtime's {timeout:g} s NRI request timeout: the runtime created the pod without its "
+            "IPs, and nri-cni released what it had attached (raise the runtime's NRI "
+            "plugin_request_timeout, or nri.request_timeout where the runtime honours it, or "
+            "find what made the attach slow: nri-cni pods, the plugin timings in the log)"
+        )
 
     def reconfigure(self, failure_policy: str) -> None:
         """A hot reload may change the failure policy (the mode needs a restart)."""

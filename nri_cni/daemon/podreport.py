@@ -6,7 +6,8 @@ prefix length, mac, default, dns, device-info), so a tool that reads that annota
 nri-cni (schema: docs/network-status.schema.json). The daemon builds the report from what it
 holds: its own libcni cache, and in secondary mode the runtime's cache for the primary network
 (eth0 is not nri-cni's there, yet a pod has it); pods the runtime listed without any attachment
-appear too, with an empty list.
+appear too, with an empty list. Only these: a pod the runtime no longer lists shows while
+nri-cni still holds something of it (cache entries, an intent record), with "listed": false.
 
 Each pod also carries its verdict from the last verify (nri_cni/service/podstate.py) under
 "verify": {state: ok | repaired | broken, code, reason, since, repairs}, or null while no verify
@@ -29,7 +30,8 @@ PRIMARY_IFNAME = "eth0"
 READY = "ready"  # the runtime lists it, every attachment it asked for is there
 REPAIR = "repair"  # an attachment failed and is retried (failure_policy keep)
 ROLLBACK = "rollback"  # an interrupted ADD is being undone
-UNLISTED = "unlisted"  # attached, but the runtime does not list it (not yet, or GC will take it)
+UNLISTED = "unlisted"  # the runtime does not list it; nri-cni still holds its attachments (GC
+# releases them, or the runtime lists it soon: an ADD just finished)
 HOST_NETWORK = "host-network"  # the pod uses the node's network: nothing to attach
 
 
@@ -160,8 +162,9 @@ def pods_report(
     for info in state.listed.values():
         pod = pod_of(info.id)
         pod.namespace, pod.name = info.namespace or pod.namespace, info.name or pod.name
-    for pod_id in state.verdicts:
-        pod_of(pod_id)  # a broken pod shows even when nothing of it is attached
+    for pod_id in state.rollback:
+        pod_of(pod_id)  # an interrupted ADD: nri-cni still holds what its intent record names
+    # the runtime's list is the roster: a verdict alone (a pod the runtime dropped) shows nothing
 
     out = []
     for pod in pods.values():
@@ -172,6 +175,8 @@ def pods_report(
                 "namespace": pod.namespace,
                 "name": pod.name,
                 "state": _state(pod, state),
+                # listed by the runtime, or shown only because nri-cni still holds its resources
+                "listed": pod.id in state.listed,
                 "attachedAt": round(pod.attached_at, 3) if pod.attached_at is not None else None,
                 "network-status": [element for _, _, element in pod.status],
                 "verify": _verdict(state.verdicts.get(pod.id)),

@@ -8,7 +8,17 @@ import concurrent.futures
 from collections.abc import Iterable, Sequence
 
 from nri_cni.node import rtnl
-from nri_cni.node.model import Difference, Expectation, Finding, FindingKind, HostLink, NetnsView, compare
+from nri_cni.node.hostside import read_host_side
+from nri_cni.node.model import (
+    Difference,
+    Expectation,
+    Finding,
+    FindingKind,
+    HostLink,
+    HostSide,
+    NetnsView,
+    compare,
+)
 from nri_cni.node.workers import NetnsGone, NetnsWorkers, socket_in
 
 # decoding is Python under the GIL: more threads than CPUs only contend (measured: 4 workers
@@ -16,9 +26,9 @@ from nri_cni.node.workers import NetnsGone, NetnsWorkers, socket_in
 DEFAULT_WORKERS = 2
 
 
-def read_netns(netns: str, ifnames: Iterable[str]) -> NetnsView:
-    """Links `ifnames` of one netns and their addresses (on a pool worker: it enters the netns
-    only to open the socket)."""
+def read_netns(netns: str, ifnames: Iterable[str], routes: bool = False) -> NetnsView:
+    """Links `ifnames` of one netns, their addresses, and (`routes`) its routes (on a pool
+    worker: it enters the netns only to open the socket)."""
     try:
         sock = socket_in(netns, rtnl.open_socket)
     except NetnsGone as exc:
@@ -26,23 +36,23 @@ def read_netns(netns: str, ifnames: Iterable[str]) -> NetnsView:
     except OSError as exc:
         return NetnsView(netns=netns, error=str(exc))
     try:
-        return rtnl.read_view(sock, netns, ifnames)
+        return rtnl.read_view(sock, netns, ifnames, routes=routes)
     except OSError as exc:
         return NetnsView(netns=netns, error=f"netlink: {exc}")
     finally:
         sock.close()
 
 
-def _drain(paths: collections.deque[tuple[str, list[str]]]) -> dict[str, NetnsView]:
+def _drain(paths: collections.deque[tuple[str, list[str], bool]]) -> dict[str, NetnsView]:
     """Reads namespaces from the shared queue until it is empty: one job per worker, so a round
     costs a handful of futures and a slow netns holds up only its own worker."""
     views: dict[str, NetnsView] = {}
     while True:
         try:
-            path, ifnames = paths.popleft()
+            path, ifnames, routes = paths.popleft()
         except IndexError:
             return views
-        views[path] = read_netns(path, ifnames)
+        views[path] = read_netns(path, ifnames, routes)
 
 
 def _host_links(names: list[str]) -> dict[str, HostLink]:
@@ -66,38 +76,51 @@ class NodeInspector:
         self._pool.close()
 
     async def inspect(self, expectations: Sequence[Expectation]) -> list[Finding]:
-        futs, host = self._start(expectations)
+        futs, host, side = self._start(expectations)
         parts = [asyncio.wrap_future(f) for f in futs]
-        if host is not None:
-            parts.append(asyncio.wrap_future(host))
-        done = await asyncio.gather(*parts, return_exceptions=True)
-        return self._findings(expectations, done[: len(futs)], done[len(futs)] if host else None)
+        extra = [f for f in (host, side) if f is not None]
+        done = await asyncio.gather(*parts, *map(asyncio.wrap_future, extra), return_exceptions=True)
+        rest = iter(done[len(futs) :])
+        host_links = next(rest) if host is not None else None
+        host_side = next(rest) if side is not None else None
+        return self._findings(expectations, done[: len(futs)], host_links, host_side)
 
     def inspect_blocking(self, expectations: Sequence[Expectation]) -> list[Finding]:
         """The same for callers without an event loop (the CLI, benchmarks)."""
-        futs, host = self._start(expectations)
-        concurrent.futures.wait([*futs, host] if host else futs)
+        futs, host, side = self._start(expectations)
+        concurrent.futures.wait([*futs, *(f for f in (host, side) if f is not None)])
         done = [f.exception() or f.result() for f in futs]
         host_links = (host.exception() or host.result()) if host else None
-        return self._findings(expectations, done, host_links)
+        host_side = (side.exception() or side.result()) if side else None
+        return self._findings(expectations, done, host_links, host_side)
 
     def _start(
         self, expectations: Sequence[Expectation]
-    ) -> tuple[list[concurrent.futures.Future], concurrent.futures.Future | None]:
+    ) -> tuple[
+        list[concurrent.futures.Future], concurrent.futures.Future | None, concurrent.futures.Future | None
+    ]:
         wanted: dict[str, list[str]] = {}
+        routes: set[str] = set()
         for e in expectations:
             wanted.setdefault(e.netns, []).append(e.ifname)
-        paths = collections.deque(wanted.items())
+            if e.routes:
+                routes.add(e.netns)
+        paths = collections.deque((path, ifnames, path in routes) for path, ifnames in wanted.items())
         names = list(dict.fromkeys(n for e in expectations for n in e.host_ifnames))
         host = self._pool.submit(_host_links, names) if names else None
+        # the host's rules and leases: once a round for every pod, beside the netns reads
+        tables = list(dict.fromkeys(p.table for e in expectations for p in e.host_ports))
+        leases = [lease.path for e in expectations for lease in e.leases]
+        side = self._pool.submit(read_host_side, tables, leases) if tables or leases else None
         jobs = min(self._pool.size, len(paths))
-        return [self._pool.submit(_drain, paths) for _ in range(jobs)], host
+        return [self._pool.submit(_drain, paths) for _ in range(jobs)], host, side
 
     @staticmethod
     def _findings(
         expectations: Sequence[Expectation],
         done: Sequence[dict[str, NetnsView] | BaseException],
         host_links: dict[str, HostLink] | BaseException | None,
+        host_side: HostSide | BaseException | None = None,
     ) -> list[Finding]:
         views: dict[str, NetnsView] = {}
         failures = []
@@ -106,17 +129,23 @@ class NodeInspector:
                 failures.append(part)  # a stranded worker: the netns it held is reported unreadable
             else:
                 views.update(part)
+        side = host_side if isinstance(host_side, HostSide) else None
         out = []
         for exp in expectations:
             view = views.get(exp.netns)
             if view is None:
                 view = NetnsView(netns=exp.netns, error=f"not read: {failures[0] if failures else 'lost'}")
-            if isinstance(host_links, BaseException):
-                finding = compare(exp, view, None)
-                if exp.host_ifnames:  # the pod's side was read; the host's could not be
-                    why = Difference(FindingKind.UNREADABLE, f"cannot read host links: {host_links}")
-                    finding = Finding(exp, (*finding.differences, why))
-                out.append(finding)
-            else:
-                out.append(compare(exp, view, host_links))
+            links = None if isinstance(host_links, BaseException) else host_links
+            finding = compare(exp, view, links, side)
+            extra = []
+            if isinstance(host_links, BaseException) and exp.host_ifnames:
+                # the pod's side was read; the host's could not be
+                extra.append(Difference(FindingKind.UNREADABLE, f"cannot read host links: {host_links}"))
+            if isinstance(host_side, BaseException) and (exp.host_ports or exp.leases):
+                extra.append(
+                    Difference(FindingKind.UNREADABLE, f"cannot read host rules and leases: {host_side}")
+                )
+            if extra and not view.gone and not view.error:
+                finding = Finding(exp, (*finding.differences, *extra))
+            out.append(finding)
         return out

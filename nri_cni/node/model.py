@@ -23,6 +23,9 @@ class FindingKind(Enum):
     NO_CARRIER = "no-carrier"  # up, but its lower layer is down (e.g. the host veth set down)
     ADDRESS_MISSING = "address-missing"
     ADDRESS_EXTRA = "address-extra"  # a static global address nobody expected
+    ROUTE_MISSING = "route-missing"  # a route of the result is not in the pod's netns
+    DNAT_MISSING = "dnat-missing"  # portmap's DNAT rules for a hostPort are gone (a firewall reload)
+    LEASE_MISSING = "lease-missing"  # the IPAM's lease of an address is gone, or another's
     UNREADABLE = "unreadable"  # the node could not be read (not damage: nothing is known)
 
 
@@ -41,6 +44,38 @@ def normalize_mac(mac: str) -> str:
 
 
 @dataclass(frozen=True)
+class RouteWant:
+    """A route of a CNI result: its destination, and its gateway when the result names one."""
+
+    dst: ipaddress.IPv4Network | ipaddress.IPv6Network
+    gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+    table: int | None = None
+
+
+@dataclass(frozen=True)
+class HostPort:
+    """A hostPort portmap must DNAT: IP family (4 or 6), protocol, port, portmap's backend."""
+
+    family: int
+    proto: str
+    port: int
+    backend: str = "iptables"  # or "nftables"
+
+    @property
+    def table(self) -> str:
+        """Where its rules are read (hostside.py): "iptables4", "nftables6"..."""
+        return f"{self.backend}{self.family}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A host-local lease: the file naming the address, which must hold the container's id."""
+
+    path: str
+    ip: str
+
+
+@dataclass(frozen=True)
 class Expectation:
     """One attachment as its owner recorded it.
 
@@ -50,6 +85,10 @@ class Expectation:
     addresses     every address (with prefix) the interface must carry
     mac           the MAC it had when attached, when known
     host_ifnames  host-side links the attachment made (a bridge, the veth's host end) that must exist
+    routes        the result's routes, in the pod's netns through `ifname`
+    container_id  the attachment's container id (what portmap's rules and host-local's leases name)
+    host_ports    the hostPorts portmap must DNAT to the pod (read once a round: hostside.py)
+    leases        host-local's lease files of the pod's addresses
     """
 
     key: str
@@ -58,6 +97,10 @@ class Expectation:
     addresses: tuple[IPInterface, ...] = ()
     mac: str | None = None
     host_ifnames: tuple[str, ...] = ()
+    routes: tuple[RouteWant, ...] = ()
+    container_id: str = ""
+    host_ports: tuple[HostPort, ...] = ()
+    leases: tuple[Lease, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.netns or not self.ifname:
@@ -143,6 +186,26 @@ class AddressState:
     address: IPInterface
     scope: int  # RT_SCOPE_UNIVERSE (0) for global addresses
     permanent: bool  # IFA_F_PERMANENT: set by hand or by a plugin, not by SLAAC/DHCP lifetimes
+    dadfailed: bool = False  # IPv6 duplicate address detection failed: the address is unusable
+
+
+@dataclass(frozen=True)
+class RouteState:
+    dst: ipaddress.IPv4Network | ipaddress.IPv6Network
+    gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    oif: int | None
+    table: int
+
+
+@dataclass
+class HostSide:
+    """The host-side state of a round, read once for every pod: portmap's DNAT rules per
+    backend and IP family (HostPort.table -> container id -> {(proto, port)}), and host-local's
+    lease files (path -> the container id it names). What could not be read is in `errors`."""
+
+    dnat: dict[str, dict[str, set[tuple[str, int]]]] = field(default_factory=dict)
+    leases: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # a HostPort.table or a lease path -> why
 
 
 @dataclass
@@ -152,6 +215,7 @@ class NetnsView:
     netns: str
     links: dict[str, LinkState] = field(default_factory=dict)
     addresses: dict[int, list[AddressState]] = field(default_factory=dict)  # by link index
+    routes: list[RouteState] | None = None  # None: not read (no expectation of this netns has routes)
     gone: bool = False
     error: str = ""
 
@@ -159,8 +223,14 @@ class NetnsView:
 RT_SCOPE_UNIVERSE = 0
 
 
-def compare(exp: Expectation, view: NetnsView, host_links: Mapping[str, HostLink] | None = None) -> Finding:
-    """The differences between `exp` and what `view` (and the host's links, when read) shows."""
+def compare(
+    exp: Expectation,
+    view: NetnsView,
+    host_links: Mapping[str, HostLink] | None = None,
+    host: HostSide | None = None,
+) -> Finding:
+    """The differences between `exp` and what `view` (and the host's links and rules and
+    leases, when read) shows."""
     if view.gone:
         return Finding(exp, (Difference(FindingKind.NETNS_GONE, f"netns {exp.netns} is gone: {view.error}"),))
     if view.error:
@@ -170,6 +240,8 @@ def compare(exp: Expectation, view: NetnsView, host_links: Mapping[str, HostLink
     diffs: list[Difference] = []
     if host_links is not None:
         diffs += _host_differences(exp, host_links)
+    if host is not None:
+        diffs += _rule_and_lease_differences(exp, host)
     link = view.links.get(exp.ifname)
     if link is None:
         diffs.append(Difference(FindingKind.LINK_MISSING, f"no {exp.ifname} in {exp.netns}"))
@@ -181,16 +253,72 @@ def compare(exp: Expectation, view: NetnsView, host_links: Mapping[str, HostLink
     elif not link.carrier:
         diffs.append(Difference(FindingKind.NO_CARRIER, f"{exp.ifname} is up without carrier"))
     have = view.addresses.get(link.index, [])
-    have_addrs = {a.address for a in have}
+    have_addrs = {a.address for a in have if not a.dadfailed}
+    failed = {a.address for a in have if a.dadfailed}
     for want in exp.addresses:
-        if want not in have_addrs:
+        if want in failed:
+            why = f"{exp.ifname} has {want}, but its duplicate address detection failed"
+            diffs.append(Difference(FindingKind.ADDRESS_MISSING, why))
+        elif want not in have_addrs:
             diffs.append(Difference(FindingKind.ADDRESS_MISSING, f"{exp.ifname} lacks {want}"))
+    diffs += _route_differences(exp, view, link.index)
     wanted = set(exp.addresses)
     for a in have:
         # link-scope addresses (fe80::/10) and dynamic ones (SLAAC) are the kernel's, not the plugin's
         if a.scope == RT_SCOPE_UNIVERSE and a.permanent and a.address not in wanted:
             diffs.append(Difference(FindingKind.ADDRESS_EXTRA, f"{exp.ifname} has unexpected {a.address}"))
     return Finding(exp, tuple(diffs))
+
+
+RT_TABLE_MAIN = 254
+
+
+def _route_differences(exp: Expectation, view: NetnsView, index: int) -> list[Difference]:
+    """Each route of the result must be in the netns through the interface (in its table, the
+    main one by default), with the result's gateway when it names one."""
+    if not exp.routes:
+        return []
+    if view.routes is None:
+        return [Difference(FindingKind.UNREADABLE, f"the routes of {exp.netns} were not read")]
+    diffs = []
+    for want in exp.routes:
+        table = want.table or RT_TABLE_MAIN
+        if not any(
+            r.dst == want.dst
+            and r.table == table
+            and r.oif in (index, None)
+            and (want.gw is None or r.gw == want.gw)
+            for r in view.routes
+        ):
+            via = f" via {want.gw}" if want.gw else ""
+            diffs.append(
+                Difference(FindingKind.ROUTE_MISSING, f"no route to {want.dst}{via} on {exp.ifname}")
+            )
+    return diffs
+
+
+def _rule_and_lease_differences(exp: Expectation, host: HostSide) -> list[Difference]:
+    diffs = []
+    for hp in exp.host_ports:
+        err = host.errors.get(hp.table)
+        if err:
+            why = f"cannot read portmap's IPv{hp.family} DNAT rules ({hp.backend}): {err}"
+            diffs.append(Difference(FindingKind.UNREADABLE, why))
+        elif (hp.proto, hp.port) not in host.dnat.get(hp.table, {}).get(exp.container_id, set()):
+            why = f"no IPv{hp.family} DNAT rule of portmap ({hp.backend}) for hostPort {hp.proto}/{hp.port}"
+            diffs.append(Difference(FindingKind.DNAT_MISSING, why))
+    for lease in exp.leases:
+        if lease.path in host.errors:
+            why = f"cannot read the lease {lease.path}: {host.errors[lease.path]}"
+            diffs.append(Difference(FindingKind.UNREADABLE, why))
+        elif lease.path not in host.leases:
+            diffs.append(
+                Difference(FindingKind.LEASE_MISSING, f"the IPAM holds no lease of {lease.ip} ({lease.path})")
+            )
+        elif host.leases[lease.path] != exp.container_id:
+            why = f"the lease of {lease.ip} ({lease.path}) names {host.leases[lease.path][:12] or 'nobody'}"
+            diffs.append(Difference(FindingKind.LEASE_MISSING, why))
+    return diffs
 
 
 def _host_differences(exp: Expectation, host_links: Mapping[str, HostLink]) -> list[Difference]:
@@ -248,5 +376,28 @@ def expectation_from_result(
     mac = interfaces[own].get("mac") if own is not None else None
     hosts = tuple(i["name"] for i in interfaces if with_host_links and i.get("name") and not i.get("sandbox"))
     return Expectation(
-        key=key, netns=netns, ifname=ifname, addresses=tuple(addresses), mac=mac or None, host_ifnames=hosts
+        key=key,
+        netns=netns,
+        ifname=ifname,
+        addresses=tuple(addresses),
+        mac=mac or None,
+        host_ifnames=hosts,
+        routes=routes_of(result) if addresses else (),
     )
+
+
+def routes_of(result: Mapping) -> tuple[RouteWant, ...]:
+    """The result's routes (0.3.0 and later). A route without a gateway is matched on its
+    destination (the plugin used the address's gateway, or none)."""
+    out = []
+    for route in result.get("routes") or []:
+        gw = route.get("gw")
+        table = route.get("table")
+        out.append(
+            RouteWant(
+                ipaddress.ip_network(route["dst"], strict=False),
+                ipaddress.ip_address(gw) if gw else None,
+                int(table) if table else None,
+            )
+        )
+    return tuple(out)

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView
+from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, RouteState
 
 NETLINK_ROUTE = 0
 NLMSG_ERROR = 2
@@ -28,9 +28,11 @@ NLM_F_DUMP = 0x300
 NLM_F_DUMP_INTR = 0x10
 RTM_GETLINK = 18
 RTM_GETADDR = 22
+RTM_GETROUTE = 26
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 IFA_F_PERMANENT = 0x80
+IFA_F_DADFAILED = 0x08
 SOL_NETLINK = 270
 NETLINK_GET_STRICT_CHK = 12  # the kernel filters dumps by the request's fields (Linux 4.20)
 RTEXT_FILTER_SKIP_STATS = 1 << 3  # no IFLA_STATS/STATS64 in link messages: nothing to decode
@@ -69,6 +71,13 @@ IFA_ADDRESS = 1
 IFA_FLAGS = 8
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
+_RTMSG = struct.Struct(
+    "=BBBBBBBBI"
+)  # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
+RTA_DST = 1
+RTA_OIF = 4
+RTA_GATEWAY = 5
+RTA_TABLE = 15
 _NLA = struct.Struct("=HH")  # nlattr: length, type
 _U32 = struct.Struct("=I")
 _NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
@@ -93,6 +102,8 @@ GETLINK = _template(
     _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS)),
 )
 GETADDR_DUMP = _template(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, _IFADDR.pack(0, 0, 0, 0, 0))
+# every route of every table and family, once per netns whose results list routes
+GETROUTE_DUMP = _template(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, _RTMSG.pack(0, 0, 0, 0, 0, 0, 0, 0, 0))
 
 
 def _request(template: bytes, seq: int, *, ifa_index: int | None = None, ifname: str | None = None) -> bytes:
@@ -175,6 +186,29 @@ def decode_address(msg: memoryview) -> Address:
     return Address(index, prefixlen, scope, flags, address)
 
 
+def decode_route(msg: memoryview) -> RouteState | None:
+    """One RTM_NEWROUTE message (header included); None for one without a family verify knows."""
+    family, dst_len, _src, _tos, table, _proto, _scope, _type, _flags = _RTMSG.unpack_from(msg, _HEADER.size)
+    if family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    dst: bytes = bytes(4 if family == socket.AF_INET else 16)
+    gw = None
+    oif = None
+    for kind, value in attributes(msg, _HEADER.size + _RTMSG.size, len(msg)):
+        if kind == RTA_DST:
+            dst = bytes(value)
+        elif kind == RTA_GATEWAY and len(value) in (4, 16):
+            gw = ipaddress.ip_address(bytes(value))
+        elif kind == RTA_OIF and len(value) >= 4:
+            oif = _U32.unpack_from(value)[0]
+        elif kind == RTA_TABLE and len(value) >= 4:
+            table = _U32.unpack_from(value)[0]
+    if len(dst) not in (4, 16):
+        return None
+    network = ipaddress.ip_network(f"{ipaddress.ip_address(dst)}/{dst_len}", strict=False)
+    return RouteState(dst=network, gw=gw, oif=oif, table=table)
+
+
 def _dump(sock: socket.socket, seq: int, *, ifa_index: int) -> list[Address]:
     """Every address of one dump; asked again (a few times) when the kernel flags the dump as
     interrupted by a concurrent change."""
@@ -185,6 +219,16 @@ def _dump(sock: socket.socket, seq: int, *, ifa_index: int) -> list[Address]:
             return [decode_address(m) for m in out]
         seq += 1
     raise NetlinkError(errno.EAGAIN, f"netlink dump {RTM_GETADDR} kept changing under us")
+
+
+def _routes(sock: socket.socket, seq: int) -> list[RouteState]:
+    for _ in range(_DUMP_ATTEMPTS):
+        sock.send(_request(GETROUTE_DUMP, seq))
+        out, interrupted = _receive(sock, seq)
+        if not interrupted:
+            return [r for r in map(decode_route, out) if r is not None]
+        seq += 1
+    raise NetlinkError(errno.EAGAIN, f"netlink dump {RTM_GETROUTE} kept changing under us")
 
 
 def _get_link(sock: socket.socket, ifname: str, seq: int) -> Link | None:
@@ -226,8 +270,9 @@ def _receive(sock: socket.socket, seq: int, *, single: bool = False) -> tuple[li
             offset += (length + 3) & ~3
 
 
-def read_view(sock: socket.socket, netns: str, ifnames: Iterable[str]) -> NetnsView:
-    """The links `ifnames` of the netns `sock` lives in, and their addresses."""
+def read_view(sock: socket.socket, netns: str, ifnames: Iterable[str], *, routes: bool = False) -> NetnsView:
+    """The links `ifnames` of the netns `sock` lives in, their addresses, and (`routes`) every
+    route of the netns."""
     view = NetnsView(netns=netns)
     for seq, ifname in enumerate(dict.fromkeys(ifnames), start=1):
         link = _get_link(sock, ifname, seq)
@@ -250,8 +295,11 @@ def read_view(sock: socket.socket, netns: str, ifnames: Iterable[str]) -> NetnsV
                     address=ipaddress.ip_interface(f"{addr.address}/{addr.prefixlen}"),
                     scope=addr.scope,
                     permanent=bool(addr.flags & IFA_F_PERMANENT),
+                    dadfailed=bool(addr.flags & IFA_F_DADFAILED),
                 )
             )
+    if routes and view.links:
+        view.routes = _routes(sock, 90000)
     return view
 
 

@@ -159,6 +159,14 @@ class Stub:
             self._trunk.close()
             await self._trunk.closed
 
+    def resync(self) -> None:
+        """Ask the runtime for its pod list again: NRI has no call for it, but every
+        registration ends in a Synchronize. The connection is closed and made again at once
+        (run()); a runtime creates the pods of that instant without this plugin."""
+        if self._trunk is not None and self.synchronized.is_set():
+            log.info("reconnecting to the NRI runtime for a fresh pod list")
+            self._trunk.close()
+
     def _where(self) -> str:
         return f"fd {self._launch_fd}" if self.preregistered else self.socket_path
 

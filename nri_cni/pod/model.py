@@ -29,6 +29,9 @@ class PodInfo:
     # the IPs the runtime reports for the pod (NRI PodSandbox.ips: shim mode, what the runtime's
     # CNI call returned; native mode, what nri-cni's RunPodSandbox answer gave it); () unknown
     ips: tuple[str, ...] = ()
+    # the pod's pause process as the runtime last reported it (NRI PodSandbox.pid); 0 unknown
+    # or stopped. A running pause keeps the pod's netns alive whatever happens to its path.
+    pid: int = 0
 
     @property
     def host_network(self) -> bool:

@@ -30,7 +30,7 @@ from nri_cni.pod.oprecord import GcReport, NoSink, OperationLog, OperationSink, 
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected, select_networks
-from nri_cni.pod.upkeep import Upkeep, Valid
+from nri_cni.pod.upkeep import Running, Upkeep, Valid
 
 log = logging.getLogger("nri_cni.pod")
 
@@ -156,8 +156,13 @@ class PodPlan:
 
     # -- upkeep ------------------------------------------------------------------------------
 
-    async def collect_garbage(self, valid: Valid, locks: PodLocks | None = None) -> GcReport:
-        report = await self.upkeep.collect_garbage(valid, locks)
+    async def collect_garbage(
+        self, valid: Valid, locks: PodLocks | None = None, *, running: Running | None = None
+    ) -> GcReport:
+        if running is None:
+            report = await self.upkeep.collect_garbage(valid, locks)
+        else:
+            report = await self.upkeep.collect_garbage(valid, locks, running=running)
         self.oplog.sink.observe_gc(report)
         self.finalized.drop_gone(valid)
         return report

@@ -40,6 +40,12 @@ log = logging.getLogger("nri_cni.pod")
 
 # the valid pod ids of a GC: fixed, or asked again under each stale pod's lock
 Valid = set[str] | Callable[[], set[str]]
+# pod id -> the runtime lists it and its pause process runs (its netns path says nothing then)
+Running = Callable[[str], bool]
+
+
+def _nothing_runs(pod_id: str) -> bool:
+    return False
 
 
 # GC's plugins run at this nice value: beside a pod's ADD they get a small share of the CPUs
@@ -64,6 +70,21 @@ def netns_gone(path: str) -> bool:
     return not os.path.lexists(path) and os.path.isdir(os.path.dirname(path))
 
 
+def pause_alive(pid: int) -> bool:
+    """The pod's pause process (NRI PodSandbox.pid) still runs, and is no zombie: it keeps the
+    pod's netns alive, whatever became of the netns path. False when unknown (0), gone, or not
+    visible here (a daemon without the host's PID namespace)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    end = stat.rfind(b")")  # the command may hold spaces and parentheses: the state follows the last
+    return end > 0 and stat[end + 2 : end + 3] not in (b"Z", b"X", b"")
+
+
 class Upkeep:
     def __init__(
         self, cfg: Config, cni: CNIRuntime, *, rollback: Rollback, detacher: Detacher, oplog: OperationLog
@@ -74,15 +95,18 @@ class Upkeep:
         self.detacher = detacher
         self.oplog = oplog
 
-    async def collect_garbage(self, valid: Valid, locks: PodLocks | None = None) -> GcReport:
+    async def collect_garbage(
+        self, valid: Valid, locks: PodLocks | None = None, *, running: Running = _nothing_runs
+    ) -> GcReport:
         """GC against the valid pod ids: a set, or a function asked again under each stale pod's
         lock (an ADD may have made the pod valid meanwhile). `locks`: the service's; without
-        them (tests, tools) nothing else runs and a lock set of its own serves."""
+        them (tests, tools) nothing else runs and a lock set of its own serves. `running`: the
+        valid pods known to run whatever became of their netns path (kept even then)."""
         current: Callable[[], set[str]] = valid if callable(valid) else lambda: valid
         if locks is None:  # (not `or`: a PodLocks holding no pod is falsy)
             locks = PodLocks()
         async with locks.gc_turn():
-            report = await self._collect_pods(current, locks)
+            report = await self._collect_pods(current, locks, running)
             # The GC verb sees every attachment of the network list: nothing may attach or
             # detach meanwhile (the CNI spec). Valid = what is cached now, so an attachment
             # made while the stale pods were DELed counts.
@@ -99,14 +123,16 @@ class Upkeep:
             log.error("gc: %s", err)
         return report
 
-    async def _collect_pods(self, valid: Callable[[], set[str]], locks: PodLocks) -> GcReport:
+    async def _collect_pods(
+        self, valid: Callable[[], set[str]], locks: PodLocks, running: Running
+    ) -> GcReport:
         """Roll back the intent records left and DEL the stale pods, `gc_parallel` pods at a
         time, each under its own lock only: an ADD of another pod waits for nothing."""
         snapshot = valid()
         stale = [
             pod_id
             for pod_id, entries in by_pod(self.cni.cache.entries()).items()
-            if pod_id not in snapshot or all_netns_gone(entries)
+            if pod_id not in snapshot or (all_netns_gone(entries) and not running(pod_id))
         ]
         # intent records by name only: an ADD in flight may be writing its record right now
         # (its temp file is not ours to sweep; start-up recovery does that)
@@ -125,7 +151,7 @@ class Upkeep:
                 if locks.busy(pod_id):
                     return
                 async with locks.pod(pod_id, gc=True):
-                    parts[pod_id] = await self._collect_pod(pod_id, valid, rollback)
+                    parts[pod_id] = await self._collect_pod(pod_id, valid, rollback, running)
 
         async with asyncio.TaskGroup() as tasks:
             for pod_id in candidates:
@@ -136,7 +162,9 @@ class Upkeep:
                 report[key] += values
         return report
 
-    async def _collect_pod(self, pod_id: str, valid: Callable[[], set[str]], rollback: Rollback) -> GcReport:
+    async def _collect_pod(
+        self, pod_id: str, valid: Callable[[], set[str]], rollback: Rollback, running: Running
+    ) -> GcReport:
         """One pod, under its lock: its left-over intent record, then its DELs if still stale."""
         report: GcReport = {"deleted": [], "rolledBack": [], "errors": []}
         intent = rollback.intents.load(pod_id)
@@ -151,7 +179,7 @@ class Upkeep:
             else:
                 report["rolledBack"].append(intent.pod_id)
         entries = self.cni.cache.entries(container_id=pod_id)
-        if not entries or (pod_id in valid() and not all_netns_gone(entries)):
+        if not entries or (pod_id in valid() and (running(pod_id) or not all_netns_gone(entries))):
             return report  # detached meanwhile, or valid again: an ADD came, the runtime lists it
         record = OpRecord("gc-del", pod_of(entries[0]))
         for entry in reversed(attach_order(entries)):

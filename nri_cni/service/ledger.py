@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.upkeep import netns_gone
+from nri_cni.pod.upkeep import netns_gone, pause_alive
 
 
 class PodLedger:
@@ -30,6 +30,9 @@ class PodLedger:
         # pods the runtime tore down (NRI stop, or its CNI DEL) and has not run or listed
         # since: verify never attaches them again while their netns lingers
         self.stopped: set[str] = set()
+        # native mode: pods whose RunPodSandbox answer came past the runtime's deadline -> why
+        # (the runtime made them without nri-cni; verify reports them "missed" with this)
+        self.late: dict[str, str] = {}
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
@@ -61,6 +64,22 @@ class PodLedger:
         self.repair.pop(pod_id, None)
         self.unconfirmed.pop(pod_id, None)
         self.stopped.discard(pod_id)
+        self.late.pop(pod_id, None)
+
+    def running(self, pod_id: str) -> bool:
+        """The runtime lists the pod, has not stopped it, and its pause process runs: the pod
+        is there whatever became of its netns path (a path is not the runtime's word)."""
+        pod = self.pods.get(pod_id)
+        return pod is not None and pod_id not in self.stopped and pause_alive(pod.pid)
+
+    def missed(self, pod_id: str, why: str) -> None:
+        """Native mode: nri-cni's RunPodSandbox answer missed the runtime's deadline. The
+        runtime holds the pod without nri-cni's IPs (it learns IPs only from that answer)."""
+        self.late[pod_id] = why
+        self.unconfirmed.pop(pod_id, None)
+        pod = self.pods.get(pod_id)
+        if pod is not None:
+            self.pods[pod_id] = dataclasses.replace(pod, ips=())
 
     def needs_repair(self, pod: PodInfo) -> None:
         self.repair[pod.id] = pod
@@ -77,6 +96,12 @@ class PodLedger:
         for pod_id, pod in previous.items():
             if pod_id not in self.pods and pod_id not in self.unconfirmed:
                 self.unconfirmed[pod_id] = (self._syncs - 1, pod.netns)
+        # the list is the roster: what is kept per pod goes with the pods it does not list
+        # (a pod stopped and listed again was dropped from `stopped` above)
+        self.stopped.clear()
+        for table in (self.repair, self.late):
+            for pod_id in [p for p in table if p not in self.pods]:
+                del table[pod_id]
         self.synced = True
 
     def unconfirmed_valid(self) -> set[str]:

@@ -31,6 +31,9 @@ class PodCheck:
     selected: list[Selected]  # what it should have ([] when the config refuses it now)
     expectations: list[tuple[CacheEntry, Expectation]] = field(default_factory=list)
     findings: dict[Key, Finding] = field(default_factory=dict)
+    # attachments nothing could be compared for: key -> (verdict kind, why): a cache entry
+    # without a result ("no-result") or with one that cannot be read ("bad-result")
+    unknown: dict[Key, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[Selected]:
@@ -40,6 +43,15 @@ class PodCheck:
     @property
     def damaged(self) -> list[CacheEntry]:
         return [e for e in self.entries if (f := self.findings.get(key_of(e))) is not None and f.damaged]
+
+    @property
+    def unreadable(self) -> list[str]:
+        """What could not be read or compared, one line per attachment ([] when everything
+        was): never "ok" (issue 21, item 7)."""
+        out = [f"{n}/{i}: {why}" for (n, i), (_, why) in self.unknown.items()]
+        for (n, i), f in self.findings.items():
+            out += [f"{n}/{i}: {d.reason}" for d in f.differences if d.kind is FindingKind.UNREADABLE]
+        return out
 
     @property
     def netns_gone(self) -> bool:
@@ -61,7 +73,9 @@ def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVe
     for entry in c.entries:
         key = key_of(entry)
         finding = c.findings.get(key)
-        if finding is not None and not finding.ok:
+        if key in c.unknown:
+            out.append(AttachmentVerdict(key[0], key[1], *c.unknown[key]))
+        elif finding is not None and not finding.ok:
             out.append(AttachmentVerdict(key[0], key[1], finding.kind.value, finding.reason))
         elif key in failed_checks:
             out.append(AttachmentVerdict(key[0], key[1], "check-failed", failed_checks[key]))

@@ -34,6 +34,8 @@ class BrokenCode(Enum):
     # no IPAM reading args.cni.ips): not cut
     IPS_NOT_REQUESTABLE = "ips-not-requestable"
     DEL_FAILED = "del-failed"  # its DEL (stop, remove, GC) fails: resources held, the reason says why
+    NETNS_UNREADABLE = "netns-unreadable"  # its netns path is gone while the pod still runs
+    UNREADABLE = "unreadable"  # part of what it needs could not be read: never called ok
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,11 @@ class HealthBook:
     def forget(self, pod_id: str) -> None:
         """The pod is gone (removed, or collected)."""
         self._pods.pop(pod_id, None)
+
+    def retain(self, pod_ids: set[str]) -> None:
+        """Only these pods are (the runtime's list): every other verdict goes."""
+        for pod_id in [p for p in self._pods if p not in pod_ids]:
+            del self._pods[pod_id]
 
     def broken_pods(self) -> list[PodHealth]:
         return [h for h in self._pods.values() if h.state is PodState.BROKEN]

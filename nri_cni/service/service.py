@@ -38,6 +38,7 @@ DEL_ACTION = (
     "find why in the plugin's error (a plugin binary missing or failing); once fixed, GC or the "
     "runtime's next stop releases it"
 )
+REMOVAL_GRACE = 3.0  # seconds a torn-down pod waits for its RemovePodSandbox before a new list is asked for
 
 
 class PodService:
@@ -60,6 +61,11 @@ class PodService:
             cfg, mode, plan=plan, ledger=self.ledger, locks=self.locks, health=self.health
         )
         self._background: set[asyncio.Task[None]] = set()
+        # set when the runtime tore a pod down (its CNI DEL, NRI stop) and no RemovePodSandbox
+        # followed: containerd sends none for pods that lived through its restart
+        # (containerd#8426), so only a new pod list can say the pod is gone (the daemon asks
+        # for one by reconnecting; docs/reliability.md)
+        self.roster_stale = asyncio.Event()
 
     def reconfigure(self, cfg: Config) -> None:
         """A hot reload: the next operation uses it (primary_network may have changed)."""
@@ -108,6 +114,26 @@ class PodService:
             if not self._del_failed(pod.id):
                 self.health.forget(pod.id)
 
+    async def missed(self, pod: PodInfo, why: str) -> None:
+        """Native mode: the RunPodSandbox answer for `pod` missed the runtime's deadline, so
+        the runtime made the pod without it (no IP). Treated at once as a pod the runtime made
+        without nri-cni: what was attached is released (never left behind the runtime's back)
+        and the pod is reported broken "missed" by name, with `why`."""
+        await _detached(self._missed(pod, why))
+
+    async def _missed(self, pod: PodInfo, why: str) -> None:
+        log.error("pod %s id=%s: %s", pod.label(), pod.id, why)
+        async with self.locks.pod(pod.id):
+            self.ledger.missed(pod.id, why)
+            try:
+                await self.plan.detach(pod, op="missed")
+            except NriCniError as exc:  # GC retries (the pod's attachments stay recorded)
+                log.error("pod %s id=%s: releasing the late attach failed: %s", pod.label(), pod.id, exc)
+        try:
+            await self.verifier.run(pod.id)  # reports it "missed", by name
+        except NriCniError:
+            log.debug("pod %s: removed before its verdict", pod.id)  # no longer listed: nothing to report
+
     async def _detach(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
             # under the lock: a verify waiting for it must see the runtime tore the pod down
@@ -122,6 +148,8 @@ class PodService:
                     "pod %s id=%s: its DEL succeeded; no longer broken (del-failed)", pod.label(), pod.id
                 )
                 self.health.forget(pod.id)
+        if pod.id in self.ledger.pods and not self.mode.answers_run_pod:
+            self._spawn(self._await_removal(pod.id), "await-removal")
 
     def _del_failed(self, pod_id: str) -> bool:
         health = self.health.get(pod_id)
@@ -135,6 +163,15 @@ class PodService:
         if not self._del_failed(pod_id):
             log.warning("pod %s id=%s is broken (del-failed): %s", label, pod_id, reason)
         self.health.broken(pod_id, BrokenCode.DEL_FAILED, reason)
+
+    async def _await_removal(self, pod_id: str) -> None:
+        """The runtime tore the pod down: its RemovePodSandbox normally follows at once. When
+        none comes within REMOVAL_GRACE, the roster is stale (a pod restored by a runtime
+        restart). Not in native mode: reconnecting there makes pods created meanwhile miss
+        nri-cni's answer."""
+        await asyncio.sleep(REMOVAL_GRACE)
+        if pod_id in self.ledger.pods and pod_id in self.ledger.stopped:
+            self.roster_stale.set()
 
     async def check(self, pod: PodInfo) -> None:
         async with self.locks.pod(pod.id):
@@ -152,6 +189,7 @@ class PodService:
         """The runtime's full pod list (every (re)connection). Returns at once: GC and repair
         run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
         self.ledger.synchronized(pods)
+        self._prune()
         log.info("synchronized: the runtime has %d pod(s)", len(pods))
         self._spawn(self._after_sync(), "after-sync")
 
@@ -176,6 +214,7 @@ class PodService:
         deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
         self.ledger.collected(deleted, attached)
         self._gc_outcome(report, attached)
+        self._prune()
         return report
 
     def _gc_outcome(self, report: GcReport, attached: set[str]) -> None:
@@ -192,6 +231,16 @@ class PodService:
             if errors:
                 self._report_del_failed(pod_id, pod_id[:12], "; ".join(errors))
 
+    def _prune(self) -> None:
+        """The runtime's list is the roster: verdicts and repair retries of pods it does not
+        list (a RemovePodSandbox lost while the connection was down) go; what nri-cni still
+        holds of them (cache entries, intent records) stays until GC has released it."""
+        listed = set(self.ledger.pods)
+        # a pod whose DEL fails stays named (del-failed) until GC has released what it holds
+        held = {h.pod_id for h in self.health.broken_pods() if h.code is BrokenCode.DEL_FAILED}
+        self.health.retain(listed | held)
+        self.verifier.retain(listed)
+
     async def gc_listed(self, pod_ids: set[str]) -> GcReport:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid())
@@ -199,7 +248,7 @@ class PodService:
     async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
         # The stale pods' DELs each take their pod's lock, the GC verb the exclusive one
         # (Upkeep.collect_garbage): a pod ADD meanwhile waits for nothing but its own pod.
-        return await self.plan.collect_garbage(valid, self.locks)
+        return await self.plan.collect_garbage(valid, self.locks, running=self.ledger.running)
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         """One verify round (app/verify.py): every pod the runtime lists running with a netns,
@@ -226,9 +275,11 @@ class PodService:
 
     async def reap(self) -> None:
         """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9
-        sends no NRI stop/remove for pods that lived through its restart, containerd#8426)."""
+        sends no NRI stop/remove for pods that lived through its restart, containerd#8426).
+        Never a pod the runtime lists whose pause process runs: its path vanished, not the pod
+        (verify reports it "netns-unreadable"; it is released when the runtime drops it)."""
         for pod_id in self.plan.reap_candidates():
-            if self.locks.busy(pod_id):
+            if self.locks.busy(pod_id) or self.ledger.running(pod_id):
                 continue
             async with self.locks.pod(pod_id):
                 reaped = await self.plan.reap(pod_id)

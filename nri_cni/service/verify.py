@@ -25,6 +25,7 @@ its lock was taken is read again under the lock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from nri_cni.node import (
     NodeInspector,
     VerifyPolicy,
     expectation_from_result,
+    host_side_wants,
 )
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
@@ -46,7 +48,6 @@ from nri_cni.pod.repair import (
     IpsNotRequestable,
     IpTaken,
     check_entry,
-    plain,
     repair,
     repair_selection,
     result_ips,
@@ -55,12 +56,16 @@ from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
 from nri_cni.service.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
+from nri_cni.service.runtime_ips import ip_mismatch, missed_reason, native_readd, primary_key
 
 log = logging.getLogger("nri_cni.daemon")
 
 MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
 ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
+# attachment verdicts for a cache entry nothing could be compared with (never "ok")
+NO_RESULT = "no-result"
+BAD_RESULT = "bad-result"
 
 
 class Verifier:
@@ -106,6 +111,10 @@ class Verifier:
     def forget(self, pod_id: str) -> None:
         self._retries.pop(pod_id, None)
 
+    def retain(self, pod_ids: set[str]) -> None:
+        for gone in set(self._retries) - pod_ids:
+            del self._retries[gone]
+
     # -- a round -----------------------------------------------------------------------------
 
     async def run(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
@@ -130,19 +139,18 @@ class Verifier:
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            checks = [
-                self._plan(p, by_pod.get(p.id, [])) for p in pods if p.netns and os.path.exists(p.netns)
-            ]
+            live = [p for p in pods if p.netns and os.path.exists(p.netns)]
+            lost = [p for p in pods if p.netns and p not in live and self.ledger.running(p.id)]
+            checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
-            out = []
+            out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]
             for c in checks:
                 health = await self._settle(c, forced=check, explicit=pod_id is not None)
                 if health is not None:
                     out.append(health)
             if pod_id is None:
                 self.health.round_done(started, time.time())
-                for gone in set(self._retries) - set(self.ledger.pods):
-                    del self._retries[gone]
+                self.retain(set(self.ledger.pods))
             return out
 
     def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
@@ -153,15 +161,23 @@ class Verifier:
             selected = []
         check = PodCheck(pod, attach_order(entries), selected)
         for entry in check.entries:
-            if entry.result is None:
-                continue  # nothing recorded to compare with
+            if entry.result is None:  # nothing recorded to compare with: unknown, never ok
+                why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"
+                check.unknown[key_of(entry)] = (NO_RESULT, why)
+                continue
             try:
                 exp = expectation_from_result(
                     entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
                     ifname=entry.ifname,
                 )  # fmt: skip
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                log.debug("verify: pod %s: unusable cached result of %s: %s", pod.label(), key_of(entry), exc)
+                # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
+                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
+                exp = dataclasses.replace(
+                    exp, container_id=entry.container_id, host_ports=ports, leases=leases
+                )
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
+                check.unknown[key_of(entry)] = (BAD_RESULT, why)
                 continue
             check.expectations.append((entry, exp))
         return check
@@ -193,13 +209,17 @@ class Verifier:
     async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
         pod = c.pod
         if c.netns_gone:
+            if self.ledger.running(pod.id):
+                return self._netns_unreadable(pod, c.entries)
             return None  # the reaper's
-        quiet = not c.damaged and not c.missing and not self._ip_mismatch(c) and not self._due(c, forced)
+        quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
         if quiet and not self.locks.busy(pod.id):
             # nothing to run: no lock needed, and nothing awaited between this test and the write
             if pod.id not in self.ledger.pods:
                 return None
             self._retries.pop(pod.id, None)
+            if c.unreadable:
+                return self._unreadable(pod, c, verdicts_of(c, {}))
             return self._ok(pod, verdicts_of(c, {}))
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
@@ -214,7 +234,7 @@ class Verifier:
                 c = self._plan(pod, now)  # an operation ran since the round read it
                 await self._inspect([c])
                 if c.netns_gone:
-                    return None
+                    return self._netns_unreadable(pod, c.entries) if self.ledger.running(pod.id) else None
             return await self._settle_locked(c, forced=forced, explicit=explicit)
 
     async def _settle_locked(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
@@ -231,12 +251,14 @@ class Verifier:
         wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in map(key_of, c.damaged)]
         wrong += [f"{n}/{i}: CHECK failed: {err}" for (n, i), err in failed_checks.items()]
         wrong += [f"{n}/{i}: not attached" for n, i in map(selected_key, c.missing)]
-        mismatch = self._ip_mismatch(c)
+        mismatch = ip_mismatch(self.mode, c)
         if mismatch:
             wrong.append(mismatch)
         if not wrong:
             self._retries.pop(pod.id, None)
             self.ledger.repair.pop(pod.id, None)
+            if c.unreadable:
+                return self._unreadable(pod, c, verdicts)
             return self._ok(pod, verdicts)
         what = "; ".join(wrong)
         if (
@@ -254,15 +276,15 @@ class Verifier:
             and not self.mode.adds_behind_runtime
             and (c.missing or mismatch)
         ):
-            readd = self._native_readd(c, mismatch)
+            readd = native_readd(c, mismatch)
             if not readd:
-                reason = self._missed_reason(c, mismatch)
+                reason = missed_reason(self.ledger, c, mismatch, ADMIN_ACTION)
                 self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
                 return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
         if self.cfg.repair != "on":
             reason = f"{what} (repair is {self.cfg.repair}: nothing was changed)"
             return self._broken(pod, BrokenCode.REPAIR_OFF, reason, verdicts)
-        primary = self._primary(c)
+        primary = primary_key(self.mode, c)
         retry = self._retries.setdefault(pod.id, Retry())
         if retry.failures and self.clock() < retry.next_at and not explicit:
             return self.health.get(pod.id)  # backing off
@@ -311,60 +333,29 @@ class Verifier:
         log.info("pod %s id=%s repaired: %s", pod.label(), pod.id, what)
         return self.health.repaired(pod.id, what, verdicts_of(after, {}))
 
-    def _primary(self, c: PodCheck) -> Key | None:
-        """nri-cni's primary attachment of the pod (eth0), when the primary is nri-cni's."""
-        if not self.mode.primary.ours or not c.selected:
-            return None
-        return selected_key(c.selected[0])
+    def _unreadable(self, pod: PodInfo, c: PodCheck, verdicts: list[AttachmentVerdict]) -> PodHealth:
+        """Something the pod needs could not be read: unknown is not ok. Nothing is changed on
+        a guess; the next round reads again (a passing netlink error clears by itself)."""
+        reason = (
+            "; ".join(c.unreadable) + ": not verified, nothing was changed; read again every round "
+            "(if it stays: nri-cni pods and the daemon log say what failed; a cache entry without a "
+            f"usable result cannot be repaired: {ADMIN_ACTION})"
+        )
+        return self._broken(pod, BrokenCode.UNREADABLE, reason, verdicts)
 
-    def _ip_mismatch(self, c: PodCheck) -> str:
-        """What differs between the IPs the runtime reports and nri-cni's primary (shim: the
-        runtime's IPs must be eth0's; native: eth0's must be among the runtime's)."""
-        primary = self._primary(c)
-        if not self.mode.runtime_reports_our_ips or primary is None:
-            return ""
-        entry = next((e for e in c.entries if key_of(e) == primary), None)
-        if entry is None or entry.result is None:
-            return ""
-        ours = {plain(a) for a in result_ips(entry)}
-        theirs = set(c.pod.ips)
-        if self.mode.adds_behind_runtime:
-            if theirs and not theirs <= ours:
-                return (
-                    f"the runtime reports {', '.join(c.pod.ips)}; {primary[1]} has {', '.join(sorted(ours))}"
-                )
-            return ""
-        if not ours <= theirs:
-            shown = ", ".join(c.pod.ips) or "no IP"
-            return f"the runtime reports {shown}; nri-cni gave it {', '.join(sorted(ours))}"
-        return ""
-
-    def _native_readd(self, c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
-        """Native mode: the one network a pod lacks, with the IPs the runtime lists and no other
-        attachment holds ({} if none). A native runtime runs no CNI: an IP it lists came from
-        nri-cni's answer, so the pod lost that network since (an ADD or repair cut by a crash and
-        rolled back); asking for those IPs makes what the runtime reports true again. With two
-        missing, whose IP is whose cannot be told: "missed"."""
-        if mismatch or len(c.missing) != 1 or not c.pod.ips:
-            return {}
-        held = {plain(a) for e in c.entries for a in result_ips(e)}
-        left = tuple(ip for ip in c.pod.ips if plain(ip) not in held)
-        return {selected_key(c.missing[0]): left} if left else {}
-
-    def _missed_reason(self, c: PodCheck, mismatch: str) -> str:
-        if not c.entries and c.pod.id in self.ledger.repair:
-            why = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
-        elif not c.entries:
-            why = (
-                "the runtime created it without nri-cni's answer (nri-cni was down or killed, or "
-                "answered past the NRI request timeout) and nri-cni holds no network of it"
-            )
-        elif mismatch:
-            why = f"the runtime did not take nri-cni's answer ({mismatch}): past the NRI deadline or killed"
-        else:
-            names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
-            why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
-        return f"missed: {why}; {ADMIN_ACTION}"
+    def _netns_unreadable(self, pod: PodInfo, entries: list[CacheEntry]) -> PodHealth:
+        """The runtime lists the pod and its pause process runs, but its netns path is gone or
+        no network namespace: nothing can be read or repaired through that path, and nothing
+        is released (the pod may still work); reported by name until the runtime drops it."""
+        self._retries.pop(pod.id, None)
+        why = (
+            f"its netns path {pod.netns} is gone or is no network namespace, while its pause "
+            f"process {pod.pid} runs and the runtime lists it: nri-cni can neither read nor "
+            "repair its networks and keeps its IPs held"
+        )
+        verdicts = [AttachmentVerdict(e.network_name, e.ifname, BrokenCode.NETNS_UNREADABLE.value, why)
+                    for e in attach_order(entries)]  # fmt: skip
+        return self._broken(pod, BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", verdicts)
 
     def _failed(self, retry: Retry) -> None:
         retry.failures += 1

@@ -6,6 +6,22 @@ on asyncio over any byte pipe (transport.Transport).
 
 from nri_cni.ttrpc.client import TtrpcClient
 from nri_cni.ttrpc.errors import TtrpcProtocolError
-from nri_cni.ttrpc.server import Handler, ServerConnection, Services, TtrpcServer
+from nri_cni.ttrpc.server import (
+    Handler,
+    RequestDeadline,
+    ServerConnection,
+    Services,
+    TtrpcServer,
+    request_deadline,
+)
 
-__all__ = ["Handler", "ServerConnection", "Services", "TtrpcClient", "TtrpcProtocolError", "TtrpcServer"]
+__all__ = [
+    "Handler",
+    "RequestDeadline",
+    "ServerConnection",
+    "Services",
+    "TtrpcClient",
+    "TtrpcProtocolError",
+    "TtrpcServer",
+    "request_deadline",
+]

@@ -15,8 +15,10 @@ an interface or an IP allocation that nothing records, which is worse than finis
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from nri_cni.errors import GrpcCode, NriCniError
 from nri_cni.ttrpc.connection import Connection, RequestReceived, Role
@@ -27,6 +29,28 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[bytes], Awaitable[bytes]]
 Services = Mapping[str, Mapping[str, Handler]]
+
+
+@dataclass
+class RequestDeadline:
+    """The deadline of the request a handler serves (the caller's timeout_nano): `expired` is
+    set when it passed and the caller got DEADLINE_EXCEEDED instead of the handler's answer.
+    A handler that returns while `expired` is False is answered in the same step (nothing is
+    awaited in between): its answer went out in time, as far as this side can tell."""
+
+    timeout: float  # seconds; 0: the caller set none
+    received: float  # the event loop's time when the request arrived
+    expired: bool = False
+
+
+_DEADLINE: contextvars.ContextVar[RequestDeadline | None] = contextvars.ContextVar(
+    "ttrpc_deadline", default=None
+)
+
+
+def request_deadline() -> RequestDeadline | None:
+    """The deadline of the request this task serves (None outside a ttrpc handler)."""
+    return _DEADLINE.get()
 
 
 class TtrpcServer:
@@ -90,14 +114,16 @@ class ServerConnection(asyncio.Protocol):
         else:
             # A task per request: handlers of one connection run concurrently.
             loop = asyncio.get_running_loop()
-            task = loop.create_task(self._run(req, handler))
+            deadline = RequestDeadline(max(req.timeout_nano, 0) / 1e9, loop.time())
+            task = loop.create_task(self._run(req, handler, deadline))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             if req.timeout_nano > 0:
-                timer = loop.call_later(req.timeout_nano / 1e9, self._expire, req)
+                timer = loop.call_later(req.timeout_nano / 1e9, self._expire, req, deadline)
                 task.add_done_callback(lambda _: timer.cancel())
 
-    async def _run(self, req: RequestReceived, handler: Handler) -> None:
+    async def _run(self, req: RequestReceived, handler: Handler, deadline: RequestDeadline) -> None:
+        _DEADLINE.set(deadline)  # this task's context only
         code, message, payload = GrpcCode.OK, "", b""
         try:
             payload = await handler(req.payload)
@@ -115,7 +141,8 @@ class ServerConnection(asyncio.Protocol):
                 "%s: %s/%s finished after its deadline; answer dropped", self.name, req.service, req.method
             )
 
-    def _expire(self, req: RequestReceived) -> None:
+    def _expire(self, req: RequestReceived, deadline: RequestDeadline) -> None:
+        deadline.expired = True
         message = f"{req.method}: no answer within {req.timeout_nano / 1e9:g}s"
         log.warning("%s: %s/%s: %s (the handler goes on)", self.name, req.service, req.method, message)
         self._answer(req.stream_id, GrpcCode.DEADLINE_EXCEEDED, message)

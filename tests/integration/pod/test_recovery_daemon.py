@@ -1,8 +1,9 @@
 """The daemon's side of recovery, in-process against the NRI test double with real plugins:
 
-- an NRI request that runs past the runtime's timeout loses nothing: the runtime drops the
-  connection (and creates the pod anyway), the attach finishes, the reconnect's Synchronize
-  finds the pod whole; nri-cni asks for a longer timeout when configured (NRI PR #304);
+- a native RunPodSandbox answered past the runtime's timeout: the runtime drops the connection
+  and creates the pod without its IPs; the attach finishes (nothing cut halfway), is released
+  at once, and the pod is reported "missed" by name; an answer in time is kept; nri-cni asks
+  for a longer timeout when configured (NRI PR #304);
 - a pod attached just before a Synchronize that does not list it yet (the runtime stores a pod
   only after its RunPodSandbox returned) is not garbage; one more Synchronize without it and
   it is;
@@ -31,7 +32,10 @@ def _podnet(node, subnet, **finalize):
     return [{"name": "podnet", "default": True, "conflist": net}]
 
 
-def test_request_past_the_runtime_deadline_finishes_and_the_pod_is_whole_after_reconnect(node):
+def test_a_native_answer_past_the_runtime_deadline_is_a_missed_pod(node):
+    """The runtime gives up on RunPodSandbox (and creates the pod without its IPs): the attach
+    finishes (nothing is cut halfway), then is released at once, and the pod is reported by
+    name as missed, with what an admin does (issue 21, item 5)."""
     ns = node.jan.netns()
     cfg = node.config("native", _podnet(node, "10.244.72.0/24", FINALIZE={"sleep": 1.0}))
     cfg["nri"]["request_timeout"] = "5s"
@@ -49,16 +53,51 @@ def test_request_past_the_runtime_deadline_finishes_and_the_pod_is_whole_after_r
             h.runtime.request_timeout_ms = 20000
             await h.runtime.wait_plugin(2)  # the stub reconnected at once
             await h.settle()
-            for _ in range(100):  # the cut-off attach is still in its FINALIZE
-                if not h.daemon.pods.busy(pod.id):
+            health = h.daemon.pods.health
+            for _ in range(400):  # the cut-off attach is still in its FINALIZE: wait for its end
+                verdict = health.get(pod.id)
+                if verdict is not None and not h.daemon.pods.busy(pod.id):
                     break
                 await asyncio.sleep(0.05)
-            assert [e.ifname for e in h.daemon.pods.attachments(pod.id)] == ["eth0"]
-            assert await asyncio.to_thread(get_link, "eth0", ns) is not None
-            assert [r.container_id for r in node.reservations()] == [pod.id]
-            # one ADD, one FINALIZE: the repair after the reconnect found it done
-            assert [c["command"] for c in node.calls()] == ["FINALIZE"]
+            assert verdict is not None, h.daemon.reports.status()
+            assert (verdict.state.value, verdict.code.value) == ("broken", "missed")
+            assert "past the runtime's 0.3 s NRI request timeout" in verdict.reason
+            assert "kubectl delete pod" in verdict.reason
+            (named,) = h.daemon.reports.status()["broken"]
+            assert (named["pod"], named["name"], named["code"]) == (pod.id, pod.name, "missed")
+            # released at once, nothing left behind the runtime's back
+            assert h.daemon.pods.attachments(pod.id) == []
+            assert await asyncio.to_thread(get_link, "eth0", ns) is None
+            assert node.reservations() == []
             assert list((node.state_dir / "intents").iterdir()) == []
+            commands = [c["command"] for c in node.calls()]
+            assert commands[0] == "FINALIZE" and commands.count("FINALIZE") == 1, commands
+            # a verify round later: still missed, nothing attached again
+            await h.daemon.pods.verify()
+            assert health.get(pod.id).code.value == "missed"
+            assert node.reservations() == []
+            await h.runtime.stop_pod_sandbox(pod)
+            await h.runtime.remove_pod_sandbox(pod)
+            assert health.get(pod.id) is None
+        assert node.reservations() == []
+
+    run(scenario())
+
+
+def test_a_native_answer_in_time_is_kept(node):
+    """The same slow FINALIZE within the runtime's deadline: answered, attached, no verdict
+    but ok."""
+    ns = node.jan.netns()
+    cfg = node.config("native", _podnet(node, "10.244.75.0/24", FINALIZE={"sleep": 0.3}))
+    pod = pod_message(new_pod_id(), ns.path)
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            resp = await h.runtime.run_pod_sandbox(pod)
+            assert len(resp.adjust.network.ips) == 1
+            assert [r.container_id for r in node.reservations()] == [pod.id]
+            assert h.daemon.pods.health.get(pod.id) is None
+            assert h.daemon.pods.ledger.late == {}
             await h.runtime.stop_pod_sandbox(pod)
             await h.runtime.remove_pod_sandbox(pod)
         assert node.reservations() == []

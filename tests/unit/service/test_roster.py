@@ -1,0 +1,161 @@
+"""The runtime's list is the roster (issue 21, item 4), without root, runtime or plugins: a
+Synchronize (or a GC) that does not list a pod drops its verdict, its repair retry and its
+ledger entries, and `nri-cni pods` shows it no more; a pod nri-cni still holds something of
+shows as not listed. The reaper and GC keep a listed pod whose pause process runs, whatever
+became of its netns path."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.config import parse_config
+from nri_cni.daemon.app import Daemon, build_daemon
+from nri_cni.pod.model import PodInfo
+from nri_cni.pod.upkeep import pause_alive
+from nri_cni.service.ledger import PodLedger
+from nri_cni.service.podcheck import Retry
+from nri_cni.service.podstate import BrokenCode
+
+NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "ncver-none"}]}
+GONE, KEPT, HELD = "a" * 64, "b" * 64, "c" * 64
+
+
+def _daemon(tmp_path: Path) -> Daemon:
+    doc = {
+        "mode": "native",
+        "state_dir": str(tmp_path / "state"),
+        "nri": {"socket": str(tmp_path / "nri.sock")},
+        "daemon": {"socket": str(tmp_path / "daemon.sock")},
+        "cni": {"cache_dir": str(tmp_path / "cache"), "bin_dirs": [str(tmp_path / "bin")]},
+        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
+        "gc": {"interval": 0},
+        "status": {"interval": 0},
+        "repair_on_sync": False,
+    }
+    return build_daemon(parse_config(doc, str(tmp_path / "config.yaml")))
+
+
+def _pod(pod_id: str, name: str, **kw) -> PodInfo:
+    return PodInfo(pod_id, name=name, namespace="ncver", netns=f"/run/netns/ncver-{name}", **kw)
+
+
+def _known(daemon: Daemon, pod_id: str) -> list[str]:
+    """Where the daemon still keeps something of the pod."""
+    svc = daemon.pods
+    places = {
+        "health": svc.health.get(pod_id) is not None,
+        "retries": pod_id in svc.verifier._retries,
+        "ledger.pods": pod_id in svc.ledger.pods,
+        "ledger.repair": pod_id in svc.ledger.repair,
+        "ledger.stopped": pod_id in svc.ledger.stopped,
+        "ledger.late": pod_id in svc.ledger.late,
+        "report": any(p["id"] == pod_id for p in daemon.reports.pods()),
+    }
+    return sorted(k for k, v in places.items() if v)
+
+
+def _everywhere(daemon: Daemon, pod: PodInfo) -> None:
+    svc = daemon.pods
+    svc.health.broken(pod.id, BrokenCode.REPAIR_FAILED, "ADD failed 3 times")
+    svc.verifier._retries[pod.id] = Retry(failures=2)
+    svc.ledger.needs_repair(pod)
+    svc.ledger.detached(pod.id)
+    svc.ledger.late[pod.id] = "answered past the deadline"
+
+
+def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
+    daemon = _daemon(tmp_path)
+    gone, kept = _pod(GONE, "gone"), _pod(KEPT, "kept")
+
+    async def scenario():
+        svc = daemon.pods
+        svc.synchronized([gone, kept])
+        await svc.close()  # the background GC/verify of that Synchronize: not this test's
+        _everywhere(daemon, gone)
+        svc.health.ok(kept.id)
+        assert _known(daemon, gone.id) == [
+            "health",
+            "ledger.late",
+            "ledger.pods",
+            "ledger.repair",
+            "ledger.stopped",
+            "report",
+            "retries",
+        ]
+        svc.synchronized([kept])  # RemovePodSandbox of `gone` was lost with the connection
+        await svc.close()
+        assert _known(daemon, gone.id) == []
+        assert _known(daemon, kept.id) == ["health", "ledger.pods", "report"]
+        assert [(p["id"], p["listed"]) for p in daemon.reports.pods()] == [(kept.id, True)]
+
+    asyncio.run(scenario())
+
+
+def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_holds(tmp_path):
+    daemon = _daemon(tmp_path)
+    kept, held = _pod(KEPT, "kept"), _pod(HELD, "held")
+
+    async def scenario():
+        svc = daemon.pods
+        svc.synchronized([kept])
+        await svc.close()
+        # a verdict written between the list and its pod's removal event (which was lost)
+        svc.ledger.seen(held)
+        svc.health.broken(held.id, BrokenCode.REPAIR_FAILED, "ADD failed 3 times")
+        svc.ledger.pods.pop(held.id)
+        # an attachment of a pod the runtime does not list, its netns still there: held
+        svc.plan.cni.cache.write(
+            CacheEntry(
+                container_id=held.id,
+                ifname="eth0",
+                network_name="podnet",
+                config=b"{}",
+                netns=str(tmp_path),
+                cni_args=held.cni_args(),
+            )
+        )
+        svc.ledger.attached(held)  # not listed yet: GC leaves it (ledger.py)
+        report = await svc.gc("test")
+        assert report["deleted"] == [], report
+        # its stale verdict (repair-failed) is gone; what GC could not DEL of it (the cached
+        # config is no list) is named instead, with the error: del-failed
+        health = svc.health.get(held.id)
+        assert health is not None and health.code is BrokenCode.DEL_FAILED, health
+        assert "config list has no string 'name'" in health.reason
+        rows = {p["id"]: (p["state"], p["listed"], p["name"]) for p in daemon.reports.pods()}
+        assert rows == {kept.id: ("ready", True, "kept"), held.id: ("unlisted", False, "held")}
+
+    asyncio.run(scenario())
+
+
+def test_a_listed_pod_whose_pause_runs_is_running_whatever_its_netns_path():
+    ledger = PodLedger()
+    alive = _pod(KEPT, "alive", pid=os.getpid())  # this process stands in for the pause
+    stopped = _pod(GONE, "stopped", pid=os.getpid())
+    unknown = _pod(HELD, "unknown")  # pid 0: the runtime said nothing
+    ledger.synchronized([alive, stopped, unknown])
+    ledger.detached(stopped.id)
+    assert pause_alive(os.getpid())
+    assert [ledger.running(p.id) for p in (alive, stopped, unknown)] == [True, False, False]
+    ledger.synchronized([])
+    assert not ledger.running(alive.id)
+
+
+def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        # a zombie until waited for: poll its state (an event this test caused, not a sleep)
+        for _ in range(100000):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+        assert not pause_alive(pid)
+    finally:
+        os.waitpid(pid, 0)
+    assert not pause_alive(pid)
+    assert not pause_alive(0)

@@ -1,0 +1,115 @@
+"""Verify never calls a pod ok when something it needs cannot be read (issue 21, item 7), without
+root: the node inspector is a fake that answers what a real one answers when netlink fails (the
+pod's netns, or the host's links), and the cache entries are real files. Each such pod is
+reported by name, broken "unreadable", with the attachment's own verdict; nothing is repaired
+on a guess, and a pod read fine next to them stays ok."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.config import parse_config
+from nri_cni.daemon.app import Daemon, build_daemon
+from nri_cni.node import Difference, Expectation, Finding, FindingKind
+from nri_cni.pod.model import PodInfo
+
+NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "ncver-none"}]}
+RESULT = {
+    "cniVersion": "1.1.0",
+    "interfaces": [{"name": "eth0", "sandbox": "/x", "mac": "02:00:00:00:00:01"}],
+    "ips": [{"address": "10.9.0.{n}/24", "interface": 0}],
+}
+
+
+def _daemon(tmp_path: Path) -> Daemon:
+    doc = {
+        "mode": "native",
+        "state_dir": str(tmp_path / "state"),
+        "nri": {"socket": str(tmp_path / "nri.sock")},
+        "daemon": {"socket": str(tmp_path / "daemon.sock")},
+        "cni": {"cache_dir": str(tmp_path / "cache"), "bin_dirs": [str(tmp_path / "bin")]},
+        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
+        "gc": {"interval": 0},
+        "status": {"interval": 0},
+        "verify": {"check_every": 10000},  # netlink only: no CHECK of a plugin that is not there
+        "repair_on_sync": False,
+    }
+    return build_daemon(parse_config(doc, str(tmp_path / "config.yaml")))
+
+
+class FakeInspector:
+    """What NodeInspector answers: per expectation, a finding; `unreadable` names the keys
+    whose netns (or host links, with `host=True`) netlink could not read."""
+
+    def __init__(self, netns: set[str], host: set[str]) -> None:
+        self.netns, self.host = netns, host
+
+    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
+        out = []
+        for e in exps:
+            pod = e.key.split("/")[0]
+            if pod in self.netns:
+                why = f"cannot read netns {e.netns}: [Errno 13] Permission denied"
+                out.append(Finding(e, (Difference(FindingKind.UNREADABLE, why),)))
+            elif pod in self.host:
+                out.append(Finding(e, (Difference(FindingKind.UNREADABLE, "cannot read host links: EIO"),)))
+            else:
+                out.append(Finding(e))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _pod(n: int, netns: Path) -> PodInfo:
+    return PodInfo(
+        f"{n:x}" * 64, name=f"ncver-{n}", namespace="ncver", netns=str(netns), ips=(f"10.9.0.{n}",)
+    )
+
+
+def test_what_cannot_be_read_is_reported_never_ok(tmp_path):
+    daemon = _daemon(tmp_path)
+    netns = tmp_path / "netns"
+    netns.write_text("")  # a path that exists: what it holds is the fake inspector's answer
+    fine, bad_netns, bad_host, no_result, bad_result = (_pod(n, netns) for n in range(1, 6))
+    svc = daemon.pods
+    for pod in (fine, bad_netns, bad_host, no_result, bad_result):
+        n = int(pod.ips[0].rsplit(".", 1)[1])
+        result: dict | None = {**RESULT, "ips": [{"address": f"10.9.0.{n}/24", "interface": 0}]}
+        if pod is no_result:
+            result = None
+        elif pod is bad_result:
+            result = {**RESULT, "ips": [{"address": "10.9.0.5", "interface": 0}]}  # no prefix length
+        svc.plan.cni.cache.write(
+            CacheEntry(
+                pod.id, "eth0", "podnet", b"{}", netns=pod.netns, cni_args=pod.cni_args(), result=result
+            )
+        )
+    svc.verifier._inspector = FakeInspector({bad_netns.id}, {bad_host.id})
+
+    async def scenario():
+        svc.synchronized([fine, bad_netns, bad_host, no_result, bad_result])
+        await svc.close()  # that Synchronize's background GC: not this test's
+        return await svc.verify()
+
+    verdicts = {h.pod_id: h for h in asyncio.run(scenario())}
+    assert set(verdicts) == {p.id for p in (fine, bad_netns, bad_host, no_result, bad_result)}
+    assert verdicts[fine.id].state.value == "ok"
+    for pod, finding, words in (
+        (bad_netns, "unreadable", "Permission denied"),
+        (bad_host, "unreadable", "cannot read host links"),
+        (no_result, "no-result", "holds no result"),
+        (bad_result, "bad-result", "cannot be read"),
+    ):
+        h = verdicts[pod.id]
+        assert (h.state.value, h.code.value if h.code else "") == ("broken", "unreadable"), pod.name
+        assert words in h.reason and "nothing was changed" in h.reason
+        assert [(a.network, a.ifname, a.finding) for a in h.attachments] == [("podnet", "eth0", finding)]
+        assert h.repairs == 0
+    named = {b["name"] for b in daemon.reports.status()["broken"]}
+    assert named == {"ncver-2", "ncver-3", "ncver-4", "ncver-5"}
+    # nothing was changed: every cache entry is still there, as written
+    assert len(svc.attachments()) == 5
