@@ -198,7 +198,7 @@ def _report(args, op: str, show_table, ok=lambda data: True) -> int:
 
 
 def cmd_status(args) -> int:
-    """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/health.py)."""
+    """Exit 0 ready, 1 degraded, 2 not ready or unreachable (nri_cni/cli/health.py)."""
     if args.ping:
         return _ping(args)
     if args.watch is None:
