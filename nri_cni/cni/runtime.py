@@ -26,6 +26,7 @@ from nri_cni.cni.config import (
     validate_network_name,
 )
 from nri_cni.cni.exec import PluginExecutor
+from nri_cni.cni.executor import Executor
 from nri_cni.cni.plugin_env import cni_args, cni_env
 from nri_cni.cni.plugin_io import plugin_result, plugin_stdin, version_answer
 from nri_cni.cni.result import Result
@@ -56,7 +57,7 @@ class CNIRuntime:
         cache_dir: str = DEFAULT_CACHE_DIR,
         *,
         exec_timeout: float = 60.0,
-        executor: PluginExecutor | None = None,
+        executor: Executor | None = None,
         hooks: RuntimeHooks | None = None,
         durable_cache: bool = False,
         cache: ResultCache | None = None,
@@ -73,7 +74,7 @@ class CNIRuntime:
         self.cache = cache if cache is not None else ResultCache(cache_dir)
         self.durable_cache = durable_cache
         self.exec_timeout = exec_timeout
-        self.executor = executor or PluginExecutor(trust_files=trust_files)
+        self.executor: Executor = executor or PluginExecutor(trust_files=trust_files)
         self.hooks = hooks if hooks is not None else RuntimeHooks()  # (PluginHooks has a len)
         # A plugin gets PATH (it execs iptables etc.), the CNI variables and the variables the
         # config names (cni.plugin_env), nothing else of the daemon's environment (issue 15).

@@ -1,5 +1,5 @@
 # The local socket's framing, without I/O: the one implementation the daemon's server, the CLI
-# client (nri_cni/localproto.py) and the Python shim share. The shim is a standalone script
+# client (nri_cni/local/proto.py) and the Python shim share. The shim is a standalone script
 # (`python -IS`, no package imports), so `nri-cni install-shim` copies this file's text into it
 # (nri_cni/shim/__init__.py render): builtins only, no imports, annotations the running
 # interpreter evaluates without any (builtin generics, no `X | Y`).

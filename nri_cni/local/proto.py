@@ -1,7 +1,7 @@
 """The daemon's local socket: how `nri-cni-shim` and the `nri-cni` CLI talk to `nri-cni run`.
 
 Deliberately trivial, because the shim implements it with nothing but `_socket` (it is exec'd
-for every CNI call and must start in a few ms). The framing is nri_cni/localcodec.py, shared by
+for every CNI call and must start in a few ms). The framing is nri_cni/local/codec.py, shared by
 the server, this client and the Python shim:
 
     request  = u32 BE header length | header | u32 BE body length | body

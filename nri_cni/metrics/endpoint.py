@@ -1,7 +1,7 @@
 """Optional Prometheus metrics: a text endpoint on a unix socket or 127.0.0.1:PORT.
 
 Off unless `metrics.listen` is set in the config. What is collected and how it renders is
-nri_cni/exposition.py (prometheus_client); this module serves it: a minimal HTTP/1.1 responder
+nri_cni/metrics/families.py (prometheus_client); this module serves it: a minimal HTTP/1.1 responder
 for `GET /metrics` (and HEAD) on asyncio, one request per connection.
 
 What is measured comes from the pod plan's OpRecord (nri_cni/pod/oprecord.py), handed over
@@ -60,13 +60,13 @@ class Metrics:
     """
 
     def __init__(self, attachments: Callable[[], int] | None = None) -> None:
-        # what is collected and rendered: nri_cni/exposition.py (prometheus_client)
+        # what is collected and rendered: nri_cni/metrics/families.py (prometheus_client)
         self.exposition = Exposition(attachments, error_code=error_code)
         self.attachments = attachments  # the count a scrape reads (a BackgroundValue in the daemon)
         self._servers: list[asyncio.base_events.Server] = []
         self._socket_paths: list[str] = []
         self._clients: set[asyncio.Task] = set()
-        self.guard: Any = None  # the connection limits, once serving (nri_cni/metrics_server.py)
+        self.guard: Any = None  # the connection limits, once serving (nri_cni/metrics/limits.py)
         self.repairs = Counter(
             "nri_cni_pod_repairs",
             "Repairs of a pod's networks after verify found them differ, by result (ok, error).",
@@ -107,7 +107,7 @@ class Metrics:
 
     async def serve(self, listen: str, limits: Any = None) -> asyncio.base_events.Server:
         """Listens on a unix socket path or HOST:PORT (127.0.0.1, localhost, [::1]); `limits`
-        (max_connections, timeout) bound the connections (nri_cni/metrics_server.py)."""
+        (max_connections, timeout) bound the connections (nri_cni/metrics/limits.py)."""
         handle, self.guard = metrics_server.guard(self._handle, limits)
         metrics_server.limit_accept_errors(asyncio.get_running_loop())
         if listen.startswith("/"):

@@ -1,6 +1,6 @@
 """What nri-cni's metrics collect and how they render: Prometheus's own client library.
 
-The serving (HTTP on a unix socket or 127.0.0.1, connection limits) is nri_cni/metrics.py;
+The serving (HTTP on a unix socket or 127.0.0.1, connection limits) is nri_cni/metrics/endpoint.py;
 this module only observes and renders, so either can change without the other. Names are
 stable (dashboards use them); each counter is rendered without the `_created` series, as
 before. Per network and verb (add, finalize, del), `nri_cni_network_operation_duration_seconds`

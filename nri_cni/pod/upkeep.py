@@ -19,10 +19,10 @@ import asyncio
 import copy
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.cni.exec import PluginExecutor
+from nri_cni.cni.executor import Executor
 from nri_cni.cni.plugin_process import PLUGIN_NICE
 from nri_cni.cni.runtime import Attachment, CNIRuntime
 from nri_cni.config import Config
@@ -283,17 +283,19 @@ class Upkeep:
                     log.warning("cannot remove %s/%s: %s", results, name, exc.strerror)
 
 
-class _GcExecutor(PluginExecutor):
-    """GC's plugin execs, each through the locks' GC slots (while a pod operation is in flight,
-    GC starts one plugin at a time, so a pod's ADD shares the CPUs and the kernel's locks with
-    at most the plugins GC had already started: one plugin's time, not one pod's DELs), and
-    at GC_PLUGIN_NICE."""
+class _GcExecutor:
+    """GC's plugin execs: the runtime's executor, each exec through the locks' GC slots (while a
+    pod operation is in flight, GC starts one plugin at a time, so a pod's ADD shares the CPUs
+    and the kernel's locks with at most the plugins GC had already started: one plugin's time,
+    not one pod's DELs), and at GC_PLUGIN_NICE. It wraps any Executor and is one."""
 
-    def __init__(self, inner: PluginExecutor, locks: PodLocks, parallel: int) -> None:
-        super().__init__(trust_files=inner.trust_files)
+    def __init__(self, inner: Executor, locks: PodLocks, parallel: int) -> None:
         self.inner = inner
         self.locks = locks
         self.parallel = parallel
+
+    def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
+        return self.inner.find(plugin_type, bin_dirs)
 
     async def exec(self, plugin_path: str, env: dict[str, str], stdin: bytes, timeout: float) -> bytes:
         async with self.locks.gc_slot(self.parallel):
@@ -303,8 +305,8 @@ class _GcExecutor(PluginExecutor):
 
 def _gated(cni: CNIRuntime, locks: PodLocks, parallel: int) -> CNIRuntime:
     """The same runtime (cache, hooks, bin dirs...), its plugins exec'd through GC's slots."""
-    if not isinstance(getattr(cni, "executor", None), PluginExecutor):
-        return cni  # a runtime that execs nothing (the tests' fakes)
+    if getattr(cni, "executor", None) is None:
+        return cni  # a stand-in runtime that execs nothing (the tests' fakes)
     gated = copy.copy(cni)
     gated.executor = _GcExecutor(cni.executor, locks, parallel)
     return gated

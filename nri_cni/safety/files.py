@@ -25,7 +25,7 @@ import logging
 import os
 import stat
 
-log = logging.getLogger("nri_cni.safefs")
+log = logging.getLogger("nri_cni.safefs")  # the name it had: log filters may use it
 
 PRIVATE_UMASK = 0o077
 DIR_MODE = 0o700

@@ -14,8 +14,10 @@ What a difference leads to:
   otherwise such a pod is broken "missed" (the runtime learns IPs only from RunPodSandbox);
 - shim mode, the runtime reports IPs eth0 does not have: the primary is made again with them;
 - an IP another pod holds is never taken: broken "ip-taken";
-- a repair that fails is retried with exponential backoff, broken "repair-failed" after
-  MAX_FAILURES; `repair: verify-only` (or `off`, on demand) marks the pod broken "repair-off".
+- a repair that fails is retried with exponential backoff (after FIRST_RETRY, about a second, then
+  doubling: a kept pod whose cause goes away is attached at the next timer tick after that),
+  broken "repair-failed" after MAX_FAILURES; `repair: verify-only` (or `off`, on demand) marks
+  the pod broken "repair-off".
 
 A pod with an operation in flight is left for the next round; the netlink read of a round is
 done for all pods at once, outside any lock (it only reads); a pod whose records changed before
@@ -61,6 +63,7 @@ from nri_cni.service.runtime_ips import ip_mismatch, missed_reason, native_readd
 log = logging.getLogger("nri_cni.daemon")
 
 MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
+FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
 ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
 # attachment verdicts for a cache entry nothing could be compared with (never "ok")
@@ -359,8 +362,8 @@ class Verifier:
 
     def _failed(self, retry: Retry) -> None:
         retry.failures += 1
-        base = self.cfg.verify_interval or 30.0
-        retry.next_at = self.clock() + base * min(2 ** (retry.failures - 1), BACKOFF_CAP)
+        longest = (self.cfg.verify_interval or 30.0) * BACKOFF_CAP
+        retry.next_at = self.clock() + min(FIRST_RETRY * 2 ** (retry.failures - 1), longest)
 
     def _repair_failed(
         self, pod: PodInfo, retry: Retry, what: str, error: str, verdicts: list[AttachmentVerdict]

@@ -50,7 +50,7 @@ class NriCni:
             env={**self.env, **(env or {})},
         )
         log.close()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nri-cni exited with {self.proc.returncode}:\n{self.log_tail()}")
@@ -76,7 +76,7 @@ class NriCni:
     def pods(self) -> list[dict]:
         return self.ask("pods")
 
-    def wait_idle(self, timeout: float = 20) -> None:
+    def wait_idle(self, timeout: float = 60) -> None:
         """Until the background work after a (re)synchronization is done (GC, repair)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -104,7 +104,7 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
     launcher.chmod(0o755)
     daemon = NriCni(tmp_path, cfg)  # only to talk to the daemon containerd launched
     ctd.start()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while True:
         try:
             st = daemon.status()
@@ -125,7 +125,7 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
     assert daemon.pods() == []
     # containerd owns the launched plugin: stopping containerd closes fd 3 and nri-cni exits.
     ctd.stop()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             daemon.status()

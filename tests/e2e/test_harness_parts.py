@@ -78,7 +78,7 @@ def _zombie_children(pid: int) -> list[int]:
     return found
 
 
-def _pid_in_children(parent: int, timeout: float = 5.0) -> int:
+def _pid_in_children(parent: int, timeout: float = 60.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -35,7 +35,7 @@ def nad(name: str, master: str, subnet: str, ipam_dir: str, namespace: str = "nc
     )
 
 
-def wait_for_network(daemon, name: str, timeout: float = 10.0) -> None:
+def wait_for_network(daemon, name: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if name in daemon.status()["networks"]:

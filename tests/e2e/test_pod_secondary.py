@@ -287,7 +287,7 @@ def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later
     assert pod in daemon.status()["pendingRepair"]
     # the repair loop retries; once the master exists the pod gets net1 and FINALIZE for both
     node.jan.veth(host_name=missing)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while pod in daemon.status()["pendingRepair"] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert daemon.status()["pendingRepair"] == []

@@ -246,7 +246,7 @@ class RecoveryNode:
         os.kill(self.daemon.proc.pid, signal.SIGKILL)
         return self.wait_dead()
 
-    def wait_dead(self, timeout: float = 20) -> int:
+    def wait_dead(self, timeout: float = 60) -> int:
         assert self.daemon is not None and self.daemon.proc is not None
         return self.daemon.proc.wait(timeout)
 
@@ -329,7 +329,7 @@ class RecoveryNode:
         return failed
 
 
-def wait_settled(daemon: NriCni, log_offset: int = 0, timeout: float = 20) -> None:
+def wait_settled(daemon: NriCni, log_offset: int = 0, timeout: float = 60) -> None:
     """Until the daemon has synchronized, the GC that follows logged its result (in the log
     written after `log_offset`) and no repair is pending."""
     deadline = time.monotonic() + timeout

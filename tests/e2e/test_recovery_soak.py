@@ -48,7 +48,7 @@ def _proc(pid: int) -> dict:
 
 def _idle(daemon) -> dict:
     """Waits until nothing is in flight, then measures."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while True:
         tracked = daemon.status()["tracked"]
         if tracked["operations"] == 0 and tracked["background"] == 0:

@@ -151,7 +151,7 @@ class BlockControl:
         return out
 
     def wait_blocked(
-        self, command: str, container_id: str | None = None, *, timeout: float = 30.0
+        self, command: str, container_id: str | None = None, *, timeout: float = 60.0
     ) -> Blocked:
         """The first call of `command` (for `container_id`) that is blocked now (not one that was
         released or killed before); fails after `timeout`."""

@@ -11,6 +11,7 @@
 #   "fail_init"  the first N INIT calls fail (counted in the file named by "counter")
 #   "fail_deinit" the same for DEINIT
 #   "init_sleep", "deinit_sleep"  seconds INIT / DEINIT take
+#   "init_gate"  a path: INIT waits until it exists (at most 300 s, then fails)
 #   "tag"        any value, echoed in the log (tells configurations apart)
 #   "counter"    path prefix for the failure counters and the busy marker: INIT and DEINIT of
 #                one network hold <counter>.busy.<network> (O_EXCL) and fail if another call
@@ -112,6 +113,12 @@ elif command == "INIT":
     log_call()
     if conf.get("init_sleep"):
         time.sleep(conf["init_sleep"])
+    if conf.get("init_gate"):
+        gate_deadline = time.monotonic() + 300
+        while not os.path.exists(conf["init_gate"]):
+            if time.monotonic() > gate_deadline:
+                fail(11, f"INIT's gate {conf['init_gate']} never opened")
+            time.sleep(0.01)
     if failures_left("fail_init"):
         fail(11, f"INIT of the test plugin fails on purpose (bridge {bridge})")
     if bridge:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nri_cni.config import load_config
 
@@ -32,11 +33,22 @@ def test_the_examples_are_the_expected_ones():
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXPECTED)
 
 
+def hermetic_copy(name: str, tmp_path: Path) -> Path:
+    """The example with its FINALIZE drop-in dir in tmp_path: check-config reads that directory,
+    and the node's own /etc/cni/net.d is whatever the machine has (another run may hold it 0700)."""
+    cfg = yaml.safe_load((EXAMPLES / name).read_text())
+    cfg.setdefault("cni", {})["finalize_dir"] = str(tmp_path / "_finalize.d")
+    copy = tmp_path / name
+    copy.write_text(yaml.safe_dump(cfg))
+    return copy
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_example_passes_check_config(name):
-    run = check_config(EXAMPLES / name)
+def test_example_passes_check_config(name, tmp_path):
+    copy = hermetic_copy(name, tmp_path)
+    run = check_config(copy)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[0] == f"{EXAMPLES / name}: ok ({EXPECTED[name]} mode)"
+    assert run.stdout.splitlines()[0] == f"{copy}: ok ({EXPECTED[name]} mode)"
 
 
 def test_check_config_fails_on_a_broken_copy(tmp_path):

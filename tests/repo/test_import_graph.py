@@ -285,6 +285,18 @@ def test_the_readme_layout_names_every_folder():
     assert missing == [], "folders of nri_cni/ the README's layout table does not name"
 
 
+def test_the_architecture_names_every_folder_and_only_files_that_exist():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    tree = doc[doc.index("## The tree") : doc.index("## Layers")]
+    folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert [f for f in folders if f"  {f}/ " not in tree] == [], (
+        "folders docs/architecture.md's tree leaves out"
+    )
+    named = set(re.findall(r"\b(?:[a-z_]+/)+[a-z_]+\.py\b", doc))
+    gone = sorted(n for n in named if not (PACKAGE / n).exists() and not (ROOT / n).exists())
+    assert gone == [], "files docs/architecture.md names that do not exist"
+
+
 def test_no_import_cycle(package):
     found = cycles(_edges(package, KNOWN_CYCLES_UNTIL_APP_MERGE))
     assert not found, "import cycles in nri_cni/:\n  " + "\n  ".join(" <-> ".join(c) for c in found)

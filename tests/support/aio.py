@@ -16,9 +16,9 @@ T = TypeVar("T")
 
 @pytest.fixture
 def arun() -> Callable[..., object]:
-    """arun(coro, timeout=10): run a coroutine in a fresh loop, failing it if it hangs."""
+    """arun(coro, timeout=60): run a coroutine in a fresh loop, failing it if it hangs."""
 
-    def run(coro: Awaitable[T], timeout: float = 10.0) -> T:
+    def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
         async def bounded() -> T:
             async with asyncio.timeout(timeout):
                 return await coro

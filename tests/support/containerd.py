@@ -155,7 +155,7 @@ class Containerd:
         extra: Mapping[str, Any] | None = None,
         pause: PauseImage | None = None,
         log_level: str = "info",
-        start_timeout: float = 20.0,
+        start_timeout: float = 60.0,
     ) -> None:
         self.tmpdir = Path(tmpdir).resolve()
         self.tmpdir.mkdir(parents=True, exist_ok=True)

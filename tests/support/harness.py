@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -165,6 +166,7 @@ class DaemonHarness:
         runtime_name: str = "nri-test-double",
         runtime_version: str = "1.0.0",
         pods=(),
+        request_timeout_ms: int = 20000,
     ) -> None:
         self.node = node
         self.cfg = parse_config(cfg, str(node.tmp / "config.yaml"))
@@ -172,7 +174,7 @@ class DaemonHarness:
             self.cfg.nri.socket,
             runtime_name=runtime_name,
             runtime_version=runtime_version,
-            request_timeout_ms=20000,
+            request_timeout_ms=request_timeout_ms,
             pods=pods,
         )
         self.daemon: Daemon | None = None
@@ -183,22 +185,23 @@ class DaemonHarness:
         self.daemon = build_daemon(self.cfg)
         self.task = asyncio.create_task(self.daemon.run(handle_signals=False))
         await self.runtime.wait_plugin()
-        await asyncio.wait_for(self.daemon.stub.synchronized.wait(), 10)
+        await asyncio.wait_for(self.daemon.stub.synchronized.wait(), 60)
         await self.settle()
         return self
 
     async def settle(self) -> None:
-        """Wait for the background work started by Synchronize (GC, repair)."""
-        for _ in range(200):
-            if not self.daemon.pods.background():
-                return
+        """Wait for the background work started by Synchronize (GC, repair); the deadline
+        only fails a hang."""
+        deadline = time.monotonic() + 60
+        while self.daemon.pods.background():
+            if time.monotonic() > deadline:
+                raise AssertionError("background work after Synchronize did not finish")
             await asyncio.sleep(0.02)
-        raise AssertionError("background work after Synchronize did not finish")
 
     async def stop(self) -> None:
         if self.daemon is not None:
             self.daemon.stop()
-            await asyncio.wait_for(self.task, 20)
+            await asyncio.wait_for(self.task, 60)
         await self.runtime.stop()
 
     async def __aenter__(self) -> DaemonHarness:

@@ -199,16 +199,16 @@ def test_pods_and_status_through_the_cli(node, tmp_path):
                 stdout=asyncio.subprocess.PIPE,
             )
             try:
-                first = json.loads(await asyncio.wait_for(watch.stdout.readline(), 20))
+                first = json.loads(await asyncio.wait_for(watch.stdout.readline(), 60))
                 assert first["health"] == "ready"
                 good = config_file.read_text()
                 config_file.write_text(good + "networks:\n  - name: [unclosed\n")
-                second = json.loads(await asyncio.wait_for(watch.stdout.readline(), 20))
+                second = json.loads(await asyncio.wait_for(watch.stdout.readline(), 60))
                 assert second["health"] == "degraded" and "not valid YAML" in second["reasons"][0]
                 code, out, _ = await cli("status", "--socket", sock)
                 assert code == 1 and "health:     degraded: config change refused" in out
                 config_file.write_text(good)  # the same file as the running one: the refusal goes
-                third = json.loads(await asyncio.wait_for(watch.stdout.readline(), 20))
+                third = json.loads(await asyncio.wait_for(watch.stdout.readline(), 60))
                 assert third["health"] == "ready" and third["reload"]["refused"] == ""
             finally:
                 watch.terminate()

@@ -76,8 +76,8 @@ def _tcp_roundtrip_through_portmap(env: CniEnv, pod_ip: str, container_port: int
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         got = b""
-        deadline = time.monotonic() + 5
-        with socket.create_connection((env.gateway, host_port), timeout=5) as s:
+        deadline = time.monotonic() + 60
+        with socket.create_connection((env.gateway, host_port), timeout=60) as s:
             while len(got) < len(token) and time.monotonic() < deadline:
                 chunk = s.recv(64)
                 if not chunk:

@@ -63,7 +63,7 @@ def write_config(node, cfg: dict) -> None:
     tmp.rename(path)
 
 
-async def until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+async def until(predicate, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

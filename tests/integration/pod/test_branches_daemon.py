@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -46,7 +47,7 @@ async def cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def until(what, timeout: float = 20.0, step: float = 0.05):
+async def until(what, timeout: float = 120.0, step: float = 0.05):
     """Waits for an event the test caused (not a retry: a deadline is a failure)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -99,7 +100,7 @@ def test_gc_before_the_first_synchronize_is_refused_and_deletes_nothing(node):
             assert await asyncio.to_thread(ns.link, "eth0") is not None
         finally:
             daemon.stop()
-            await asyncio.wait_for(task, 20)
+            await asyncio.wait_for(task, 60)
 
         # the runtime back, listing the pod: it keeps its network until it is removed
         async with DaemonHarness(node, cfg, pods=[pod]) as h:
@@ -124,7 +125,7 @@ def test_gc_before_the_first_synchronize_is_refused_and_deletes_nothing(node):
         ("auto", "cri-o", "1.30.0", False),  # no known leak
     ],
 )
-def test_failure_policy_and_the_runtime_version_check(node, policy, runtime, version, kept):
+def test_failure_policy_and_the_runtime_version_check(node, caplog, policy, runtime, version, kept):
     ns = node.jan.netns()
     master = unique_name("mv")  # missing for now: macvlan's ADD fails
     node.jan.track_link(master)
@@ -140,6 +141,7 @@ def test_failure_policy_and_the_runtime_version_check(node, policy, runtime, ver
     pod = pod_message(new_pod_id(), ns.path, name="web")
     sock = cfg["daemon"]["socket"]
     checker = node.leak_checker(ns).start()
+    caplog.set_level(logging.WARNING, logger="nri_cni.daemon")
 
     async def scenario():
         async with DaemonHarness(node, cfg, runtime_name=runtime, runtime_version=version) as h:
@@ -156,7 +158,16 @@ def test_failure_policy_and_the_runtime_version_check(node, policy, runtime, ver
             code, out, _ = await cli("status", "--socket", sock)
             assert code == 1 and "1 pod(s) waiting for repair" in out, out
 
-            # the cause goes: the timer's retry attaches the kept pod
+            async def retried():
+                """The timer retried the kept pod, and failed: the cause is still there."""
+                return [
+                    r
+                    for r in caplog.records
+                    if pod.id in r.getMessage() and "repair failed" in r.getMessage()
+                ]
+
+            await until(retried)
+            # the cause goes: the timer's next retry (after a backoff of seconds) attaches the kept pod
             await asyncio.to_thread(node.jan.bridge, master)
 
             async def attached():

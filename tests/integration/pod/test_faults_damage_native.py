@@ -24,11 +24,12 @@ from tests.support.podtruth import RuntimePod, pod_interfaces, reaches, whole_pr
 pytestmark = pytest.mark.netns
 
 VERIFY = {"interval": "1s", "check_every": 1}
-PERIOD = 1.0
-REPAIR_TIME = 3.0  # what one repair (DEL + ADD of a chain) may take on a loaded machine
+# the damage is repaired in the next verify round (1 s): the test waits for that, with a deadline
+# for a hang only (one repair, DEL + ADD of a chain, is a second or two on a quiet machine)
+REPAIR_DEADLINE = 120.0
 
 
-def _repaired_within_a_period(daemon: NriCni, pods, before, bridge: str) -> float:
+def _wait_repaired(daemon: NriCni, pods, before, bridge: str) -> float:
     t0 = time.monotonic()
     while True:
         problems = []
@@ -37,7 +38,7 @@ def _repaired_within_a_period(daemon: NriCni, pods, before, bridge: str) -> floa
             problems += whole_problems(pod, ["eth0"])
         if not problems:
             return time.monotonic() - t0
-        if time.monotonic() - t0 > PERIOD + REPAIR_TIME:
+        if time.monotonic() - t0 > REPAIR_DEADLINE:
             broken = broken_by_name(daemon)
             raise AssertionError(f"{problems}\nbroken: {broken}\n{daemon.log_tail(60)}")
         time.sleep(0.05)
@@ -77,7 +78,7 @@ def test_external_damage_is_repaired_native(node, kind):
             def damaged_and_repaired() -> float:
                 before = {p.id: pod_interfaces(p.netns) for p in pods}
                 damage(kind, pods[0], "eth0", bridge)
-                return _repaired_within_a_period(daemon, pods, before, bridge)
+                return _wait_repaired(daemon, pods, before, bridge)
 
             took = await asyncio.to_thread(damaged_and_repaired)
             print(f"{kind}: repaired {took:.2f} s after the damage")

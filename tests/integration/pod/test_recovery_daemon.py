@@ -14,11 +14,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from nri_cni.errors import GrpcCode, RPCError
 from tests.e2e.test_recovery_node import install_ctl, read_calls
+from tests.plugins.block_plugin import BlockControl
+from tests.plugins.block_plugin import install as install_block
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.netns import get_link
 
@@ -169,38 +172,67 @@ def _ctl_net(node, subnet, control, **finalize):
 
 
 def test_gc_runs_alone_between_pod_operations(node):
+    """GC waits for the pod operation in flight, and an operation that comes meanwhile waits for
+    GC. Each step is an event the test sees (a plugin blocked, a lock's waiters), not a time."""
     install_ctl(node.bin_dir)
+    install_block(node.bin_dir)
     control = node.tmp / "ctl"
     control.mkdir()
-    (control / "gc-sleep").write_text("0.5")
+    block = BlockControl(node.tmp / "block")
+    net = _ctl_net(node, "10.244.75.0/24", control)
+    # armed after the start's own GC: A's FINALIZE and the GC verb block until released
+    net[0]["conflist"]["plugins"].append(
+        {"type": "block", "block": block.config(armed=True, commands=["GC"])}
+    )
+    net[0]["conflist"]["finalize_plugins"] = [
+        {"type": "block", "block": block.config(armed=True, commands=["FINALIZE"])}
+    ]
+    cfg = node.config("native", net)
     ns_a, ns_b = node.jan.netns(), node.jan.netns()
-    cfg = node.config("native", _ctl_net(node, "10.244.75.0/24", control, FINALIZE={"sleep": 0.5}))
     a, b = pod_message(new_pod_id(), ns_a.path), pod_message(new_pod_id(), ns_b.path)
 
+    def adds_of(pod) -> list[list]:
+        return [c for c in read_calls(control) if c[0] == "ADD" and c[1] == pod.id]
+
     async def scenario():
-        async with DaemonHarness(node, cfg) as h:
+        # A's RunPodSandbox lasts as long as the test holds its FINALIZE: no deadline of its own
+        async with DaemonHarness(node, cfg, request_timeout_ms=300_000) as h:
+            locks = h.daemon.pods.locks
             h.runtime.pods = [a, b]
-            first = asyncio.create_task(h.runtime.run_pod_sandbox(a))  # 0.5 s in FINALIZE
-            await asyncio.sleep(0.25)
+            block.arm()
+            first = asyncio.create_task(h.runtime.run_pod_sandbox(a))
+            finalize_a = await asyncio.to_thread(block.wait_blocked, "FINALIZE", a.id, timeout=60)
             gc = asyncio.create_task(h.daemon.pods.gc(reason="test"))
-            await asyncio.sleep(0.1)
-            second = asyncio.create_task(h.runtime.run_pod_sandbox(b))  # GC is waiting: after it
+            await until(lambda: locks._gc_waiting == 1)  # GC waits for A's operation
+            second = asyncio.create_task(h.runtime.run_pod_sandbox(b))
+            await until(lambda: locks._operations == 2)  # B's ADD waits too: behind GC
+            block.release(finalize_a)
+            gc_verb = await asyncio.to_thread(block.wait_blocked, "GC", None, timeout=60)
+            # GC runs alone: A's whole operation is over, B's ADD has not begun
+            assert block.done(finalize_a) and locks._active == 0
+            assert adds_of(b) == []
+            block.disarm()  # B's FINALIZE, to come, passes
+            block.release(gc_verb)
             await asyncio.gather(first, gc, second)
-            ops = {op: t for op, t in ((c[0] + c[1][:4], c[3]) for c in read_calls(control))}
-            gc_calls = [c for c in read_calls(control) if c[0] == "GC"]
+            calls = read_calls(control)
+            gc_calls = [c for c in calls if c[0] == "GC"]
             # (the first one is the start's, after Synchronize) A attached, B not yet
             assert len(gc_calls) == 2 and gc_calls[1][4] == [a.id]
-            a_done = next(o for o in node.calls() if o["env"]["CNI_CONTAINERID"] == a.id)
-            assert a_done["command"] == "FINALIZE"
-            # GC began after A's whole operation; B's ADD began after GC's plugin returned
-            assert ops["GC"] > ops["ADD" + a.id[:4]] + 0.4
-            assert ops["ADD" + b.id[:4]] > ops["GC"] + 0.5
+            assert calls.index(adds_of(b)[0]) > calls.index(gc_calls[1])
             for pod in (a, b):
                 await h.runtime.stop_pod_sandbox(pod)
                 await h.runtime.remove_pod_sandbox(pod)
         assert node.reservations() == []
 
     run(scenario())
+
+
+async def until(predicate, timeout: float = 60.0) -> None:
+    """Waits for an event the test caused; the deadline only fails a hang."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the event did not come"
+        await asyncio.sleep(0.01)
 
 
 def test_gc_timer_retries_a_failed_del_until_it_succeeds(node):

@@ -25,7 +25,7 @@ async def _closed_by_daemon(reader) -> bool:
     """The daemon closed the connection without answering (EOF, or a reset: it closed with
     our bytes unread)."""
     try:
-        return await asyncio.wait_for(reader.read(), 20) == b""
+        return await asyncio.wait_for(reader.read(), 60) == b""
     except ConnectionResetError:
         return True
 

@@ -84,7 +84,7 @@ def test_a_network_list_in_a_world_writable_dir_is_refused_at_load_and_at_reload
             refused = state.refused_at
             evil = {**body, "plugins": [node.fake("fake-finalize")]}
             conflist.write_text(json.dumps(evil))  # "another user" rewrote it
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 60
             while state.refused_at == refused:
                 assert time.monotonic() < deadline, "the change was not refused"
                 await asyncio.sleep(0.02)

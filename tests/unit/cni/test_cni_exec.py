@@ -56,7 +56,7 @@ def live_members(pgid: int) -> list[int]:
     return members
 
 
-def group_gone(pgid: int, within: float = 1.0) -> bool:
+def group_gone(pgid: int, within: float = 30.0) -> bool:
     end = time.monotonic() + within
     while live_members(pgid):
         if time.monotonic() > end:
@@ -122,10 +122,8 @@ def test_killed_by_signal(fake_bin, tmp_path):
 def test_timeout_kills_process_group(fake_bin, tmp_path):
     pidfile = tmp_path / "hang.pid"
     before = open_fds()
-    t0 = time.monotonic()
-    with pytest.raises(PluginTimeout) as err:
+    with pytest.raises(PluginTimeout) as err:  # the plugin hangs: only its timeout ends the call
         run(PluginExecutor().exec(str(fake_bin / "hang"), dict(ENV, HANG_PIDFILE=str(pidfile)), b"{}", 0.5))
-    assert 0.5 <= time.monotonic() - t0 < 2.0
     assert "timeout" in str(err.value)
     pgid = int(pidfile.read_text())
     assert group_gone(pgid), "the plugin's process group survived the timeout"
@@ -147,10 +145,9 @@ def test_cancel_kills_and_reaps(fake_bin, tmp_path):
         with pytest.raises(asyncio.CancelledError):
             await task
         pgid = int(pidfile.read_text())
-        for _ in range(200):  # the loop keeps watching the pidfd and reaps the child
+        deadline = time.monotonic() + 60  # the loop keeps watching the pidfd and reaps the child
+        while open_fds() != in_loop and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-            if open_fds() == in_loop:
-                break
         assert open_fds() == in_loop
         return pgid
 
@@ -239,10 +236,8 @@ def test_exit_after_closing_output_is_waited_for(tmp_path):
     # EOF on both pipes is not the exit: the status must be the one the plugin exits with
     path = _closer(tmp_path, "sleep 0.3\nexit 3\n")
     before = open_fds()
-    t0 = time.monotonic()
-    with pytest.raises(PluginExecError, match="exit status 3"):
+    with pytest.raises(PluginExecError, match="exit status 3"):  # known only once it exited
         run(PluginExecutor().exec(path, ENV, b"{}", 10))
-    assert time.monotonic() - t0 >= 0.3
     assert open_fds() == before
     ok = _closer(tmp_path, "sleep 0.2\nexit 0\n")
     assert json.loads(run(PluginExecutor().exec(ok, ENV, b"{}", 10))) == {"cniVersion": "1.1.0"}
@@ -252,10 +247,8 @@ def test_timeout_after_closing_output(tmp_path):
     pidfile = tmp_path / "closer.pid"
     path = _closer(tmp_path, f"echo $$ > {pidfile}\nexec sleep 30\n")
     before = open_fds()
-    t0 = time.monotonic()
-    with pytest.raises(PluginTimeout):
+    with pytest.raises(PluginTimeout):  # (waited for, it would exit 0 after 30 s)
         run(PluginExecutor().exec(path, ENV, b"{}", 0.5))
-    assert time.monotonic() - t0 < 2.0
     pid = int(pidfile.read_text())
     assert group_gone(pid)
     with pytest.raises(ChildProcessError):
@@ -279,12 +272,11 @@ def test_helper_holding_stdout_does_not_hold_the_call(tmp_path):
     pidfile = tmp_path / "helper.pid"
     script = tmp_path / "bin" / "forker"
     script.parent.mkdir(exist_ok=True)
-    script.write_text(f'#!/bin/sh\nsleep 30 &\necho $! > {pidfile}\necho \'{{"cniVersion":"1.1.0"}}\'\n')
+    script.write_text(f'#!/bin/sh\nsleep 3600 &\necho $! > {pidfile}\necho \'{{"cniVersion":"1.1.0"}}\'\n')
     script.chmod(0o755)
-    t0 = time.monotonic()
     try:
-        out = run(PluginExecutor().exec(str(script), ENV, b"{}", 10))
-        assert time.monotonic() - t0 < 5
+        # a call that waited for the helper's stdout would end in the plugin timeout (60 s)
+        out = run(PluginExecutor().exec(str(script), ENV, b"{}", 60))
         assert json.loads(out) == {"cniVersion": "1.1.0"}
     finally:
         os.kill(int(pidfile.read_text()), 9)
@@ -305,10 +297,8 @@ def test_stdout_flood_killed(tmp_path, monkeypatch):
         held.append(self.stdout_len)
 
     monkeypatch.setattr(cni_child.ChildRun, "_read_stdout", spy)
-    t0 = time.monotonic()
-    with pytest.raises(PluginExecError, match="more than 1000 bytes"):
-        run(PluginExecutor().exec(str(script), ENV, b"", 10))
-    assert time.monotonic() - t0 < 2
+    with pytest.raises(PluginExecError, match="more than 1000 bytes"):  # not its timeout: killed
+        run(PluginExecutor().exec(str(script), ENV, b"", 60))
     assert max(held) <= 1000 + (1 << 18)  # one read past the limit at most
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import PluginConf, parse_conflist
+from nri_cni.cni.exec import PluginOutput
+from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, GCError, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, ConfigError, PluginExecError, PluginTimeout
@@ -375,27 +377,42 @@ def test_missing_binary(runtime, make_net, call_log, rt):
     assert call_log.summary() == [("DEL", "fake-b")]
 
 
+def in_process(tmp_path: Path, plugins: dict) -> CNIRuntime:
+    """A runtime whose plugins answer in-process (FakeExecutor): for what needs no process."""
+    return CNIRuntime(
+        [str(tmp_path / "bin")], cache_dir=str(tmp_path / "cache"), executor=FakeExecutor(plugins)
+    )
+
+
+def printed(stdout: bytes, stderr: bytes = b"") -> PluginOutput:
+    out = PluginOutput(stdout)
+    out.stderr = stderr
+    return out
+
+
 @pytest.mark.parametrize(
-    "act,message",
+    "stdout,message",
     [
-        ({"print": ""}, "printed no result"),
-        ({"print": "  \n"}, "printed no result"),
-        ({"print": "hello, world", "stderr": "some detail"}, "unusable result"),
-        ({"result": {"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.300/24"}]}}, "unusable result"),
+        (printed(b""), "printed no result"),
+        (printed(b"  \n"), "printed no result"),
+        (printed(b"hello, world", b"some detail"), "unusable result"),
+        (b'{"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.300/24"}]}', "unusable result"),
     ],
 )
-def test_bad_add_output(runtime, make_net, rt, act, message):
-    net = make_net([{"type": "fake-a", "fake": {"ADD": act}}])
+def test_bad_add_output(tmp_path, make_net, rt, stdout, message):
+    runtime = in_process(tmp_path, {"fake-a": {"ADD": stdout}})
+    net = make_net(["fake-a"])
     with pytest.raises(PluginExecError, match=message) as err:
         run(runtime.add(net, rt))
     assert err.value.ref.plugin == "fake-a"
-    if "print" in act and act["print"].strip():
+    if stdout.startswith(b"hello"):
         assert "hello, world" in str(err.value) and "some detail" in str(err.value)
     assert not cache_file(runtime, "testnet", rt).exists()
 
 
-def test_error_object_with_exit_0(runtime, make_net, rt):
-    net = make_net([{"type": "fake-a", "fake": {"ADD": {"result": {"code": 7, "msg": "no bridge name"}}}}])
+def test_error_object_with_exit_0(tmp_path, make_net, rt):
+    runtime = in_process(tmp_path, {"fake-a": {"ADD": b'{"code": 7, "msg": "no bridge name"}'}})
+    net = make_net(["fake-a"])
     with pytest.raises(CNIError, match="no bridge name") as err:
         run(runtime.add(net, rt))
     assert err.value.code == 7 and not cache_file(runtime, "testnet", rt).exists()
@@ -427,22 +444,20 @@ def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
     assert cache_files(runtime) == []
 
 
-def test_cache_file_made_while_last_plugin_runs(fake_bin, tmp_path, make_net, rt):
+def test_cache_file_made_while_last_plugin_runs(tmp_path, make_net, rt):
     """The entry's temporary file exists while the last plugin works; after ADD only the
     entry is left, with the same bytes a one-step write gives."""
-    seen = tmp_path / "seen"
-    script = fake_bin / "lister"
-    script.write_text(
-        '#!/bin/sh\ncat >/dev/null\nsleep 0.1\nls -a "$LIST_DIR" > "$LIST_OUT"\n'
-        'echo \'{"cniVersion":"1.1.0","ips":[{"address":"10.1.2.3/24"}]}\'\n'
-    )
-    script.chmod(0o755)
-    runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"))
+    during: list[str] = []
+
+    def lister(call):
+        during.extend(os.listdir(runtime.cache.results_dir))  # what the cache dir holds meanwhile
+        return b'{"cniVersion":"1.1.0","ips":[{"address":"10.1.2.3/24"}]}'
+
+    runtime = in_process(tmp_path, {"first": {"ADD": b'{"cniVersion":"1.1.0"}'}, "lister": {"ADD": lister}})
     os.makedirs(runtime.cache.results_dir)
-    net = make_net(["fake-a", "lister"])
-    runtime._base_env.update(LIST_DIR=runtime.cache.results_dir, LIST_OUT=str(seen))
+    net = make_net(["first", "lister"])
     result = run(runtime.add(net, rt))
-    during = [n for n in seen.read_text().split() if n not in (".", "..")]
+    assert runtime.executor.commands() == ["ADD", "ADD"]
     assert len(during) == 1 and during[0].startswith(".") and during[0].endswith(".tmp")
     assert cache_files(runtime) == [os.path.basename(cache_file(runtime, "testnet", rt))]
     entry = runtime.cache.read("testnet", rt.container_id, rt.ifname)
@@ -577,22 +592,22 @@ def test_delete_cached_uses_cached_config(runtime, make_net, call_log, rt):
     assert runtime.cache.entries() == []
 
 
-def test_version(runtime, fake_bin, tmp_path):
-    info = run(runtime.version("fake"))
+def test_version(runtime, tmp_path):
+    info = run(runtime.version("fake"))  # a real process: what it prints
     assert info["cniVersion"] == "1.1.0" and "0.4.0" in info["supportedVersions"]
-    old = fake_bin / "oldplugin"
-    old.write_text('#!/bin/sh\necho \'{"code":4,"msg":"unknown CNI_COMMAND: VERSION"}\'\nexit 1\n')
-    old.chmod(0o755)
-    assert run(runtime.version("oldplugin"))["supportedVersions"] == ["0.1.0"]
-    v020 = fake_bin / "v020"
-    v020.write_text('#!/bin/sh\necho \'{"cniVersion":"0.2.0"}\'\n')
-    v020.chmod(0o755)
-    assert run(runtime.version("v020"))["supportedVersions"] == ["0.1.0", "0.2.0"]
-    junk = fake_bin / "junk"
-    junk.write_text("#!/bin/sh\necho hi\n")
-    junk.chmod(0o755)
+    answers = in_process(
+        tmp_path,
+        {
+            "oldplugin": {"VERSION": CNIError(4, "unknown CNI_COMMAND: VERSION")},  # (printed, exit 1)
+            "v020": {"VERSION": b'{"cniVersion":"0.2.0"}'},
+            "junk": {"VERSION": b"hi\n"},
+        },
+    )
+    assert run(answers.version("oldplugin"))["supportedVersions"] == ["0.1.0"]
+    assert run(answers.version("v020"))["supportedVersions"] == ["0.1.0", "0.2.0"]
     with pytest.raises(PluginExecError, match="VERSION"):
-        run(runtime.version("junk"))
+        run(answers.version("junk"))
+    assert answers.executor.commands() == ["VERSION"] * 3
 
 
 def test_delete_with_unnameable_ids_still_runs(runtime, make_net, call_log, rt):

@@ -10,7 +10,7 @@ import yaml
 
 from nri_cni.config import load_config
 from nri_cni.errors import ConfigError
-from tests.unit.daemon.test_reload import base_config, quiet, start, write
+from tests.unit.daemon.test_reload import base_config, refusal, start, write
 
 BRIDGE = {
     "name": "pods",
@@ -88,7 +88,7 @@ def test_editing_nodes_yaml_reloads_the_config(tmp_path):
         cfg = await applied.next()
         assert ipam(cfg)["ipam"]["subnet"] == "10.1.7.0/24"
         write(values, yaml.safe_dump({"node-b": {"podSubnet": "10.1.8.0/24"}}))  # node-a's values gone
-        await quiet(reloader)
+        await refusal(reloader)
         assert "on node 'node-a'" in reloader.report()["refused"]
         await reloader.close()
 

@@ -28,7 +28,7 @@ def test_the_watcher_is_asyncinotify_and_gives_its_fd_back(tmp_path):
         assert isinstance(watcher._inotify, asyncinotify.Inotify)
         assert watcher.watch([str(tmp_path)]) == {str(tmp_path)}
         (tmp_path / "x.yaml").write_text("a: 1\n")
-        await asyncio.wait_for(changed.wait(), 5)
+        await asyncio.wait_for(changed.wait(), 60)
         watcher.close()
         await asyncio.sleep(0)  # the cancelled reader task ends
         assert open_fds() <= before

@@ -60,15 +60,34 @@ class Applied:
         self.configs.append(cfg)
         self.event.set()
 
-    async def next(self, timeout=5.0):
+    async def next(self, timeout=60.0):
         await asyncio.wait_for(self.event.wait(), timeout)
         self.event.clear()
         return self.configs[-1]
 
 
 async def quiet(reloader, seconds=0.4):
-    """Gives the watcher time to react (and proves nothing was applied meanwhile)."""
+    """Gives the watcher time to react before the test looks for what must NOT have happened
+    (a second apply): it can only make such a check pass too early, never fail."""
     await asyncio.sleep(seconds)
+
+
+async def until_true(predicate, timeout: float = 60.0) -> None:
+    """Waits for an event the test caused; the deadline only fails a hang."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the event did not come"
+        await asyncio.sleep(0.01)
+
+
+async def refusal(reloader, cleared: bool = False, timeout: float = 60.0) -> str:
+    """Waits for the reloader to report a refused change (`cleared`: to report none any more),
+    the event a refused write causes; the deadline only fails a hang. Returns the report's text."""
+    deadline = time.monotonic() + timeout
+    while bool(reloader.report()["refused"]) == cleared:
+        assert time.monotonic() < deadline, f"no refusal {'cleared' if cleared else 'reported'}"
+        await asyncio.sleep(0.01)
+    return reloader.report()["refused"]
 
 
 def start(path):
@@ -128,7 +147,7 @@ def test_malformed_yaml_is_refused_with_its_location_and_the_running_config_stay
         await reloader.start()
         with caplog.at_level(logging.ERROR, logger="nri_cni.reload"):
             write(path, good + "networks:\n  - name: [unclosed\n")
-            await quiet(reloader)
+            await refusal(reloader)
         assert applied.configs == [] and reloader.cfg is before
         refused = reloader.report()["refused"]
         assert refused.startswith(f"{path}:") and "not valid YAML" in refused
@@ -155,7 +174,7 @@ def test_a_change_with_one_bad_network_is_refused_as_a_whole(tmp_path):
                 base_config(tmp_path, [inline("one", default=True), inline("two"), bad_lifecycle])
             ),
         )
-        await quiet(reloader)
+        await refusal(reloader)
         assert applied.configs == [] and [n.name for n in reloader.cfg.networks] == ["one"]
         refused = reloader.report()["refused"]
         assert "networks[2].conflist" in refused and "'reboot'" in refused
@@ -175,7 +194,7 @@ def test_a_setting_that_needs_a_restart_refuses_the_change(tmp_path):
         cfg["daemon"]["socket"] = str(tmp_path / "other.sock")
         cfg["networks"].append(inline("two"))
         write(path, yaml.safe_dump(cfg))
-        await quiet(reloader)
+        await refusal(reloader)
         assert applied.configs == []
         assert "daemon.socket needs a restart" in reloader.report()["refused"]
         await reloader.close()
@@ -237,7 +256,7 @@ def test_finalize_drop_ins_are_reloaded_and_a_bad_one_is_refused(tmp_path):
         await applied.next()
         assert [p.type for p in reloader._dropins] == ["fake-finalize"]
         write(finalize / "60-bad.conf", "{not json")
-        await quiet(reloader)
+        await refusal(reloader)
         assert len(applied.configs) == 1
         assert "60-bad.conf" in reloader.report()["refused"]
         await reloader.close()
@@ -258,15 +277,10 @@ def test_the_dir_watcher_reports_changes_and_skips_missing_dirs(tmp_path):
         await asyncio.sleep(0.1)
         assert seen == []
         (watched / "f").write_text("x")
-        for _ in range(100):
-            if seen:
-                break
-            await asyncio.sleep(0.01)
-        assert seen
+        await until_true(lambda: seen)
         (watched / "f").unlink()
         watched.rmdir()
-        await asyncio.sleep(0.1)
-        assert watcher.watched == set()  # the kernel dropped the watch with the directory
+        await until_true(lambda: watcher.watched == set())  # the kernel dropped the watch with the directory
         watcher.close()
 
     asyncio.run(scenario())

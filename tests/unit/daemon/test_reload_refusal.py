@@ -11,7 +11,7 @@ import re
 import yaml
 
 from nri_cni.cli.logsetup import setup_logging
-from tests.unit.daemon.test_reload import base_config, inline, quiet, start, write
+from tests.unit.daemon.test_reload import base_config, inline, refusal, start, write
 
 
 def test_a_refusal_clears_when_the_running_file_is_written_back(tmp_path):
@@ -23,12 +23,10 @@ def test_a_refusal_clears_when_the_running_file_is_written_back(tmp_path):
         reloader, applied = start(path)
         await reloader.start()
         write(path, good + "networks:\n  - name: [unclosed\n")
-        await quiet(reloader)
-        assert "not valid YAML" in reloader.report()["refused"]
+        assert "not valid YAML" in await refusal(reloader)
         write(path, good)  # the admin restores the file: identical to what runs
-        await quiet(reloader)
-        assert applied.configs == []  # nothing to apply ...
-        assert reloader.report()["refused"] == ""  # ... and nothing refused any more
+        assert await refusal(reloader, cleared=True) == ""  # nothing refused any more ...
+        assert applied.configs == []  # ... and nothing to apply
         await reloader.close()
 
     asyncio.run(scenario())
@@ -49,7 +47,7 @@ def test_a_refusal_is_one_log_line_with_time_and_level(tmp_path):
         reloader, _ = start(path)
         await reloader.start()
         write(path, yaml.safe_dump(cfg))
-        await quiet(reloader)
+        await refusal(reloader)
         await reloader.close()
         return reloader.report()["refused"]
 

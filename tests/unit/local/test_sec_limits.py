@@ -100,7 +100,7 @@ def _write(node, text: str, name: str = "config.yaml") -> None:
     tmp.rename(node.tmp / name)
 
 
-async def _until(predicate, what: str, timeout: float = 15.0) -> None:
+async def _until(predicate, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

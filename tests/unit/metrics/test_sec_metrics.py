@@ -25,7 +25,7 @@ async def _scrape(port: int) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
-    data = await asyncio.wait_for(reader.read(), 20)
+    data = await asyncio.wait_for(reader.read(), 60)
     writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head

@@ -42,7 +42,7 @@ async def launch_and_run(runtime: NriRuntime, argv, **kw):
     conn = await runtime.wait_plugin(timeout=20)
     resp = await runtime.run_pod_sandbox(nri_pb2.PodSandbox(id="p", name="pod-17"))
     await runtime.close()  # the runtime goes away: a pre-registered plugin exits
-    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
     return conn, resp, proc.returncode, out.decode(), err.decode()
 
 

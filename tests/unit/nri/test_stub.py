@@ -111,7 +111,7 @@ class Harness:
 
     async def __aexit__(self, *exc) -> None:
         await self.stub.stop()
-        await asyncio.wait_for(self.task, 5)
+        await asyncio.wait_for(self.task, 60)
         await self.runtime.stop()
 
 
@@ -130,7 +130,7 @@ def test_handshake(arun, sock_dir):
             assert conn.nri_version
             assert conn.configure_response.events == 0x7
             assert conn.configure_response.request_timeout == 9000
-            await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
             assert h.stub.registered.is_set()
             assert (h.stub.runtime_name, h.stub.runtime_version, h.stub.config) == (
                 "containerd",
@@ -256,7 +256,7 @@ def test_reconnects_after_the_runtime_drops_the_connection(arun, sock_dir):
             await h.runtime.close()
             conn = await h.runtime.wait_plugin(2)
             assert (conn.name, conn.idx) == ("nct-cni", "42")
-            await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
             assert h.plugin.calls.count(("disconnect",)) == 1
             assert (await h.runtime.run_pod_sandbox(pod("again"))).adjust.network.ips
 
@@ -273,7 +273,7 @@ def test_request_timeout_drops_the_plugin_which_comes_back(arun, sock_dir):
             assert info.value.code == GrpcCode.DEADLINE_EXCEEDED
             assert "RunPodSandbox" in first.error
             await first.trunk.closed
-            await asyncio.wait_for(plugin.disconnected.wait(), 5)
+            await asyncio.wait_for(plugin.disconnected.wait(), 60)
             await h.runtime.wait_plugin(2)
             # the slow RunPodSandbox was not cut short by the dropped connection
             while ("run", "id-slow") not in plugin.calls:
@@ -295,7 +295,7 @@ def test_socket_removed_and_recreated(arun, sock_dir, caplog):
             try:
                 conn = await second.wait_plugin()
                 assert conn.name == "nct-cni"
-                await asyncio.wait_for(h.stub.registered.wait(), 5)
+                await asyncio.wait_for(h.stub.registered.wait(), 60)
                 assert h.stub.runtime_name == "restarted"
             finally:
                 await second.stop()
@@ -311,7 +311,7 @@ def test_without_reconnect_run_returns_when_the_connection_goes(arun, sock_dir):
         async with h:
             await h.runtime.wait_plugin()
             await h.runtime.close()
-            await asyncio.wait_for(h.task, 5)
+            await asyncio.wait_for(h.task, 60)
             assert ("disconnect",) in h.plugin.calls
 
     arun(main())
@@ -339,7 +339,7 @@ def test_stop_ends_run_while_retrying(arun, sock_dir):
         task = asyncio.create_task(stub.run())
         await asyncio.sleep(0.1)
         await stub.stop()
-        await asyncio.wait_for(task, 1)
+        await asyncio.wait_for(task, 60)
 
     arun(main())
 
@@ -374,7 +374,7 @@ def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir)
             assert 0.2 <= gaps[1] < 1.0  # 0.2 s backoff
         finally:
             await stub.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, 60)
             listener.close()
             await listener.wait_closed()
 
@@ -434,12 +434,12 @@ def test_a_handler_of_a_lost_connection_does_not_mark_the_next_one_synced(arun, 
     async def main():
         plugin = SlowSync()
         async with Harness(sock_dir, plugin, dict(request_timeout_ms=200)) as h:
-            await asyncio.wait_for(plugin.disconnected.wait(), 5)  # Synchronize timed out
+            await asyncio.wait_for(plugin.disconnected.wait(), 60)  # Synchronize timed out
             h.runtime.request_timeout_ms = 3000
-            await asyncio.wait_for(plugin.first_sync_done.wait(), 5)
+            await asyncio.wait_for(plugin.first_sync_done.wait(), 60)
             # the first connection's Synchronize is done; the second one's is still running
             assert not h.stub.synchronized.is_set()
             await h.runtime.wait_plugin()
-            await asyncio.wait_for(h.stub.synchronized.wait(), 5)
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
 
     arun(main())

@@ -33,14 +33,38 @@ async def hang(payload: bytes) -> bytes:
     return b""
 
 
+STARTED: list[bytes] = []
 FINISHED: list[bytes] = []
 
 
 async def late(payload: bytes) -> bytes:
-    """Sleeps `payload` ms, then records that it finished."""
+    """Records that it started, sleeps `payload` ms, then records that it finished."""
+    STARTED.append(payload)
     await asyncio.sleep(int(payload) / 1000)
     FINISHED.append(payload)
     return payload
+
+
+ARRIVED: list[bytes] = []
+
+
+async def together(payload: bytes) -> bytes:
+    """`COUNT:MS`: answers MS ms after COUNT calls have arrived (cleared by the test): a server
+    that ran its handlers one at a time would never answer the first."""
+    count, _, delay = payload.partition(b":")
+    ARRIVED.append(payload)
+    while len(ARRIVED) < int(count):
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(int(delay) / 1000)
+    return delay
+
+
+async def until(predicate, timeout: float = 60.0) -> None:
+    """Waits for an event the test caused; the deadline only fails a hang."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the event did not come"
+        await asyncio.sleep(0.005)
 
 
 async def config_error(payload: bytes) -> bytes:
@@ -70,6 +94,7 @@ SERVER = TtrpcServer(
             "OwnTimeout": own_timeout,
             "Big": big,
             "Late": late,
+            "Together": together,
         }
     }
 )
@@ -116,14 +141,14 @@ def test_echo(arun):
 def test_concurrent_calls_are_matched_and_run_in_parallel(arun):
     async def main():
         client, _ = await pair()
-        delays = [(i * 37) % 100 for i in range(60)]  # 0..99 ms, shuffled
-        t0 = time.monotonic()
-        got = await asyncio.gather(*(client.call(SVC, "Slow", str(d).encode()) for d in delays))
+        delays = [(i * 37) % 100 for i in range(60)]  # 0..99 ms, shuffled: answers come out of order
+        ARRIVED.clear()
+        # every handler waits until all 60 calls have arrived: served one at a time, none answers
+        got = await asyncio.gather(*(client.call(SVC, "Together", b"60:%d" % d) for d in delays))
         assert got == [str(d).encode() for d in delays]
-        assert time.monotonic() - t0 < 1.0  # serially it would take ~3 s
         client.close()
 
-    arun(main())
+    arun(main(), timeout=60)
 
 
 def test_big_payloads_round_trip(arun):
@@ -189,44 +214,42 @@ def test_other_exception_becomes_unknown_and_is_logged(arun, caplog):
 def test_client_timeout_and_late_answer_dropped(arun):
     async def main():
         client, _ = await pair()
-        t0 = time.monotonic()
+        # the handler answers after 2 s: a call that waited for it would not raise
         with pytest.raises(RPCError) as info:
-            await client.call(SVC, "Slow", b"300", timeout=0.05)
+            await client.call(SVC, "Late", b"2001", timeout=0.05)
         assert info.value.code == GrpcCode.DEADLINE_EXCEEDED
-        assert time.monotonic() - t0 < 0.25
-        await asyncio.sleep(0.4)  # the late answer arrives and is dropped
-        assert await client.call(SVC, "Echo", b"after") == b"after"
+        assert b"2001" not in FINISHED
+        await until(lambda: b"2001" in FINISHED)  # the late answer is sent (before the next one)
+        assert await client.call(SVC, "Echo", b"after") == b"after"  # the late one was dropped
         client.close()
 
-    arun(main())
+    arun(main(), timeout=60)
 
 
 def test_server_answers_deadline_exceeded_and_lets_the_handler_finish(arun, caplog):
     async def main():
         reader, writer, _ = await raw_pair()
         conn = Connection(Role.CLIENT)
-        sid, data = conn.send_request(SVC, "Late", b"300", timeout_nano=50_000_000)
-        t0 = time.monotonic()
+        # the handler takes 2 s; the request's deadline is 50 ms
+        sid, data = conn.send_request(SVC, "Late", b"2000", timeout_nano=50_000_000)
         writer.write(data)
         got_sid, resp = await read_response(reader)
         assert got_sid == sid
         assert resp.status.code == GrpcCode.DEADLINE_EXCEEDED
-        assert 0.04 < time.monotonic() - t0 < 0.25
-        assert b"300" not in FINISHED
+        assert b"2000" not in FINISHED  # answered at the deadline, not when the handler ended
         # the connection goes on; the late handler finishes and its answer is dropped
         sid2, data = conn.send_request(SVC, "Echo", b"next")
         writer.write(data)
         got_sid, resp = await read_response(reader)
         assert (got_sid, resp.status.code, resp.payload) == (sid2, 0, b"next")
-        await asyncio.sleep(0.4)
-        assert b"300" in FINISHED
+        await until(lambda: b"2000" in FINISHED)  # the handler was let finish
         writer.write(conn.send_request(SVC, "Echo", b"last")[1])
         sid3, resp = await read_response(reader)  # nothing from stream 1 came in between
         assert (sid3, resp.payload) == (5, b"last")
         writer.close()
 
     with caplog.at_level(logging.WARNING):
-        arun(main())
+        arun(main(), timeout=60)
     assert "answer dropped" in caplog.text
 
 
@@ -234,13 +257,12 @@ def test_handlers_finish_after_the_connection_is_gone(arun):
     async def main():
         client, server_conn = await pair()
         pending = asyncio.ensure_future(client.call(SVC, "Late", b"200"))
-        await asyncio.sleep(0.05)
+        await until(lambda: b"200" in STARTED)
         client.close()
         with pytest.raises(Unavailable):
             await pending
         await server_conn.closed
-        await asyncio.sleep(0.3)
-        assert b"200" in FINISHED
+        await until(lambda: b"200" in FINISHED)
 
     arun(main())
 
