@@ -23,7 +23,8 @@ NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "ncver-none
 GONE, KEPT, HELD = "a" * 64, "b" * 64, "c" * 64
 
 
-def _daemon(tmp_path: Path) -> Daemon:
+def daemon_for(tmp_path: Path, **extra) -> Daemon:
+    """A native-mode daemon, built and never started, over a network whose plugin does not exist."""
     doc = {
         "mode": "native",
         "state_dir": str(tmp_path / "state"),
@@ -34,6 +35,7 @@ def _daemon(tmp_path: Path) -> Daemon:
         "gc": {"interval": 0},
         "status": {"interval": 0},
         "repair_on_sync": False,
+        **extra,
     }
     return build_daemon(parse_config(doc, str(tmp_path / "config.yaml")))
 
@@ -67,7 +69,7 @@ def _everywhere(daemon: Daemon, pod: PodInfo) -> None:
 
 
 def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
-    daemon = _daemon(tmp_path)
+    daemon = daemon_for(tmp_path)
     gone, kept = _pod(GONE, "gone"), _pod(KEPT, "kept")
 
     async def scenario():
@@ -95,7 +97,7 @@ def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
 
 
 def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_holds(tmp_path):
-    daemon = _daemon(tmp_path)
+    daemon = daemon_for(tmp_path)
     kept, held = _pod(KEPT, "kept"), _pod(HELD, "held")
 
     async def scenario():
