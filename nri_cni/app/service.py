@@ -62,6 +62,7 @@ class PodService:
         # (containerd#8426), so only a new pod list can say the pod is gone (the daemon asks
         # for one by reconnecting; docs/reliability.md)
         self.roster_stale = asyncio.Event()
+        self._timers: set[asyncio.TimerHandle] = set()
 
     def reconfigure(self, cfg: Config) -> None:
         """A hot reload: the next operation uses it (primary_network may have changed)."""
@@ -72,6 +73,9 @@ class PodService:
 
     async def close(self) -> None:
         """Stops the background work (GC and repair after a Synchronize)."""
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
         tasks = list(self._background)
         for task in tasks:
             task.cancel()
@@ -134,14 +138,18 @@ class PodService:
             self.ledger.detached(pod.id)
             await self.plan.detach(pod)
         if pod.id in self.ledger.pods and not self.mode.answers_run_pod:
-            self._spawn(self._await_removal(pod.id), "await-removal")
+            # a timer, not a task: nothing waits for it, and `background()` stays what runs
+            handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
+            self._timers.add(handle)
 
-    async def _await_removal(self, pod_id: str) -> None:
+    def _removal_due(self, pod_id: str) -> None:
         """The runtime tore the pod down: its RemovePodSandbox normally follows at once. When
-        none comes within REMOVAL_GRACE, the roster is stale (a pod restored by a runtime
+        none came within REMOVAL_GRACE, the roster is stale (a pod restored by a runtime
         restart). Not in native mode: reconnecting there makes pods created meanwhile miss
         nri-cni's answer."""
-        await asyncio.sleep(REMOVAL_GRACE)
+        self._timers = {
+            h for h in self._timers if not h.cancelled() and h.when() > asyncio.get_running_loop().time()
+        }
         if pod_id in self.ledger.pods and pod_id in self.ledger.stopped:
             self.roster_stale.set()
 

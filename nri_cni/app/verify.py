@@ -132,8 +132,12 @@ class Verifier:
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            live = [p for p in pods if p.netns and os.path.exists(p.netns)]
-            lost = [p for p in pods if p.netns and p not in live and self.ledger.running(p.id)]
+            live, lost = [], []
+            for p in pods:
+                if p.netns and os.path.exists(p.netns):
+                    live.append(p)
+                elif p.netns and self.ledger.running(p.id):
+                    lost.append(p)
             checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
             out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]

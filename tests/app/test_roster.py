@@ -10,6 +10,7 @@ import asyncio
 import os
 from pathlib import Path
 
+from nri_cni.app import service
 from nri_cni.app.ledger import PodLedger
 from nri_cni.app.podcheck import Retry
 from nri_cni.app.podstate import BrokenCode
@@ -157,3 +158,31 @@ def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():
         os.waitpid(pid, 0)
     assert not pause_alive(pid)
     assert not pause_alive(0)
+
+
+def test_a_teardown_no_removal_follows_asks_the_runtime_for_a_fresh_list(tmp_path, monkeypatch):
+    """containerd#8426: a pod that lived through the runtime's restart gets no RemovePodSandbox;
+    its teardown (the shim's DEL, NRI stop) not followed by one makes the roster stale (the
+    daemon then reconnects for a new list). Not when the removal comes, and never in native
+    mode (a reconnect there makes pods miss nri-cni's answer)."""
+    monkeypatch.setattr(service, "REMOVAL_GRACE", 0.01)
+    restored, removed = _pod(GONE, "restored"), _pod(KEPT, "removed")
+
+    async def scenario(mode: str) -> tuple[bool, bool]:
+        svc = daemon_for(tmp_path / mode, mode=mode).pods
+        svc.synchronized([restored, removed])
+        await svc.close()
+        await svc.remove(removed)  # stop and remove as usual
+        svc._removal_due(removed.id)  # what its timer would find: nothing stale
+        gone_well = not svc.roster_stale.is_set()
+        await svc.detach(restored)  # its teardown, and nothing after
+        try:
+            if not svc._timers:  # native mode: no timer, nothing will ever be asked
+                return gone_well, False
+            await asyncio.wait_for(svc.roster_stale.wait(), 30)  # the event the timer sets
+            return gone_well, True
+        finally:
+            await svc.close()
+
+    assert asyncio.run(scenario("shim")) == (True, True)
+    assert asyncio.run(scenario("native")) == (True, False)
