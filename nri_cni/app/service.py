@@ -99,8 +99,11 @@ class PodService:
                 self.ledger.attached(pod)
             return attached.networks
 
-    async def detach(self, pod: PodInfo) -> None:
-        """NRI StopPodSandbox, the shim's DEL: the first does the work, the second finds nothing."""
+    async def detach(self, pod: PodInfo, *, stop_event: bool = False) -> None:
+        """NRI StopPodSandbox (`stop_event`), the shim's DEL: the first does the work, the
+        second finds nothing. A pod whose stop event came gets its remove event too."""
+        if stop_event:
+            self.ledger.stop_events.add(pod.id)
         await _detached(self._detach(pod))
 
     async def remove(self, pod: PodInfo) -> None:
@@ -143,14 +146,17 @@ class PodService:
             self._timers.add(handle)
 
     def _removal_due(self, pod_id: str) -> None:
-        """The runtime tore the pod down: its RemovePodSandbox normally follows at once. When
-        none came within REMOVAL_GRACE, the roster is stale (a pod restored by a runtime
-        restart). Not in native mode: reconnecting there makes pods created meanwhile miss
-        nri-cni's answer."""
+        """The runtime tore the pod down (the shim's DEL) and sent no NRI stop for it within
+        REMOVAL_GRACE: a pod restored by a runtime restart, whose RemovePodSandbox will not
+        come either; the roster is stale. (A pod the runtime sends events for gets its stop
+        before the DEL on containerd, shortly after it on CRI-O, and its remove later, whenever
+        the kubelet removes the sandbox.) Not in native mode: reconnecting there makes pods
+        created meanwhile miss nri-cni's answer."""
         self._timers = {
             h for h in self._timers if not h.cancelled() and h.when() > asyncio.get_running_loop().time()
         }
-        if pod_id in self.ledger.pods and pod_id in self.ledger.stopped:
+        ledger = self.ledger
+        if pod_id in ledger.pods and pod_id in ledger.stopped and pod_id not in ledger.stop_events:
             self.roster_stale.set()
 
     async def check(self, pod: PodInfo) -> None:

@@ -161,19 +161,21 @@ def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():
 
 
 def test_a_teardown_no_removal_follows_asks_the_runtime_for_a_fresh_list(tmp_path, monkeypatch):
-    """containerd#8426: a pod that lived through the runtime's restart gets no RemovePodSandbox;
-    its teardown (the shim's DEL, NRI stop) not followed by one makes the roster stale (the
-    daemon then reconnects for a new list). Not when the removal comes, and never in native
-    mode (a reconnect there makes pods miss nri-cni's answer)."""
+    """containerd#8426: a pod that lived through the runtime's restart gets no NRI stop or
+    remove; its teardown by the shim's DEL with no NRI stop makes the roster stale (the daemon
+    then reconnects for a new list). Not when the pod's events come, and never in native mode
+    (a reconnect there makes pods miss nri-cni's answer)."""
     monkeypatch.setattr(service, "REMOVAL_GRACE", 0.01)
-    restored, removed = _pod(GONE, "restored"), _pod(KEPT, "removed")
+    restored, removed, stopped = _pod(GONE, "restored"), _pod(KEPT, "removed"), _pod(HELD, "stopped")
 
     async def scenario(mode: str) -> tuple[bool, bool]:
         svc = daemon_for(tmp_path / mode, mode=mode).pods
-        svc.synchronized([restored, removed])
+        svc.synchronized([restored, removed, stopped])
         await svc.close()
         await svc.remove(removed)  # stop and remove as usual
         svc._removal_due(removed.id)  # what its timer would find: nothing stale
+        await svc.detach(stopped, stop_event=True)  # its NRI stop came: its remove will too
+        svc._removal_due(stopped.id)
         gone_well = not svc.roster_stale.is_set()
         await svc.detach(restored)  # its teardown, and nothing after
         try:
