@@ -70,6 +70,7 @@ class FakePod:
     host_veth: str
     address: ipaddress.IPv4Interface
     mac: str
+    route: str = ""  # a destination routed through eth0 (the host-side service round's result lists it)
 
     @property
     def path(self) -> str:
@@ -100,11 +101,13 @@ def make_pods(n: int, made: list[FakePod]) -> None:
     """Appends to `made` before creating, so that cleanup knows every name it may have to remove."""
     tag = "".join(random.choice("0123456789abcdef") for _ in range(5))
     subnet = free_subnet(max(8, 32 - (n + 2).bit_length()))
+    routed = str(free_subnet(24, exclude=[str(subnet)]))
     hosts = subnet.hosts()
     for i in range(n):
         name = f"nctvb{tag}{i:05d}"
         mac = "0a:58:%02x:%02x:%02x:%02x" % (random.randrange(256), i >> 16, (i >> 8) & 255, i & 255)
-        made.append(FakePod(name, name, ipaddress.ip_interface(f"{next(hosts)}/{subnet.prefixlen}"), mac))
+        address = ipaddress.ip_interface(f"{next(hosts)}/{subnet.prefixlen}")
+        made.append(FakePod(name, name, address, mac, routed))
     lines = []
     for pod in made:
         lines += [
@@ -118,7 +121,9 @@ def make_pods(n: int, made: list[FakePod]) -> None:
     for pod in made:
         p = subprocess.Popen(["ip", "-n", pod.netns, "-batch", "-"], stdin=subprocess.PIPE, text=True)
         assert p.stdin is not None
-        p.stdin.write(f"link set lo up\nlink set eth0 up\naddr add {pod.address} dev eth0\n")
+        p.stdin.write(
+            f"link set lo up\nlink set eth0 up\naddr add {pod.address} dev eth0\nroute add {pod.route} dev eth0\n"
+        )
         p.stdin.close()
         procs.append(p)
         if len(procs) >= 16:

@@ -6,12 +6,20 @@ Each bench pod gets a cache entry as the bridge plugin would have left it (eth0 
 its address and MAC, the host veth), and the runtime's pod list names it with its IP. The
 network's CHECK is off (`disableCheck`: the bench pods are no plugin's) and `repair` is
 verify-only, so a round only reads; a flushed pod must come out broken "repair-off".
+
+With `host_side` (issue 21, item 3) each pod's result also lists a route (in its netns), its
+chain has host-local (a lease file per pod, in a temp dataDir) and portmap with one hostPort
+per pod: portmap's rules are made as the iptables backend makes them, in the nat table, a
+CNI-DN-style chain per pod (named nct..., DNAT only to 127.0.0.254, which no traffic uses)
+reached from CNI-HOSTPORT-DNAT, and removed again, exactly those, afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,7 +54,59 @@ def pod_id(pod: BenchPod) -> str:
     return pod.netns.encode().hex().ljust(64, "0")[:64]
 
 
-def build(pods: Sequence[BenchPod], tmp: Path) -> PodService:
+FIRST_PORT = 64000  # hostPorts of the bench's DNAT rules: outside the tests' 20000-40000
+
+
+class DnatRules:
+    """portmap's iptables rules for the bench pods, made and removed with iptables-restore
+    --noflush: only the bench's own chains are declared (declaring CNI-HOSTPORT-DNAT would
+    flush the rules of everyone else's pods); its jumps go in with -A and out with -D."""
+
+    def __init__(self, pods: Sequence[BenchPod]) -> None:
+        tag = "".join(random.choice("0123456789abcdef") for _ in range(5))
+        self.chains = [f"NCTDN{tag}{i:05d}" for i in range(len(pods))]
+        self.jumps = []
+        self.rules = []
+        for i, (pod, chain) in enumerate(zip(pods, self.chains, strict=True)):
+            port = FIRST_PORT + i
+            comment = f'"dnat name: \\"{NETWORK}\\" id: \\"{pod_id(pod)}\\""'
+            self.jumps.append(
+                f"CNI-HOSTPORT-DNAT -d 127.0.0.254/32 -p tcp -m comment --comment {comment} "
+                f"-m multiport --dports {port} -j {chain}"
+            )
+            self.rules.append(
+                f"{chain} -d 127.0.0.254/32 -p tcp -m tcp --dport {port} -j DNAT "
+                f"--to-destination {pod.address.ip}:80"
+            )
+        self.made_top = False
+
+    def port(self, i: int) -> int:
+        return FIRST_PORT + i
+
+    def make(self) -> None:
+        top = subprocess.run(["iptables", "-t", "nat", "-S", "CNI-HOSTPORT-DNAT"], capture_output=True)
+        if top.returncode != 0:
+            subprocess.run(["iptables", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"], check=True)
+            self.made_top = True
+        lines = [f":{c} - [0:0]" for c in self.chains]
+        lines += [f"-A {r}" for r in self.rules] + [f"-A {j}" for j in self.jumps]
+        self._restore(lines)
+
+    def remove(self) -> None:
+        self._restore([f"-D {j}" for j in self.jumps], check=False)
+        self._restore([f":{c} - [0:0]" for c in self.chains] + [f"-X {c}" for c in self.chains], check=False)
+        if self.made_top:
+            subprocess.run(["iptables", "-t", "nat", "-X", "CNI-HOSTPORT-DNAT"], capture_output=True)
+
+    @staticmethod
+    def _restore(lines: list[str], check: bool = True) -> None:
+        text = "*nat\n" + "\n".join(lines) + "\nCOMMIT\n"
+        p = subprocess.run(["iptables-restore", "--noflush"], input=text, capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"iptables-restore: {p.stderr.strip()[:500]}")
+
+
+def build(pods: Sequence[BenchPod], tmp: Path, *, host_side: bool = False) -> PodService:
     doc = {
         "mode": "shim",
         "state_dir": str(tmp / "state"),
@@ -62,7 +122,7 @@ def build(pods: Sequence[BenchPod], tmp: Path) -> PodService:
                     "cniVersion": "1.1.0",
                     "name": NETWORK,
                     "disableCheck": True,
-                    "plugins": [{"type": "bridge", "bridge": "nctbench0"}],
+                    "plugins": _plugins(tmp, host_side),
                 },
             }
         ],
@@ -72,14 +132,22 @@ def build(pods: Sequence[BenchPod], tmp: Path) -> PodService:
     config = cfg.networks[0].conflist.bytes
     cache = ResultCache(cfg.cni.cache_dir)
     listed = []
-    for pod in pods:
-        result = {
+    leases = tmp / "ipam" / NETWORK
+    leases.mkdir(parents=True, exist_ok=True)
+    for i, pod in enumerate(pods):
+        result: dict[str, Any] = {
             "cniVersion": "1.1.0",
             "interfaces": [{"name": pod.host_veth}, {"name": "eth0", "mac": pod.mac, "sandbox": pod.path}],
             "ips": [{"address": str(pod.address), "interface": 1}],
         }
         pid = pod_id(pod)
-        cache.write(CacheEntry(pid, "eth0", NETWORK, config, pod.path, result=result), durable=False)
+        caps: dict[str, Any] = {}
+        if host_side:
+            result["routes"] = [{"dst": pod.route}]
+            caps = {"portMappings": [{"hostPort": FIRST_PORT + i, "containerPort": 80, "protocol": "tcp"}]}
+            (leases / str(pod.address.ip)).write_text(f"{pid}\r\neth0")
+        entry = CacheEntry(pid, "eth0", NETWORK, config, pod.path, capability_args=caps, result=result)
+        cache.write(entry, durable=False)
         listed.append(
             PodInfo(pid, name=pod.netns, namespace="bench", netns=pod.path, ips=(str(pod.address.ip),))
         )
@@ -89,10 +157,32 @@ def build(pods: Sequence[BenchPod], tmp: Path) -> PodService:
     return svc
 
 
-def measure(pods: Sequence[BenchPod], rounds: int) -> dict[str, Any]:
-    """Median seconds of a full PodService.verify round over `pods` (after one warm-up round)."""
+def _plugins(tmp: Path, host_side: bool) -> list[dict[str, Any]]:
+    if not host_side:
+        return [{"type": "bridge", "bridge": "nctbench0"}]
+    ipam = {"type": "host-local", "dataDir": str(tmp / "ipam"), "ranges": [[{"subnet": "10.0.0.0/8"}]]}
+    return [
+        {"type": "bridge", "bridge": "nctbench0", "ipam": ipam},
+        {"type": "portmap", "backend": "iptables", "capabilities": {"portMappings": True}},
+    ]
+
+
+def measure(pods: Sequence[BenchPod], rounds: int, *, host_side: bool = False) -> dict[str, Any]:
+    """Median seconds of a full PodService.verify round over `pods` (after one warm-up round);
+    `host_side`: with a route, a hostPort's DNAT rules and a lease per pod."""
+    rules = DnatRules(pods) if host_side else None
+    try:
+        if rules is not None:
+            rules.make()
+        return _measure(pods, rounds, host_side)
+    finally:
+        if rules is not None:
+            rules.remove()
+
+
+def _measure(pods: Sequence[BenchPod], rounds: int, host_side: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="nct-verify-") as tmp:
-        svc = build(pods, Path(tmp))
+        svc = build(pods, Path(tmp), host_side=host_side)
 
         async def run() -> tuple[list[float], int]:
             times, not_ok = [], 0

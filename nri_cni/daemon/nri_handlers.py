@@ -130,7 +130,7 @@ class NriHandlers:
         return runtime_fails_cleanly(self.runtime_name, self.runtime_version)
 
     async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        await self.pods.detach(_event("StopPodSandbox", pod))
+        await self.pods.detach(_event("StopPodSandbox", pod), stop_event=True)
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
         await self.pods.remove(_event("RemovePodSandbox", pod))

@@ -77,10 +77,13 @@ def host_side_wants(
     families = sorted({ip.version for ip in ips})
     ports = []
     if backend is not None:
-        for mapping in capability_args.get("portMappings") or []:
-            port = int(mapping["hostPort"])
+        for raw in capability_args.get("portMappings") or []:
+            # Go's JSON decoding (portmap's) matches keys whatever their case: containerd's
+            # go-cni sends "HostPort", "ContainerPort", "Protocol", "HostIP"
+            mapping = {str(k).lower(): v for k, v in raw.items()}
+            port = int(mapping["hostport"])
             proto = str(mapping.get("protocol") or "tcp").lower()
-            host_ip = mapping.get("hostIP") or ""
+            host_ip = mapping.get("hostip") or ""
             only = {ipaddress.ip_address(host_ip).version} if host_ip else set(families)
             ports += [HostPort(f, proto, port, backend) for f in families if f in only]
     leases = tuple(Lease(os.path.join(d, name, str(ip)), str(ip)) for d in dirs for ip in ips) if name else ()

@@ -26,9 +26,10 @@ from nri_cni.node.workers import NetnsGone, NetnsWorkers, socket_in
 DEFAULT_WORKERS = 2
 
 
-def read_netns(netns: str, ifnames: Iterable[str], routes: bool = False) -> NetnsView:
-    """Links `ifnames` of one netns, their addresses, and (`routes`) its routes (on a pool
-    worker: it enters the netns only to open the socket)."""
+def read_netns(netns: str, ifnames: Iterable[str], routes: int = 0) -> NetnsView:
+    """Links `ifnames` of one netns, their addresses, and its routes (`routes`: 0 none,
+    ROUTES_MAIN the main table's through those links, ROUTES_ALL every table) (on a pool worker:
+    it enters the netns only to open the socket)."""
     try:
         sock = socket_in(netns, rtnl.open_socket)
     except NetnsGone as exc:
@@ -36,14 +37,17 @@ def read_netns(netns: str, ifnames: Iterable[str], routes: bool = False) -> Netn
     except OSError as exc:
         return NetnsView(netns=netns, error=str(exc))
     try:
-        return rtnl.read_view(sock, netns, ifnames, routes=routes)
+        return rtnl.read_view(sock, netns, ifnames, routes=bool(routes), all_tables=routes == ROUTES_ALL)
     except OSError as exc:
         return NetnsView(netns=netns, error=f"netlink: {exc}")
     finally:
         sock.close()
 
 
-def _drain(paths: collections.deque[tuple[str, list[str], bool]]) -> dict[str, NetnsView]:
+ROUTES_MAIN, ROUTES_ALL = 1, 2
+
+
+def _drain(paths: collections.deque[tuple[str, list[str], int]]) -> dict[str, NetnsView]:
     """Reads namespaces from the shared queue until it is empty: one job per worker, so a round
     costs a handful of futures and a slow netns holds up only its own worker."""
     views: dict[str, NetnsView] = {}
@@ -100,12 +104,13 @@ class NodeInspector:
         list[concurrent.futures.Future], concurrent.futures.Future | None, concurrent.futures.Future | None
     ]:
         wanted: dict[str, list[str]] = {}
-        routes: set[str] = set()
+        routes: dict[str, int] = {}
         for e in expectations:
             wanted.setdefault(e.netns, []).append(e.ifname)
             if e.routes:
-                routes.add(e.netns)
-        paths = collections.deque((path, ifnames, path in routes) for path, ifnames in wanted.items())
+                other = any(r.table not in (None, rtnl.RT_TABLE_MAIN) for r in e.routes)
+                routes[e.netns] = max(routes.get(e.netns, 0), ROUTES_ALL if other else ROUTES_MAIN)
+        paths = collections.deque((path, ifnames, routes.get(path, 0)) for path, ifnames in wanted.items())
         names = list(dict.fromkeys(n for e in expectations for n in e.host_ifnames))
         host = self._pool.submit(_host_links, names) if names else None
         # the host's rules and leases: once a round for every pod, beside the netns reads

@@ -102,8 +102,12 @@ GETLINK = _template(
     _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS)),
 )
 GETADDR_DUMP = _template(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, _IFADDR.pack(0, 0, 0, 0, 0))
-# every route of every table and family, once per netns whose results list routes
+# routes of both families: every table, or (strict checking) the main table's through one link
 GETROUTE_DUMP = _template(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, _RTMSG.pack(0, 0, 0, 0, 0, 0, 0, 0, 0))
+RT_TABLE_MAIN = 254
+GETROUTE_MAIN_DUMP = _template(
+    RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, _RTMSG.pack(0, 0, 0, 0, RT_TABLE_MAIN, 0, 0, 0, 0)
+)
 
 
 def _request(template: bytes, seq: int, *, ifa_index: int | None = None, ifname: str | None = None) -> bytes:
@@ -221,9 +225,16 @@ def _dump(sock: socket.socket, seq: int, *, ifa_index: int) -> list[Address]:
     raise NetlinkError(errno.EAGAIN, f"netlink dump {RTM_GETADDR} kept changing under us")
 
 
-def _routes(sock: socket.socket, seq: int) -> list[RouteState]:
+def _routes(sock: socket.socket, seq: int, oif: int | None = None) -> list[RouteState]:
+    """Every route (oif None), or the main table's through link `oif` (the kernel filters when
+    strict checking is on; the caller compares table and oif anyway)."""
     for _ in range(_DUMP_ATTEMPTS):
-        sock.send(_request(GETROUTE_DUMP, seq))
+        if oif is None:
+            sock.send(_request(GETROUTE_DUMP, seq))
+        else:
+            buf = bytearray(_request(GETROUTE_MAIN_DUMP, seq)) + _attr(RTA_OIF, _U32.pack(oif))
+            struct.pack_into("=I", buf, _LEN_OFFSET, len(buf))
+            sock.send(bytes(buf))
         out, interrupted = _receive(sock, seq)
         if not interrupted:
             return [r for r in map(decode_route, out) if r is not None]
@@ -270,9 +281,11 @@ def _receive(sock: socket.socket, seq: int, *, single: bool = False) -> tuple[li
             offset += (length + 3) & ~3
 
 
-def read_view(sock: socket.socket, netns: str, ifnames: Iterable[str], *, routes: bool = False) -> NetnsView:
-    """The links `ifnames` of the netns `sock` lives in, their addresses, and (`routes`) every
-    route of the netns."""
+def read_view(
+    sock: socket.socket, netns: str, ifnames: Iterable[str], *, routes: bool = False, all_tables: bool = False
+) -> NetnsView:
+    """The links `ifnames` of the netns `sock` lives in, their addresses, and (`routes`) the
+    routes through them in the main table (`all_tables`: every route of the netns)."""
     view = NetnsView(netns=netns)
     for seq, ifname in enumerate(dict.fromkeys(ifnames), start=1):
         link = _get_link(sock, ifname, seq)
@@ -298,8 +311,12 @@ def read_view(sock: socket.socket, netns: str, ifnames: Iterable[str], *, routes
                     dadfailed=bool(addr.flags & IFA_F_DADFAILED),
                 )
             )
-    if routes and view.links:
+    if routes and all_tables:
         view.routes = _routes(sock, 90000)
+    elif routes:
+        view.routes = []
+        for seq, state in enumerate(view.links.values(), start=9100):
+            view.routes += _routes(sock, seq * 10, state.index)
     return view
 
 

@@ -33,6 +33,9 @@ class PodLedger:
         # native mode: pods whose RunPodSandbox answer came past the runtime's deadline -> why
         # (the runtime made them without nri-cni; verify reports them "missed" with this)
         self.late: dict[str, str] = {}
+        # pods whose NRI StopPodSandbox came: the runtime sends them events (containerd sends
+        # none for pods that lived through its restart), their RemovePodSandbox will come
+        self.stop_events: set[str] = set()
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
@@ -65,6 +68,7 @@ class PodLedger:
         self.unconfirmed.pop(pod_id, None)
         self.stopped.discard(pod_id)
         self.late.pop(pod_id, None)
+        self.stop_events.discard(pod_id)
 
     def running(self, pod_id: str) -> bool:
         """The runtime lists the pod, has not stopped it, and its pause process runs: the pod
@@ -99,6 +103,7 @@ class PodLedger:
         # the list is the roster: what is kept per pod goes with the pods it does not list
         # (a pod stopped and listed again was dropped from `stopped` above)
         self.stopped.clear()
+        self.stop_events &= set(self.pods)
         for table in (self.repair, self.late):
             for pod_id in [p for p in table if p not in self.pods]:
                 del table[pod_id]

@@ -66,6 +66,7 @@ class PodService:
         # (containerd#8426), so only a new pod list can say the pod is gone (the daemon asks
         # for one by reconnecting; docs/reliability.md)
         self.roster_stale = asyncio.Event()
+        self._timers: set[asyncio.TimerHandle] = set()
 
     def reconfigure(self, cfg: Config) -> None:
         """A hot reload: the next operation uses it (primary_network may have changed)."""
@@ -76,6 +77,9 @@ class PodService:
 
     async def close(self) -> None:
         """Stops the background work (GC and repair after a Synchronize)."""
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
         tasks = list(self._background)
         for task in tasks:
             task.cancel()
@@ -99,8 +103,11 @@ class PodService:
                 self.ledger.attached(pod)
             return attached.networks
 
-    async def detach(self, pod: PodInfo) -> None:
-        """NRI StopPodSandbox, the shim's DEL: the first does the work, the second finds nothing."""
+    async def detach(self, pod: PodInfo, *, stop_event: bool = False) -> None:
+        """NRI StopPodSandbox (`stop_event`), the shim's DEL: the first does the work, the
+        second finds nothing. A pod whose stop event came gets its remove event too."""
+        if stop_event:
+            self.ledger.stop_events.add(pod.id)
         await _detached(self._detach(pod))
 
     async def remove(self, pod: PodInfo) -> None:
@@ -149,7 +156,9 @@ class PodService:
                 )
                 self.health.forget(pod.id)
         if pod.id in self.ledger.pods and not self.mode.answers_run_pod:
-            self._spawn(self._await_removal(pod.id), "await-removal")
+            # a timer, not a task: nothing waits for it, and `background()` stays what runs
+            handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
+            self._timers.add(handle)
 
     def _del_failed(self, pod_id: str) -> bool:
         health = self.health.get(pod_id)
@@ -164,13 +173,18 @@ class PodService:
             log.warning("pod %s id=%s is broken (del-failed): %s", label, pod_id, reason)
         self.health.broken(pod_id, BrokenCode.DEL_FAILED, reason)
 
-    async def _await_removal(self, pod_id: str) -> None:
-        """The runtime tore the pod down: its RemovePodSandbox normally follows at once. When
-        none comes within REMOVAL_GRACE, the roster is stale (a pod restored by a runtime
-        restart). Not in native mode: reconnecting there makes pods created meanwhile miss
-        nri-cni's answer."""
-        await asyncio.sleep(REMOVAL_GRACE)
-        if pod_id in self.ledger.pods and pod_id in self.ledger.stopped:
+    def _removal_due(self, pod_id: str) -> None:
+        """The runtime tore the pod down (the shim's DEL) and sent no NRI stop for it within
+        REMOVAL_GRACE: a pod restored by a runtime restart, whose RemovePodSandbox will not
+        come either; the roster is stale. (A pod the runtime sends events for gets its stop
+        before the DEL on containerd, shortly after it on CRI-O, and its remove later, whenever
+        the kubelet removes the sandbox.) Not in native mode: reconnecting there makes pods
+        created meanwhile miss nri-cni's answer."""
+        self._timers = {
+            h for h in self._timers if not h.cancelled() and h.when() > asyncio.get_running_loop().time()
+        }
+        ledger = self.ledger
+        if pod_id in ledger.pods and pod_id in ledger.stopped and pod_id not in ledger.stop_events:
             self.roster_stale.set()
 
     async def check(self, pod: PodInfo) -> None:

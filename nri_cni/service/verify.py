@@ -37,6 +37,7 @@ from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.node import (
+    FindingKind,
     NodeInspector,
     VerifyPolicy,
     expectation_from_result,
@@ -142,8 +143,12 @@ class Verifier:
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            live = [p for p in pods if p.netns and os.path.exists(p.netns)]
-            lost = [p for p in pods if p.netns and p not in live and self.ledger.running(p.id)]
+            live, lost = [], []
+            for p in pods:
+                if p.netns and os.path.exists(p.netns):
+                    live.append(p)
+                elif p.netns and self.ledger.running(p.id):
+                    lost.append(p)
             checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
             out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]
@@ -173,15 +178,24 @@ class Verifier:
                     entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
                     ifname=entry.ifname,
                 )  # fmt: skip
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
+                check.unknown[key_of(entry)] = (BAD_RESULT, why)
+                continue
+            try:
                 # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
                 ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
                 exp = dataclasses.replace(
                     exp, container_id=entry.container_id, host_ports=ports, leases=leases
                 )
-            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-                why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
-                check.unknown[key_of(entry)] = (BAD_RESULT, why)
-                continue
+            except (
+                ValueError,
+                TypeError,
+                KeyError,
+                AttributeError,
+            ) as exc:  # the pod's side is still checked
+                why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
+                check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
             check.expectations.append((entry, exp))
         return check
 

@@ -93,8 +93,10 @@ def test_pods_lists_the_runtimes_pods_after_restarts_and_kills_during_a_churn(rn
     # pods restored by containerd's restart get no RemovePodSandbox (containerd#8426): nri-cni
     # asks for a fresh list when their teardown is not followed by one
     _until("an empty roster", lambda: _roster(daemon) == (set(), {}), daemon)
-    assert daemon.status()["broken"] == []
-    assert daemon.status()["tracked"]["pods"] == 0
+    status = daemon.status()
+    assert status["broken"] == []
+    assert status["tracked"]["pods"] == 0 and status["tracked"]["repair"] == 0
+    assert sum(status["podStates"].values()) == 0  # no verdict of a pod that is gone
     assert rnode.reservations() == []
     assert rnode.cache_files() == []
     assert rnode.intents() == []

@@ -82,6 +82,9 @@ def test_an_attachment_needs_dnat_per_family_and_a_lease_per_address():
         Lease("/ncver/ipam/podnet/fd00::2", "fd00::2"),
     )
     assert host_side_wants(CONF, {}, ["10.1.0.2/24"])[0] == ()
+    # containerd's go-cni sends the keys capitalized; portmap (Go) reads them all the same
+    go_cni = {"portMappings": [{"HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}]}
+    assert host_side_wants(CONF, go_cni, ["10.1.0.2/24"])[0] == (HostPort(4, "tcp", 8080, "iptables"),)
     with pytest.raises(ValueError, match="cached config"):
         host_side_wants(b"{not json", caps, ["10.1.0.2/24"])
 

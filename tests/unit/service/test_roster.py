@@ -15,6 +15,7 @@ from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon, build_daemon
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.upkeep import pause_alive
+from nri_cni.service import service
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.podcheck import Retry
 from nri_cni.service.podstate import BrokenCode
@@ -23,7 +24,8 @@ NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "ncver-none
 GONE, KEPT, HELD = "a" * 64, "b" * 64, "c" * 64
 
 
-def _daemon(tmp_path: Path) -> Daemon:
+def daemon_for(tmp_path: Path, **extra) -> Daemon:
+    """A native-mode daemon, built and never started, over a network whose plugin does not exist."""
     doc = {
         "mode": "native",
         "state_dir": str(tmp_path / "state"),
@@ -34,6 +36,7 @@ def _daemon(tmp_path: Path) -> Daemon:
         "gc": {"interval": 0},
         "status": {"interval": 0},
         "repair_on_sync": False,
+        **extra,
     }
     return build_daemon(parse_config(doc, str(tmp_path / "config.yaml")))
 
@@ -67,7 +70,7 @@ def _everywhere(daemon: Daemon, pod: PodInfo) -> None:
 
 
 def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
-    daemon = _daemon(tmp_path)
+    daemon = daemon_for(tmp_path)
     gone, kept = _pod(GONE, "gone"), _pod(KEPT, "kept")
 
     async def scenario():
@@ -95,7 +98,7 @@ def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
 
 
 def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_holds(tmp_path):
-    daemon = _daemon(tmp_path)
+    daemon = daemon_for(tmp_path)
     kept, held = _pod(KEPT, "kept"), _pod(HELD, "held")
 
     async def scenario():
@@ -159,3 +162,33 @@ def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():
         os.waitpid(pid, 0)
     assert not pause_alive(pid)
     assert not pause_alive(0)
+
+
+def test_a_teardown_no_removal_follows_asks_the_runtime_for_a_fresh_list(tmp_path, monkeypatch):
+    """containerd#8426: a pod that lived through the runtime's restart gets no NRI stop or
+    remove; its teardown by the shim's DEL with no NRI stop makes the roster stale (the daemon
+    then reconnects for a new list). Not when the pod's events come, and never in native mode
+    (a reconnect there makes pods miss nri-cni's answer)."""
+    monkeypatch.setattr(service, "REMOVAL_GRACE", 0.01)
+    restored, removed, stopped = _pod(GONE, "restored"), _pod(KEPT, "removed"), _pod(HELD, "stopped")
+
+    async def scenario(mode: str) -> tuple[bool, bool]:
+        svc = daemon_for(tmp_path / mode, mode=mode).pods
+        svc.synchronized([restored, removed, stopped])
+        await svc.close()
+        await svc.remove(removed)  # stop and remove as usual
+        svc._removal_due(removed.id)  # what its timer would find: nothing stale
+        await svc.detach(stopped, stop_event=True)  # its NRI stop came: its remove will too
+        svc._removal_due(stopped.id)
+        gone_well = not svc.roster_stale.is_set()
+        await svc.detach(restored)  # its teardown, and nothing after
+        try:
+            if not svc._timers:  # native mode: no timer, nothing will ever be asked
+                return gone_well, False
+            await asyncio.wait_for(svc.roster_stale.wait(), 30)  # the event the timer sets
+            return gone_well, True
+        finally:
+            await svc.close()
+
+    assert asyncio.run(scenario("shim")) == (True, True)
+    assert asyncio.run(scenario("native")) == (True, False)

@@ -11,33 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.config import parse_config
-from nri_cni.daemon.app import Daemon, build_daemon
 from nri_cni.node import Difference, Expectation, Finding, FindingKind
 from nri_cni.pod.model import PodInfo
+from tests.unit.service.test_roster import daemon_for
 
-NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "ncver-none"}]}
 RESULT = {
     "cniVersion": "1.1.0",
     "interfaces": [{"name": "eth0", "sandbox": "/x", "mac": "02:00:00:00:00:01"}],
     "ips": [{"address": "10.9.0.{n}/24", "interface": 0}],
 }
-
-
-def _daemon(tmp_path: Path) -> Daemon:
-    doc = {
-        "mode": "native",
-        "state_dir": str(tmp_path / "state"),
-        "nri": {"socket": str(tmp_path / "nri.sock")},
-        "daemon": {"socket": str(tmp_path / "daemon.sock")},
-        "cni": {"cache_dir": str(tmp_path / "cache"), "bin_dirs": [str(tmp_path / "bin")]},
-        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
-        "gc": {"interval": 0},
-        "status": {"interval": 0},
-        "verify": {"check_every": 10000},  # netlink only: no CHECK of a plugin that is not there
-        "repair_on_sync": False,
-    }
-    return build_daemon(parse_config(doc, str(tmp_path / "config.yaml")))
 
 
 class FakeInspector:
@@ -71,7 +53,8 @@ def _pod(n: int, netns: Path) -> PodInfo:
 
 
 def test_what_cannot_be_read_is_reported_never_ok(tmp_path):
-    daemon = _daemon(tmp_path)
+    # netlink only: no CHECK of a plugin that is not there
+    daemon = daemon_for(tmp_path, verify={"check_every": 10000})
     netns = tmp_path / "netns"
     netns.write_text("")  # a path that exists: what it holds is the fake inspector's answer
     fine, bad_netns, bad_host, no_result, bad_result = (_pod(n, netns) for n in range(1, 6))
