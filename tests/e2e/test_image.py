@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ import yaml
 from tests.e2e.hostnet import netns_addrs
 from tests.support import daemonset
 from tests.support.containerd import NRI, Containerd, cni_plugin_dir
-from tests.support.netns import Janitor, LeakChecker, free_subnet, host_local_reservations, link_exists
+from tests.support.netns import LeakChecker, delete_link, free_subnet, host_local_reservations, link_exists
 
 # the first test builds the image when the store has none yet (a minute or two; .ci/run builds first)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -145,6 +146,14 @@ def node(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]
         pytest.fail("container cleanup: " + "; ".join(problems))
 
 
+@pytest.fixture
+def bridge() -> Iterator[str]:
+    """The name of the pods' bridge; requested before containerd, so removed after its pods."""
+    name = f"nciimg{secrets.token_hex(3)}"
+    yield name
+    delete_link(name)
+
+
 def _wait_probe(
     node: Node, run: daemonset.ContainerRun, argv: tuple[str, ...]
 ) -> subprocess.CompletedProcess[str]:
@@ -185,100 +194,91 @@ def test_the_manifest_gives_every_field_a_flag_or_a_reason():
             )
 
 
-def test_the_image_runs_as_the_daemonset_says(node: Node, make_containerd) -> None:
+def test_the_image_runs_as_the_daemonset_says(bridge: str, node: Node, make_containerd) -> None:
     docs = _manifest_docs()
     ds = daemonset.only(docs, "DaemonSet")
     (cm,) = [d for d in docs if d.get("kind") == "ConfigMap"]
-    jan = Janitor()
-    bridge = f"nciimg{node.tag}"
-    jan.track_link(bridge)
     subnet = str(free_subnet())
-    try:
-        # the node's CNI bin dir holds its plugins (the init container adds what it lacks)
-        bin_dir = node.host("/opt/cni/bin")
-        bin_dir.mkdir(parents=True)
-        for plugin in cni_plugin_dir().iterdir():
-            shutil.copy2(plugin, bin_dir / plugin.name)
-        daemon_socket_dir = node.host("/run/nri-cni")
-        cm_dir = daemonset.write_config_map(
-            _node_config_map(
-                cm, bridge=bridge, subnet=subnet, host_socket=daemon_socket_dir / "nri-cni.sock"
-            ),
-            node.root / "configmap" / cm["metadata"]["name"],
-        )
-        moved = [
-            "/opt/cni/bin",
-            "/etc/cni/net.d",
-            "/var/run/nri",
-            "/run/nri-cni",
-            "/var/lib/cni",
-            "/var/lib/nri-cni",
-        ]
-        if not Path("/lib/modules").is_dir():
-            # a kernel without modules (a VM's): containerd would create the missing host path
-            # of a hostPath without a type; a private empty directory is the same to the daemon
-            moved.append("/lib/modules")
-            node.host("/lib/modules").mkdir(parents=True)
-        inits, (main,) = daemonset.container_runs(
-            ds,
-            host_paths={p: node.host(p) for p in moved},
-            config_maps={cm["metadata"]["name"]: cm_dir},
-            field_values={"spec.nodeName": NODE_NAME},
-        )
-        leaks = LeakChecker(
-            dirs=[node.host("/var/lib/cni"), node.host("/var/lib/nri-cni")], bridges=[bridge]
-        ).start()
+    # the node's CNI bin dir holds its plugins (the init container adds what it lacks)
+    bin_dir = node.host("/opt/cni/bin")
+    bin_dir.mkdir(parents=True)
+    for plugin in cni_plugin_dir().iterdir():
+        shutil.copy2(plugin, bin_dir / plugin.name)
+    daemon_socket_dir = node.host("/run/nri-cni")
+    cm_dir = daemonset.write_config_map(
+        _node_config_map(cm, bridge=bridge, subnet=subnet, host_socket=daemon_socket_dir / "nri-cni.sock"),
+        node.root / "configmap" / cm["metadata"]["name"],
+    )
+    moved = [
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
+        "/var/run/nri",
+        "/run/nri-cni",
+        "/var/lib/cni",
+        "/var/lib/nri-cni",
+    ]
+    if not Path("/lib/modules").is_dir():
+        # a kernel without modules (a VM's): containerd would create the missing host path
+        # of a hostPath without a type; a private empty directory is the same to the daemon
+        moved.append("/lib/modules")
+        node.host("/lib/modules").mkdir(parents=True)
+    inits, (main,) = daemonset.container_runs(
+        ds,
+        host_paths={p: node.host(p) for p in moved},
+        config_maps={cm["metadata"]["name"]: cm_dir},
+        field_values={"spec.nodeName": NODE_NAME},
+    )
+    leaks = LeakChecker(
+        dirs=[node.host("/var/lib/cni"), node.host("/var/lib/nri-cni")], bridges=[bridge]
+    ).start()
 
-        # 1. the init container installs the image's static shim and the shim list on the node
-        for init in inits:
-            out = node.run(init, detach=False)
-            assert "installed the static nri-cni-shim" in out.stdout, out.stdout + out.stderr
-        conf_dir = node.host("/etc/cni/net.d")
-        assert (
-            json.loads((conf_dir / "10-nri-cni.conflist").read_text())["plugins"][0]["type"] == "nri-cni-shim"
-        )
+    # 1. the init container installs the image's static shim and the shim list on the node
+    for init in inits:
+        out = node.run(init, detach=False)
+        assert "installed the static nri-cni-shim" in out.stdout, out.stdout + out.stderr
+    assert os.access(bin_dir / "nri-cni-shim", os.X_OK)
+    conf_dir = node.host("/etc/cni/net.d")
+    assert json.loads((conf_dir / "10-nri-cni.conflist").read_text())["plugins"][0]["type"] == "nri-cni-shim"
 
-        # 2. the runtime: containerd with NRI's socket where the manifest's /var/run/nri points
-        nri_socket = node.host("/var/run/nri") / "nri.sock"
-        ctd: Containerd = make_containerd(
-            cni_conf_dir=conf_dir,
-            cni_bin_dirs=[bin_dir],
-            extra={"plugins": {NRI: {"socket_path": str(nri_socket)}}},
-        )
+    # 2. the runtime: containerd with NRI's socket where the manifest's /var/run/nri points
+    nri_socket = node.host("/var/run/nri") / "nri.sock"
+    ctd: Containerd = make_containerd(
+        cni_conf_dir=conf_dir,
+        cni_bin_dirs=[bin_dir],
+        extra={"plugins": {NRI: {"socket_path": str(nri_socket)}}},
+    )
 
-        # 3. the daemon, until its readiness probe passes; `nri-cni status` says it is registered
-        node.run(main, detach=True)
-        assert main.readiness is not None and main.liveness is not None
-        _wait_probe(node, main, main.readiness)
-        status = node.exec(main.name, ("nri-cni", "status", "-o", "json"))
-        assert status.returncode == 0, status.stdout + status.stderr + node.logs(main.name)
-        report = json.loads(status.stdout)
-        assert report["nri"]["synchronized"] is True, report
+    # 3. the daemon, until its readiness probe passes; `nri-cni status` says it is registered
+    node.run(main, detach=True)
+    assert main.readiness is not None and main.liveness is not None
+    _wait_probe(node, main, main.readiness)
+    status = node.exec(main.name, ("nri-cni", "status", "-o", "json"))
+    assert status.returncode == 0, status.stdout + status.stderr + node.logs(main.name)
+    report = json.loads(status.stdout)
+    assert report["nri"]["synchronized"] is True, report
 
-        # 4. a pod through CRI: containerd runs the shim, the daemon in the container attaches it
-        pod = ctd.cri.run_pod(f"web-{node.tag}", POD_NS, str(uuid.uuid4()))
-        st = ctd.cri.pod_status(pod)
-        leaks.add_markers(pod, st.ip)
-        assert st.ready
-        assert ipaddress.ip_address(st.ip) in ipaddress.ip_network(subnet)
-        assert st.netns_path and any(a.startswith(f"{st.ip}/") for a in netns_addrs(st.netns_path))
-        assert link_exists(bridge)
-        leaks.learn()
-        pods = node.exec(main.name, ("nri-cni", "pods", "-o", "json"))
-        assert pods.returncode == 0, pods.stderr
-        assert [p["id"] for p in json.loads(pods.stdout)] == [pod]
-        assert node.exec(main.name, main.liveness).returncode == 0
+    # 4. a pod through CRI: containerd runs the shim, the daemon in the container attaches it
+    pod = ctd.cri.run_pod(f"web-{node.tag}", POD_NS, str(uuid.uuid4()))
+    st = ctd.cri.pod_status(pod)
+    leaks.add_markers(pod, st.ip)
+    assert st.ready
+    assert ipaddress.ip_address(st.ip) in ipaddress.ip_network(subnet)
+    assert st.netns_path and any(a.startswith(f"{st.ip}/") for a in netns_addrs(st.netns_path))
+    assert link_exists(bridge)
+    leaks.learn()
+    pods = node.exec(main.name, ("nri-cni", "pods", "-o", "json"))
+    assert pods.returncode == 0, pods.stderr
+    assert [p["id"] for p in json.loads(pods.stdout)] == [pod]
+    assert node.exec(main.name, main.liveness).returncode == 0
 
-        ctd.cri.stop_pod(pod)
-        ctd.cri.remove_pod(pod)
-        assert host_local_reservations(node.host("/var/lib/cni/networks") / "pods") == []
+    ctd.cri.stop_pod(pod)
+    ctd.cri.remove_pod(pod)
+    assert host_local_reservations(node.host("/var/lib/cni/networks") / "pods") == []
 
-        # 5. the kubelet's stop: SIGTERM, the grace period; the daemon exits 0 before it ends
-        podman("stop", f"nciimg-{node.tag}-{main.name}", timeout=(main.stop_timeout or 30) + 60)
-        state = json.loads(podman("inspect", f"nciimg-{node.tag}-{main.name}").stdout)[0]["State"]
-        assert state["ExitCode"] == 0, node.logs(main.name)
-        assert not (daemon_socket_dir / "nri-cni.sock").exists()
-        assert leaks.leaks() == []
-    finally:
-        failed = jan.cleanup()
-    assert failed == []
+    # 5. the kubelet's stop: SIGTERM, the grace period; the daemon exits 0 before it ends
+    podman("stop", f"nciimg-{node.tag}-{main.name}", timeout=(main.stop_timeout or 30) + 60)
+    state = json.loads(podman("inspect", f"nciimg-{node.tag}-{main.name}").stdout)[0]["State"]
+    log = node.logs(main.name)
+    assert state["ExitCode"] == 0 and "Traceback" not in log, log
+    assert not (daemon_socket_dir / "nri-cni.sock").exists()
+    assert leaks.leaks() == []
