@@ -42,16 +42,16 @@ debstrap=(mmdebstrap --variant=minbase --mode=root --format=tar
   # as in debian:*-slim: no downloaded package or package cache stays in an image layer
   --customize-hook='printf "%s;\n" "APT::Keep-Downloaded-Packages \"false\"" \
      "Dir::Cache::pkgcache \"\"" "Dir::Cache::srcpkgcache \"\"" > "$1/etc/apt/apt.conf.d/90slim"
-     rm -f "$1"/var/cache/apt/*.bin'
-  "$SUITE" "$STORE/base.tar" "deb $uri $SUITE main" "deb $uri $SUITE-updates main")
-key=$(printf '%s\n' "${debstrap[@]}" | sha256sum | cut -c1-12)
+     rm -f "$1"/var/cache/apt/*.bin')
+sources=("deb $uri $SUITE main" "deb $uri $SUITE-updates main")
+key=$(printf '%s\n' "${debstrap[@]}" "$SUITE" "${sources[@]}" | sha256sum | cut -c1-12)
 BASE=localhost/nri-cni-base:$SUITE-$key
 max_age=$(( ${NRI_CNI_BASE_DAYS:-7} * 86400 ))
 created=$(podman image inspect --format '{{.Created.Unix}}' "$BASE" 2>/dev/null || echo 0)
 if [ $(( $(date +%s) - created )) -gt "$max_age" ]; then
-  log "making the base $BASE: ${debstrap[*]}"
+  log "making the base $BASE: ${debstrap[*]} $SUITE $STORE/base.tar ${sources[*]}"
   trap 'rm -f "$STORE/base.tar"' EXIT
-  "${debstrap[@]}" >&2
+  "${debstrap[@]}" "$SUITE" "$STORE/base.tar" "${sources[@]}" >&2
   podman import --quiet "$STORE/base.tar" "$BASE" >/dev/null
   rm -f "$STORE/base.tar"
   # older bases lose their name: they and the layers built on them are pruned below
@@ -86,7 +86,7 @@ fi
 
 # -- 3. the image -------------------------------------------------------------------------------
 log "building $TAG from Containerfile (base $BASE)"
-build=(podman build --layers --network=host -f Containerfile
+build=(podman build --layers --network=host -f Containerfile --cni-config-dir "$STORE/net.d"
   --build-arg BASE="$BASE" --build-arg PIP_OPTIONS="--no-index --find-links /wheels"
   --volume "$WHEELS:/wheels:ro")
 tb=$(date +%s)

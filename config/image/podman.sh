@@ -3,7 +3,8 @@
 # podman (its own storage, config, events log). config/image/build.sh builds into it and
 # tests/e2e/test_image.py runs from it.
 #   usage: config/image/podman.sh PODMAN-ARGS...
-#   NRI_CNI_IMAGE_STORE  the store (default /var/tmp/nri-cni-image; kept between runs as a cache)
+#   NRI_CNI_IMAGE_STORE  the store (default /var/tmp/nri-cni-image; kept between runs as a cache;
+#                        podman's run state goes to /run/nri-cni-image-HASH, HASH of the store)
 #   NRI_CNI_IMAGE_DRIVER overlay (default) or vfs, for a filesystem overlay cannot sit on
 set -euo pipefail
 STORE=${NRI_CNI_IMAGE_STORE:-/var/tmp/nri-cni-image}

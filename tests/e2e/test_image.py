@@ -140,8 +140,12 @@ def node(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]
     # a short root: unix socket paths under it must fit in 107 bytes
     root = Path(tmp_path_factory.mktemp("img"))
     n = Node(root, image)
+    # podman's CNI backend makes its config dir when it has none; the store's is its own
+    system_cni = Path("/etc/cni/net.d").exists()
     yield n
     problems = n.cleanup()
+    if Path("/etc/cni/net.d").exists() != system_cni:
+        problems.append("/etc/cni/net.d appeared")
     if problems:
         pytest.fail("container cleanup: " + "; ".join(problems))
 

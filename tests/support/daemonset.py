@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,6 @@ class ContainerRun:
     stop_timeout: int | None = None
     readiness: tuple[str, ...] | None = None
     liveness: tuple[str, ...] | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def podman_flags(self) -> list[str]:
         """`podman run` flags for this container (before the image name)."""
