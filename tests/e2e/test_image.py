@@ -1,7 +1,7 @@
 """The DaemonSet's image, built from Containerfile (config/image/build.sh) and run with podman the
 way the kubelet runs config/kubernetes/nri-cni.yaml on a node: its init container, then the
-daemon, with exactly the flags the manifest gives (tests/support/daemonset.py derives them; no
-other run flag is added here). Only the node's host paths are moved, onto a private containerd
+daemon, with exactly the flags the manifest gives (tests/support/daemonset.py derives them; the
+test adds only each container's name and --detach). Only the node's host paths are moved, onto a private containerd
 with NRI on: the daemon in the container registers with it, the runtime's pod gets its IP
 through the shim the init container installed, `nri-cni status` (the probes' own commands)
 answers, and the daemon stops cleanly on the kubelet's SIGTERM.
@@ -95,7 +95,7 @@ class Node:
         self.image = image
         self.tag = secrets.token_hex(3)
         self.containers: list[str] = []
-        self.created: list[Path] = []  # host paths the kubelet would create (FileOrCreate)
+        self.created: list[Path] = []  # host paths made as the kubelet would (...OrCreate)
 
     def host(self, path: str) -> Path:
         return self.root / path.lstrip("/")
@@ -104,10 +104,13 @@ class Node:
         for m in run.mounts:
             # what the kubelet does for a hostPath of type DirectoryOrCreate / FileOrCreate
             target = Path(m.host)
+            if target.exists() or m.host_type not in ("DirectoryOrCreate", "FileOrCreate"):
+                continue
             if m.host_type == "DirectoryOrCreate":
-                target.mkdir(parents=True, exist_ok=True)
-            elif m.host_type == "FileOrCreate" and not target.exists():
+                target.mkdir(parents=True)
+            else:
                 target.touch()
+            if not target.is_relative_to(self.root):  # the machine's own: removed afterwards
                 self.created.append(target)
         name = f"nciimg-{self.tag}-{run.name}"
         self.containers.append(name)
@@ -130,8 +133,11 @@ class Node:
         left = podman("ps", "--all", "--filter", f"name=nciimg-{self.tag}", "--format", "{{.Names}}").stdout
         if left.strip():
             problems.append(f"containers left: {left.split()}")
-        for path in self.created:
-            path.unlink(missing_ok=True)
+        for path in reversed(self.created):
+            if path.is_dir():
+                path.rmdir()  # what the containers left in it is a problem (OSError)
+            else:
+                path.unlink(missing_ok=True)
         return problems
 
 
