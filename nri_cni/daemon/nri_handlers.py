@@ -9,8 +9,8 @@
 | sync   | the runtime's pod list: GC everything else, repair pods missing an attachment              |
 
 Which column applies is the mode's answer (nri_cni/app/modes.py). A failed attach in
-RunPodSandbox fails the pod, except where the runtime would then leak the sandbox (containerd
-before 2.2.6, containerd#13355): there the pod is kept, the error logged, and the attachment
+RunPodSandbox fails the pod (CRI-O: measured clean), except where the runtime would then leak
+the sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error logged, and the attachment
 retried by the repair loop. `failure_policy` in the config overrides this.
 """
 
@@ -28,7 +28,9 @@ from nri_cni.pod.model import PodInfo
 
 log = logging.getLogger("nri_cni.nri")
 
-# containerd fixed the sandbox leak after a failed NRI RunPodSandbox in 2.2.6.
+# containerd fixed the sandbox leak after a failed NRI RunPodSandbox in 2.2.6. CRI-O has none
+# (measured on 1.36.3, tests/e2e/test_crio_secondary.py): it sends STOP and REMOVE at once,
+# rolls its own network back and keeps no sandbox, so `auto` fails the pod there.
 _LEAKS_SANDBOX_BEFORE = {"containerd": (2, 2, 6)}
 
 

@@ -135,6 +135,63 @@ def _orphan_netns(before: set[str]) -> list[Path]:
     return orphans
 
 
+def cgroup_dirs(parent: str) -> list[Path]:
+    """The cgroup `parent` in every mounted hierarchy (v1 and v2) where it exists."""
+    rel = parent.lstrip("/")
+    candidates = [CGROUP_ROOT / rel]
+    try:
+        candidates += [h / rel for h in CGROUP_ROOT.iterdir() if h.is_dir()]
+    except FileNotFoundError:
+        pass
+    return [c for c in candidates if c.is_dir()]
+
+
+def kill_cgroup_procs(tops: list[Path]) -> None:
+    """SIGKILL every process in the cgroup trees under `tops` (thawed first)."""
+    for top in tops:
+        for dirpath, _dirs, files in os.walk(top):
+            # runc freezes a container while it sets it up; a runtime killed meanwhile
+            # leaves `runc init` frozen, where SIGKILL waits until the cgroup is thawed
+            for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                if name in files:
+                    try:
+                        Path(dirpath, name).write_text(thawed)
+                    except OSError:
+                        pass
+            if "cgroup.procs" not in files:
+                continue
+            try:
+                pids = Path(dirpath, "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def remove_cgroup_trees(tops: list[Path]) -> list[str]:
+    """rmdir the cgroup trees under `tops`, deepest first; returns the problems."""
+    problems = []
+    for top in tops:
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+            for _ in range(50):
+                try:
+                    os.rmdir(dirpath)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        problems.append(f"rmdir {dirpath}: {exc}")
+                        break
+                    time.sleep(0.02)  # killed processes still exiting
+            else:
+                problems.append(f"rmdir {dirpath}: busy")
+    return problems
+
+
 class ContainerdError(RuntimeError):
     pass
 
@@ -424,55 +481,13 @@ class Containerd:
 
     def cgroup_dirs(self) -> list[Path]:
         """This instance's pod cgroup parent in every mounted hierarchy (v1 and v2)."""
-        rel = self.cgroup_parent.lstrip("/")
-        candidates = [CGROUP_ROOT / rel]
-        try:
-            candidates += [h / rel for h in CGROUP_ROOT.iterdir() if h.is_dir()]
-        except FileNotFoundError:
-            pass
-        return [c for c in candidates if c.is_dir()]
+        return cgroup_dirs(self.cgroup_parent)
 
     def _kill_cgroup_procs(self) -> None:
-        for top in self.cgroup_dirs():
-            for dirpath, _dirs, files in os.walk(top):
-                # runc freezes a container while it sets it up; a containerd killed meanwhile
-                # leaves `runc init` frozen, where SIGKILL waits until the cgroup is thawed
-                for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
-                    if name in files:
-                        try:
-                            Path(dirpath, name).write_text(thawed)
-                        except OSError:
-                            pass
-                if "cgroup.procs" not in files:
-                    continue
-                try:
-                    pids = Path(dirpath, "cgroup.procs").read_text().split()
-                except OSError:
-                    continue
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        kill_cgroup_procs(self.cgroup_dirs())
 
     def _remove_cgroups(self) -> list[str]:
-        problems = []
-        for top in self.cgroup_dirs():
-            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
-                for _ in range(50):
-                    try:
-                        os.rmdir(dirpath)
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError as exc:
-                        if exc.errno != errno.EBUSY:
-                            problems.append(f"rmdir {dirpath}: {exc}")
-                            break
-                        time.sleep(0.02)  # killed processes still exiting
-                else:
-                    problems.append(f"rmdir {dirpath}: busy")
-        return problems
+        return remove_cgroup_trees(self.cgroup_dirs())
 
     def cleanup(self) -> list[str]:
         """Remove every pod, stop containerd, then remove what containerd left outside

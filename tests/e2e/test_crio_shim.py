@@ -1,0 +1,109 @@
+"""Shim mode on a real CRI-O 1.36: nri-cni-shim is CRI-O's only CNI network (the shipped
+config/crio files: the drop-in as it is, the conflist with only its socket path changed); the
+daemon attaches the pod's plan (bridge eth0 with portmap, macvlan net1 by annotation, a
+FINALIZE drop-in). CRI-O runs CNI ADD, then CHECK, then NRI RUN_POD_SANDBOX; on stop CNI DEL,
+then unpins the netns, then NRI STOP; a remove without a stop sends CNI DEL and NRI REMOVE only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from tests.e2e.crionode import crio_leaks, crio_node
+from tests.e2e.test_pod_shim import FINALIZE_PROBE
+from tests.support.netns import host_local_reservations
+from tests.support.podtruth import whole_problems
+
+pytestmark = pytest.mark.e2e
+
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+
+
+@pytest.fixture
+def node(tmp_path, make_bridge_network, make_crio):
+    node = crio_node(tmp_path, make_crio, make_bridge_network)
+    node.probe_log = tmp_path / "probe.log"
+    (node.setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
+    (node.setup.bin_dir / "fin-probe").chmod(0o755)
+    (node.setup.finalize_dir / "50-probe.conf").write_text('{"type": "fin-probe"}')
+    yield node
+    failed = node.cleanup()
+    if failed:
+        pytest.fail(f"cleanup: {failed}")
+
+
+def _start(node):
+    crio = node.start_containerd()
+    fastnet = node.fastnet()
+    fastnet["default"] = False  # by annotation only
+    fastnet["namespaces"] = ["nct-e2e"]
+    daemon = node.start_daemon(node.daemon_config([node.podnet(finalize=False), fastnet]))
+    return crio, daemon
+
+
+def _probe_lines(node, pod):
+    if not node.probe_log.exists():
+        return []
+    return [ln.split() for ln in node.probe_log.read_text().splitlines() if ln.split()[1] == pod]
+
+
+def test_shipped_dropin_is_what_crio_runs(node):
+    crio = node.start_containerd()
+    effective = crio.running_config()["crio"]
+    assert effective["network"]["cni_default_network"] == "nri-cni"  # from config/crio as shipped
+    assert effective["nri"]["enable_nri"] is True
+    assert effective["nri"]["nri_plugin_request_timeout"] == "10s"
+    assert effective["nri"]["nri_listen"] == crio.nri_socket  # the test's own paths win
+    assert crio.cri.version().runtime_name == "cri-o"
+
+
+def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(node):
+    crio, daemon = _start(node)
+    checker = node.leak_checker().start()
+    pods = [node.run_pod(f"web-{i}", annotations={NETWORKS_ANNOTATION: "fastnet"}) for i in range(3)]
+    plain = node.run_pod("plain", ports=False)
+    statuses = {p: crio.cri.pod_status(p) for p in pods + [plain]}
+    checker.add_markers(*statuses, *(st.ip for st in statuses.values()))
+    table = {p["id"]: p for p in daemon.pods()}
+    assert set(table) == set(statuses)
+    runtime = {p.id: p for p in node.runtime_pods()}
+    for pod, st in statuses.items():
+        assert st.ready
+        want = ["eth0", "net1"] if pod in pods else ["eth0"]
+        # CRI's IP == the address in the netns == what `nri-cni pods` reports
+        assert ipaddress.ip_address(st.ip) in ipaddress.ip_network(node.eth0_subnet)
+        assert whole_problems(runtime[pod], want) == []
+        assert [n["interface"] for n in table[pod]["network-status"]] == want
+        assert table[pod]["network-status"][0]["ips"] == [st.ip]
+        # FINALIZE once per network, after every ADD of the pod (all its links there)
+        lines = _probe_lines(node, pod)
+        assert [ln[2] for ln in lines] == want, lines
+        links = ",".join(sorted([*want, "lo"])) + ","
+        assert all(ln[0] == "FINALIZE" and ln[3] == links for ln in lines), lines
+    checker.learn()
+    # CRI-O ran CNI CHECK of the shim's network right after each ADD, and nri-cni answered it
+    assert crio.log_path.read_text().count("Checking pod nct-e2e_") >= len(statuses)
+    for pod in statuses:
+        node.remove_pod(pod)
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == []
+    assert node.intents() == [] and node.cache_files() == []
+    assert crio_leaks(crio, statuses) == []
+    assert checker.leaks() == []
+
+
+def test_remove_without_stop(node):
+    crio, daemon = _start(node)
+    checker = node.leak_checker().start()
+    pod = node.run_pod("nostop", annotations={NETWORKS_ANNOTATION: "fastnet"})
+    checker.add_markers(pod, crio.cri.pod_status(pod).ip)
+    checker.learn()
+    assert len(node.reserved_for(pod)) == 2
+    crio.cri.remove_pod(pod)  # CNI DEL through the shim, then NRI REMOVE only
+    assert crio.cri.list_pods() == []
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == []
+    assert crio_leaks(crio, [pod]) == []
+    assert checker.leaks() == []
