@@ -30,6 +30,9 @@ class PodLedger:
         # pods the runtime tore down (NRI stop, or its CNI DEL) and has not run or listed
         # since: verify never attaches them again while their netns lingers
         self.stopped: set[str] = set()
+        # pods the runtime tore down and then listed again in a Synchronize: a runtime restarted
+        # in the middle of its stop (CRI-O after SIGTERM or SIGKILL) has them READY again
+        self.relisted: set[str] = set()
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
@@ -37,12 +40,14 @@ class PodLedger:
         runtime stores the pod only after the event, so a Synchronize may still miss it."""
         self.pods[pod.id] = pod
         self.stopped.discard(pod.id)
+        self.relisted.discard(pod.id)
 
     def attached(self, pod: PodInfo) -> None:
         """An ADD for the pod finished; the runtime lists the pod only later (and a
         Synchronize that comes first must not make it garbage)."""
         self.unconfirmed[pod.id] = (self._syncs, pod.netns)
         self.stopped.discard(pod.id)
+        self.relisted.discard(pod.id)
 
     def answered(self, pod_id: str, ips: tuple[str, ...]) -> None:
         """Native mode: nri-cni answered RunPodSandbox with these IPs. The event's PodSandbox
@@ -61,6 +66,7 @@ class PodLedger:
         self.repair.pop(pod_id, None)
         self.unconfirmed.pop(pod_id, None)
         self.stopped.discard(pod_id)
+        self.relisted.discard(pod_id)
 
     def needs_repair(self, pod: PodInfo) -> None:
         self.repair[pod.id] = pod
@@ -71,7 +77,10 @@ class PodLedger:
         self._syncs += 1
         for pod_id in self.pods:
             self.unconfirmed.pop(pod_id, None)
-            self.stopped.discard(pod_id)  # listed again: the runtime's word is the newest
+            if pod_id in self.stopped:  # listed again: the runtime's word is the newest
+                self.stopped.discard(pod_id)
+                self.relisted.add(pod_id)
+        self.relisted &= set(self.pods)
         # a pod the runtime had (listed, or an event) that this list misses gets until the next
         # one; a pod nri-cni never saw the runtime have (it was down) does not
         for pod_id, pod in previous.items():

@@ -30,6 +30,7 @@ class BrokenCode(Enum):
     REPAIR_FAILED = "repair-failed"  # repairs kept failing; backed off
     MISSED = "missed"  # native mode: the runtime created it without nri-cni's answer
     REPAIR_OFF = "repair-off"  # it differs and `repair` is off or verify-only
+    TORN_DOWN = "torn-down"  # shim mode: the runtime deleted its network, then listed it READY
 
 
 @dataclass(frozen=True)

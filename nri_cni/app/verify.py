@@ -238,8 +238,16 @@ class Verifier:
             and self.mode.adds_behind_runtime
         ):
             # shim mode, nothing of ours and no IP the runtime reports: no network it knows of
-            # to make true (a pod in creation, or one the runtime never networked)
-            return None
+            # to make true (a pod in creation, or one the runtime never networked) ...
+            if pod.id not in self.ledger.relisted:
+                return None
+            # ... or one whose network the runtime deleted (its CNI DEL) before a restart cut
+            # its stop short: listed READY again, with no IP, which a new ADD would not change
+            reason = (
+                f"{what}: the runtime deleted its network and, restarted, lists it READY without "
+                "an IP; stop or delete the pod"
+            )
+            return self._broken(pod, BrokenCode.TORN_DOWN, reason, verdicts)
         readd: dict[Key, tuple[str, ...]] = {}
         if (
             self.mode.runtime_reports_our_ips

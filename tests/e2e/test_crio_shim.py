@@ -8,12 +8,14 @@ then unpins the netns, then NRI STOP; a remove without a stop sends CNI DEL and 
 from __future__ import annotations
 
 import ipaddress
+import random
+import uuid
 
 import pytest
 
 from tests.e2e.crionode import crio_leaks, crio_node
 from tests.e2e.test_pod_shim import FINALIZE_PROBE
-from tests.support.netns import host_local_reservations
+from tests.support.netns import host_local_reservations, iptables_lines
 from tests.support.podtruth import whole_problems
 
 pytestmark = pytest.mark.e2e
@@ -62,8 +64,12 @@ def test_shipped_dropin_is_what_crio_runs(node):
 def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(node):
     crio, daemon = _start(node)
     checker = node.leak_checker().start()
-    pods = [node.run_pod(f"web-{i}", annotations={NETWORKS_ANNOTATION: "fastnet"}) for i in range(3)]
-    plain = node.run_pod("plain", ports=False)
+    pods = [
+        node.run_pod(f"web-{i}", ports=False, annotations={NETWORKS_ANNOTATION: "fastnet"}) for i in range(3)
+    ]
+    host_port = random.randrange(20000, 40000)
+    mapping = {"protocol": "tcp", "container_port": 80, "host_port": host_port}
+    plain = crio.cri.run_pod("plain", "nct-e2e", str(uuid.uuid4()), port_mappings=[mapping])
     statuses = {p: crio.cri.pod_status(p) for p in pods + [plain]}
     checker.add_markers(*statuses, *(st.ip for st in statuses.values()))
     table = {p["id"]: p for p in daemon.pods()}
@@ -82,6 +88,11 @@ def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(node):
         assert [ln[2] for ln in lines] == want, lines
         links = ",".join(sorted([*want, "lo"])) + ","
         assert all(ln[0] == "FINALIZE" and ln[3] == links for ln in lines), lines
+    # hostPorts: CRI-O 1.36 hands CNI no port mappings (its libcni runtimeConfig carries
+    # bandwidth, cgroup path and annotations only), so the portmap plugin of nri-cni's network
+    # maps nothing; CRI-O maps them itself unless disable_hostport_mapping (on here) says no
+    assert "PortMappings:[]" in crio.log_path.read_text().split("Name:plain ", 1)[1].split("\n", 1)[0]
+    assert [ln for ln in iptables_lines() if f"--dport {host_port}" in ln] == []
     checker.learn()
     # CRI-O ran CNI CHECK of the shim's network right after each ADD, and nri-cni answered it
     assert crio.log_path.read_text().count("Checking pod nct-e2e_") >= len(statuses)

@@ -150,6 +150,9 @@ class Crio:
         self._cri: CriClient | None = None
         self._image_imported = False
         self._known_pods: set[str] = set()
+        # the netns pins of the pods a PodSandboxStatus showed; the others under ns_dir are
+        # CRI-O's own leftovers (a creation its kill cut), unmounted by cleanup() like the rest
+        self.known_netns: set[str] = set()
         self.start_seconds: float | None = None
         compile_cri()
         _live.add(self)
@@ -420,7 +423,9 @@ class Crio:
     # -- what it leaves outside its dirs -------------------------------------------------------
 
     def _remember_pod(self, pod_id: str, netns: str | None = None) -> None:
-        self._known_pods.add(pod_id)  # (its netns pin is under ns_dir: unmounted with the rest)
+        self._known_pods.add(pod_id)
+        if netns:
+            self.known_netns.add(netns)
 
     def cni_cache_entries(self, pod_id: str) -> list[Path]:
         """libcni's cache entries CRI-O wrote for the pod (/var/lib/cni/results)."""
