@@ -80,19 +80,20 @@ def cri_modules() -> CriModules:
     return compile_cri()
 
 
-@pytest.fixture
-def make_containerd(
+def _runtimes(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     pause_image: PauseImage,
-    cri_modules: CriModules,
-) -> Iterator[Callable[..., Containerd]]:
-    instances: list[Containerd] = []
+    cls: type[Containerd] | type[crio_support.Crio],
+) -> Iterator[Callable[..., Any]]:
+    """A factory of private runtime instances of `cls`, each cleaned up after the test (the
+    tail of its log printed when the test failed)."""
+    instances: list[Any] = []
 
-    def factory(*, start: bool = True, **kwargs: Any) -> Containerd:
+    def factory(*, start: bool = True, **kwargs: Any) -> Any:
         kwargs.setdefault("cni_bin_dirs", [cni_plugin_dir()])
         kwargs.setdefault("pause", pause_image)
-        inst = Containerd(tmp_path_factory.mktemp("ctd"), **kwargs)
+        inst = cls(tmp_path_factory.mktemp(cls.name), **kwargs)
         instances.append(inst)
         if start:
             inst.start()
@@ -107,7 +108,17 @@ def make_containerd(
             print(f"\n---- tail of {inst.log_path}\n{inst.log_tail()}")
         problems += inst.cleanup()
     if problems:
-        pytest.fail("containerd cleanup left problems:\n  " + "\n  ".join(problems))
+        pytest.fail(f"{cls.name} cleanup left problems:\n  " + "\n  ".join(problems))
+
+
+@pytest.fixture
+def make_containerd(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    pause_image: PauseImage,
+    cri_modules: CriModules,
+) -> Iterator[Callable[..., Containerd]]:
+    yield from _runtimes(request, tmp_path_factory, pause_image, Containerd)
 
 
 @pytest.fixture
@@ -117,27 +128,7 @@ def make_crio(
     pause_image: PauseImage,
     cri_modules: CriModules,
 ) -> Iterator[Callable[..., crio_support.Crio]]:
-    instances: list[crio_support.Crio] = []
-
-    def factory(*, start: bool = True, **kwargs: Any) -> crio_support.Crio:
-        kwargs.setdefault("cni_bin_dirs", [cni_plugin_dir()])
-        kwargs.setdefault("pause", pause_image)
-        inst = crio_support.Crio(tmp_path_factory.mktemp("crio"), **kwargs)
-        instances.append(inst)
-        if start:
-            inst.start()
-        return inst
-
-    yield factory
-
-    problems: list[str] = []
-    failed = _test_failed(request.node)
-    for inst in reversed(instances):
-        if failed:
-            print(f"\n---- tail of {inst.log_path}\n{inst.log_tail()}")
-        problems += inst.cleanup()
-    if problems:
-        pytest.fail("CRI-O cleanup left problems:\n  " + "\n  ".join(problems))
+    yield from _runtimes(request, tmp_path_factory, pause_image, crio_support.Crio)
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from tests.e2e.test_pod_shim import FINALIZE_PROBE
 from tests.e2e.test_recovery_node import RecoveryNode
 from tests.support.crio import Crio
 
@@ -39,8 +42,33 @@ def crio_node(tmp_path: Path, make_crio, make_bridge_network) -> RecoveryNode:
     return node
 
 
+def start_secondary(node: RecoveryNode, net1: dict, **extra):
+    """CRI-O with its own bridge network and nri-cni in secondary mode adding `net1`; returns
+    (daemon, crio, a started leak checker that watches CRI-O's network too)."""
+    daemon = node.start_secondary(net1, **extra)
+    checker = node.leak_checker()
+    checker.dirs.append(str(node.primary.ipam_dir))
+    checker.bridges.add(node.primary.bridge)
+    return daemon, node.ctd, checker.start()
+
+
 def crio_leaks(crio: Crio, pods) -> list[str]:
     """What CRI-O keeps of removed pods outside nri-cni's dirs: libcni cache entries, and the
     netns pins of the pods the test saw (CRI-O's orphans of a cut creation are its own leak)."""
     out = [f"CRI-O's libcni cache entry {p}" for pod in pods for p in crio.cni_cache_entries(pod)]
     return out + [f"netns pin {p}" for p in crio.netns_pins() if p in crio.known_netns]
+
+
+@pytest.fixture
+def crio_rnode(tmp_path, make_bridge_network, make_crio):
+    """The node (with CRI-O) and a FINALIZE drop-in probe that logs "VERB pod ifname links," a
+    call to ``node.probe_log``; torn down in reverse: pods through the daemon, CRI-O, networks."""
+    node = crio_node(tmp_path, make_crio, make_bridge_network)
+    node.probe_log = tmp_path / "probe.log"
+    (node.setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
+    (node.setup.bin_dir / "fin-probe").chmod(0o755)
+    (node.setup.finalize_dir / "50-probe.conf").write_text('{"type": "fin-probe"}')
+    yield node
+    failed = node.cleanup()
+    if failed:
+        pytest.fail(f"cleanup: {failed}")

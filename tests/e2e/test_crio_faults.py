@@ -20,14 +20,14 @@ import uuid
 
 import pytest
 
-from tests.e2e.crionode import crio_leaks, crio_node
+from tests.e2e.crionode import crio_leaks, crio_rnode, start_secondary  # noqa: F401 (fixture)
 from tests.e2e.faultnode import (
     Churn,
     assert_pods_reach_each_other,
     assert_true_within_settle,
     broken_by_name,
+    churn_through_runtime_faults,
     synchronizations,
-    wait_resynchronized,
 )
 from tests.e2e.test_faults_containerd import CHURN_FAULTS, ROUNDS, _assert_nothing_left_after_removal
 from tests.e2e.test_recovery_node import pod_ids_in, wait_settled
@@ -36,37 +36,19 @@ from tests.support.containerd import remove_netns
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def node(tmp_path, make_bridge_network, make_crio):
-    node = crio_node(tmp_path, make_crio, make_bridge_network)
-    yield node
-    failed = node.cleanup()
-    if failed:
-        pytest.fail(f"cleanup: {failed}")
-
-
 def _whole_ready(node):
     broken = broken_by_name(node.daemon)
     return [p for p in node.runtime_pods() if p.id not in broken]
 
 
-def test_crio_killed_and_stopped_in_the_middle_of_a_churn(node):
+def test_crio_killed_and_stopped_in_the_middle_of_a_churn(crio_rnode):
+    node = crio_rnode
     crio = node.start_containerd()
     daemon = node.start_daemon(node.daemon_config([node.podnet(finalize=False)]))
     checker = node.leak_checker().start()
     churn = Churn(node).start()
     try:
-        for round_, fault in enumerate(CHURN_FAULTS):
-            churn.wait_created(len(churn.created) + 6)
-            if fault == "kill9":
-                assert crio.kill9() == -signal.SIGKILL
-            else:
-                crio.stop()
-            if round_ == ROUNDS - 1:
-                churn.stopping.set()  # what the last fault cut is the end state judged below
-            crio.start()
-            wait_resynchronized(daemon, round_ + 2)
-        churn.stop()
+        churn_through_runtime_faults(node, churn, CHURN_FAULTS)
         created = list(churn.created)
         checker.add_markers(*created)
         print(
@@ -100,11 +82,9 @@ def test_crio_killed_and_stopped_in_the_middle_of_a_churn(node):
         churn.stop()
 
 
-def test_nri_cni_killed_in_a_churn_pods_come_and_go_while_it_is_down(node):
-    daemon = node.start_secondary(node.fastnet())
-    crio = node.ctd
-    checker = node.leak_checker().start()
-    checker.dirs.append(str(node.primary.ipam_dir))
+def test_nri_cni_killed_in_a_churn_pods_come_and_go_while_it_is_down(crio_rnode):
+    node = crio_rnode
+    daemon, crio, checker = start_secondary(node, node.fastnet())
     churn = Churn(node).start()
     try:
         churn.wait_created(8)
@@ -135,7 +115,8 @@ def test_nri_cni_killed_in_a_churn_pods_come_and_go_while_it_is_down(node):
     assert checker.leaks() == []
 
 
-def test_nri_cni_restart_with_pods_attached_repairs_nothing(node):
+def test_nri_cni_restart_with_pods_attached_repairs_nothing(crio_rnode):
+    node = crio_rnode
     crio = node.start_containerd()
     cfg = node.daemon_config([node.podnet(finalize=False)])
     daemon = node.start_daemon(cfg)

@@ -19,25 +19,11 @@ import os
 import grpc
 import pytest
 
-from tests.e2e.crionode import crio_leaks, crio_node
-from tests.e2e.test_pod_shim import FINALIZE_PROBE
+from tests.e2e.crionode import crio_leaks, crio_rnode, start_secondary  # noqa: F401 (fixture)
 from tests.support.netns import unique_name
 from tests.support.podtruth import whole_problems
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def node(tmp_path, make_bridge_network, make_crio):
-    node = crio_node(tmp_path, make_crio, make_bridge_network)
-    node.probe_log = tmp_path / "probe.log"
-    (node.setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
-    (node.setup.bin_dir / "fin-probe").chmod(0o755)
-    (node.setup.finalize_dir / "50-probe.conf").write_text('{"type": "fin-probe"}')
-    yield node
-    failed = node.cleanup()
-    if failed:
-        pytest.fail(f"cleanup: {failed}")
 
 
 def _probe(node, pod) -> list[tuple[str, str, str]]:
@@ -65,12 +51,9 @@ def _assert_gone_clean(node, checker, pods) -> None:
     assert checker.leaks() == []
 
 
-def test_crio_eth0_net1_finalize_both_and_release_after_the_netns_is_gone(node):
-    daemon = node.start_secondary(node.fastnet())
-    crio = node.ctd
-    checker = node.leak_checker().start()
-    checker.dirs.append(str(node.primary.ipam_dir))
-    checker.bridges.add(node.primary.bridge)
+def test_crio_eth0_net1_finalize_both_and_release_after_the_netns_is_gone(crio_rnode):
+    node = crio_rnode
+    daemon, crio, checker = start_secondary(node, node.fastnet())
     pods = [node.run_pod(f"sec-{i}", ports=False) for i in range(3)]
     statuses = {p: crio.cri.pod_status(p) for p in pods}
     checker.add_markers(*pods, *(st.ip for st in statuses.values()))
@@ -117,10 +100,9 @@ def test_crio_eth0_net1_finalize_both_and_release_after_the_netns_is_gone(node):
     _assert_gone_clean(node, checker, pods)
 
 
-def test_remove_without_stop_releases_net1(node):
-    daemon = node.start_secondary(node.fastnet())
-    crio = node.ctd
-    checker = node.leak_checker().start()
+def test_remove_without_stop_releases_net1(crio_rnode):
+    node = crio_rnode
+    daemon, crio, checker = start_secondary(node, node.fastnet())
     pod = node.run_pod("nostop", ports=False)
     checker.add_markers(pod, crio.cri.pod_status(pod).ip)
     checker.learn()
@@ -132,14 +114,12 @@ def test_remove_without_stop_releases_net1(node):
 
 
 @pytest.mark.parametrize("policy", ["auto", "fail"])
-def test_net1_failure_on_run_fails_the_pod_and_crio_leaks_no_sandbox(node, policy):
+def test_net1_failure_on_run_fails_the_pod_and_crio_leaks_no_sandbox(crio_rnode, policy):
+    node = crio_rnode
     missing = unique_name("mm")  # a master that does not exist
     net1 = node.fastnet()
     net1["conflist"]["plugins"][0]["master"] = missing
-    daemon = node.start_secondary(net1, failure_policy=policy)
-    crio = node.ctd
-    checker = node.leak_checker().start()
-    checker.dirs.append(str(node.primary.ipam_dir))
+    daemon, crio, checker = start_secondary(node, net1, failure_policy=policy)
     with pytest.raises(grpc.RpcError) as err:
         node.run_pod("fail", ports=False)
     msg = str(err.value)

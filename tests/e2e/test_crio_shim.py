@@ -13,27 +13,13 @@ import uuid
 
 import pytest
 
-from tests.e2e.crionode import crio_leaks, crio_node
-from tests.e2e.test_pod_shim import FINALIZE_PROBE
+from tests.e2e.crionode import crio_leaks, crio_rnode  # noqa: F401 (fixture)
 from tests.support.netns import host_local_reservations, iptables_lines
 from tests.support.podtruth import whole_problems
 
 pytestmark = pytest.mark.e2e
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
-
-
-@pytest.fixture
-def node(tmp_path, make_bridge_network, make_crio):
-    node = crio_node(tmp_path, make_crio, make_bridge_network)
-    node.probe_log = tmp_path / "probe.log"
-    (node.setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
-    (node.setup.bin_dir / "fin-probe").chmod(0o755)
-    (node.setup.finalize_dir / "50-probe.conf").write_text('{"type": "fin-probe"}')
-    yield node
-    failed = node.cleanup()
-    if failed:
-        pytest.fail(f"cleanup: {failed}")
 
 
 def _start(node):
@@ -51,7 +37,8 @@ def _probe_lines(node, pod):
     return [ln.split() for ln in node.probe_log.read_text().splitlines() if ln.split()[1] == pod]
 
 
-def test_shipped_dropin_is_what_crio_runs(node):
+def test_shipped_dropin_is_what_crio_runs(crio_rnode):
+    node = crio_rnode
     crio = node.start_containerd()
     effective = crio.running_config()["crio"]
     assert effective["network"]["cni_default_network"] == "nri-cni"  # from config/crio as shipped
@@ -61,7 +48,8 @@ def test_shipped_dropin_is_what_crio_runs(node):
     assert crio.cri.version().runtime_name == "cri-o"
 
 
-def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(node):
+def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(crio_rnode):
+    node = crio_rnode
     crio, daemon = _start(node)
     checker = node.leak_checker().start()
     pods = [
@@ -105,7 +93,8 @@ def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(node):
     assert checker.leaks() == []
 
 
-def test_remove_without_stop(node):
+def test_remove_without_stop(crio_rnode):
+    node = crio_rnode
     crio, daemon = _start(node)
     checker = node.leak_checker().start()
     pod = node.run_pod("nostop", annotations={NETWORKS_ANNOTATION: "fastnet"})

@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -41,12 +40,12 @@ from tests.support.containerd import (
     _RecordingCriClient,
     cgroup_dirs,
     kill_cgroup_procs,
-    mounts_under,
     remove_cgroup_trees,
-    umount,
+    umount_under,
 )
 from tests.support.cri import CriClient, compile_cri, deps_prefix
 from tests.support.pause.image import PauseImage, build_pause_image
+from tests.support.runtime_proc import RuntimeProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_DROPIN = REPO_ROOT / "config" / "crio" / "crio.conf.d" / "10-nri-cni.conf"
@@ -104,8 +103,11 @@ class CrioError(RuntimeError):
     pass
 
 
-class Crio:
+class Crio(RuntimeProcess):
     """One crio process with private dirs. Not running until ``start()``."""
+
+    name = "crio"
+    error = CrioError
 
     def __init__(
         self,
@@ -119,13 +121,17 @@ class Crio:
         pause: PauseImage | None = None,
         log_level: str = "info",
         start_timeout: float = 30.0,
+        sock_dir: str | os.PathLike[str] | None = None,
+        nri_socket: str | None = None,
+        cgroup_parent: str | None = None,
     ) -> None:
         self.tmpdir = Path(tmpdir).resolve()
         self.tmpdir.mkdir(parents=True, exist_ok=True)
         self.tag = secrets.token_hex(4)
-        self.sock_dir = Path(tempfile.mkdtemp(prefix=f"ncrio-{self.tag}-"))  # short: sun_path
+        # short (sun_path); removed by cleanup(), CRI-O empties it at start (its seccomp dir)
+        self.sock_dir = Path(sock_dir or tempfile.mkdtemp(prefix=f"ncrio-{self.tag}-"))
         self.address = str(self.sock_dir / "crio.sock")
-        self.nri_socket = str(self.sock_dir / "nri.sock")
+        self.nri_socket = nri_socket or str(self.sock_dir / "nri.sock")
         self.cni_conf_dir = Path(cni_conf_dir)
         self.cni_bin_dirs = [str(d) for d in cni_bin_dirs]
         self.default_network = default_network
@@ -134,7 +140,7 @@ class Crio:
         self.pause = pause or build_pause_image()
         self.log_level = log_level
         self.start_timeout = start_timeout
-        self.cgroup_parent = f"/ncrio-{self.tag}"
+        self.cgroup_parent = cgroup_parent or f"/ncrio-{self.tag}"
         self.config_path = self.tmpdir / "crio.conf"
         self.config_dir = self.tmpdir / "crio.conf.d"
         self.storage_conf = self.tmpdir / "storage.conf"
@@ -156,6 +162,10 @@ class Crio:
         self.start_seconds: float | None = None
         compile_cri()
         _live.add(self)
+
+    def keep_at_exit(self) -> None:
+        """Not cleaned up when this Python process exits (the local node's CRI-O outlives it)."""
+        _live.discard(self)
 
     # -- config --------------------------------------------------------------------------------
 
@@ -298,14 +308,6 @@ class Crio:
     # -- process -------------------------------------------------------------------------------
 
     @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.running else None  # type: ignore[union-attr]
-
-    @property
     def cri(self) -> CriClient:
         if self._cri is None:
             self._cri = _CrioCriClient(self, self.address, cgroup_parent=self.cgroup_parent)
@@ -322,18 +324,7 @@ class Crio:
             self._image_imported = True
         for sock in (self.address, self.nri_socket):
             Path(sock).unlink(missing_ok=True)
-        t0 = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            log.write(f"---- nri-cni test: starting crio ({time.ctime()})\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.crio_argv(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env(),
-                start_new_session=True,
-            )
+        t0 = self._spawn(self.crio_argv(), self.env())
         try:
             self._wait_ready(t0)
             self.start_seconds = time.monotonic() - t0
@@ -370,56 +361,6 @@ class Crio:
         if proc.returncode != 0:
             raise CrioError(f"copyimg failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
-    def _wait_ready(self, t0: float) -> None:
-        deadline = t0 + self.start_timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise CrioError(f"crio exited ({self.proc and self.proc.returncode})\n{self.log_tail()}")
-            if os.path.exists(self.address):
-                try:
-                    self.cri.version(timeout=1.0)
-                    return
-                except Exception as exc:  # grpc.RpcError until it listens
-                    last = exc
-            time.sleep(0.02)
-        raise CrioError(f"crio not ready after {self.start_timeout}s: {last}\n{self.log_tail()}")
-
-    def _close_cri(self) -> None:
-        if self._cri is not None:
-            self._cri.close()
-            self._cri = None
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM by PID, wait (SIGKILL only past `timeout`). Pods stay (their pins too)."""
-        self._close_cri()
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-    def kill9(self) -> int:
-        """SIGKILL by PID: none of CRI-O's shutdown runs. Returns the exit status."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            raise CrioError("crio is not running")
-        os.kill(proc.pid, signal.SIGKILL)
-        status = proc.wait(10)
-        self._close_cri()  # after the kill: closing first would cancel calls in flight
-        return status
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "(no crio log)"
-        return "\n".join(text[-lines:])
-
     # -- what it leaves outside its dirs -------------------------------------------------------
 
     def _remember_pod(self, pod_id: str, netns: str | None = None) -> None:
@@ -443,20 +384,7 @@ class Crio:
         """Remove every pod, stop CRI-O, then remove what it left outside its dirs.
         Returns the problems (empty when all went well)."""
         problems: list[str] = []
-        pods = set(self._known_pods)
-        if self.running:
-            try:
-                listed = self.cri.list_pods()
-            except Exception as exc:
-                problems.append(f"ListPodSandbox: {exc}")
-                listed = []
-            for pod in listed:
-                pods.add(pod.id)
-                for step in (self.cri.stop_pod, self.cri.remove_pod):
-                    try:
-                        step(pod.id)
-                    except Exception as exc:
-                        problems.append(f"{step.__name__}({pod.id[:12]}): {exc}")
+        pods = set(self._known_pods) | self.remove_listed_pods(problems)
         try:
             self.stop()
         except Exception as exc:
@@ -468,12 +396,7 @@ class Crio:
             for entry in self.cni_cache_entries(pod_id):
                 entry.unlink(missing_ok=True)
         problems += remove_cgroup_trees(tops)
-        for base in (self.tmpdir, self.sock_dir):
-            for mp in mounts_under(base):
-                try:
-                    umount(mp)
-                except OSError as exc:
-                    problems.append(f"umount {mp}: {exc}")
+        umount_under((self.tmpdir, self.sock_dir), problems)
         for d in (self.storage, self.run_dir, self.ns_dir, self.tmpdir / "tmp", self.tmpdir / "lib"):
             shutil.rmtree(d, ignore_errors=True)
             if d.exists():
@@ -482,19 +405,21 @@ class Crio:
         return problems
 
 
-class _CrioCriClient(_RecordingCriClient):
-    """containerd's recording client (it calls ``_remember_pod`` for each pod it sees), with
-    each container in its own PID namespace: a pod-wide one makes CRI-O run an infra
-    container even with drop_infra_ctr, whose oom_score_adj of -998 a container of this test
-    bed may not set. The pods' network namespaces are pinned by CRI-O all the same."""
-
-    def __init__(self, owner: Crio, address: str, **kw: Any) -> None:
-        super().__init__(owner, address, **kw)  # type: ignore[arg-type]
+class CrioCriClient(CriClient):
+    """A CRI client for CRI-O whose pods give each container its own PID namespace: a pod-wide
+    one makes CRI-O run an infra container even with drop_infra_ctr, whose oom_score_adj of
+    -998 a container of this test bed may not set. CRI-O pins the pods' network namespaces
+    all the same."""
 
     def pod_config(self, *args: Any, **kwargs: Any) -> Any:
         cfg = super().pod_config(*args, **kwargs)
         cfg.linux.security_context.namespace_options.pid = self.pb.NamespaceMode.CONTAINER
         return cfg
+
+
+class _CrioCriClient(_RecordingCriClient, CrioCriClient):
+    """The instance's client: containerd's recording one (it calls ``_remember_pod`` for each
+    pod it sees) with CRI-O's pod config."""
 
 
 @atexit.register
