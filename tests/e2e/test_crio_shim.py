@@ -8,12 +8,14 @@ then unpins the netns, then NRI STOP; a remove without a stop sends CNI DEL and 
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import uuid
 
 import pytest
 
 from tests.e2e.crionode import crio_leaks, crio_rnode  # noqa: F401 (fixture)
+from tests.e2e.test_nad import nad
 from tests.support.netns import host_local_reservations, iptables_lines
 from tests.support.podtruth import whole_problems
 
@@ -106,4 +108,50 @@ def test_remove_without_stop(crio_rnode):
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert daemon.pods() == []
     assert crio_leaks(crio, [pod]) == []
+    assert checker.leaks() == []
+
+
+def test_extra_networks_by_annotation_forms_and_network_attachment_definition(crio_rnode, tmp_path):
+    """The Multus annotation in its forms (name, namespace/name, name@interface, JSON) naming a
+    network of nri-cni's config or a NetworkAttachmentDefinition file, on CRI-O."""
+    node = crio_rnode
+    nad_dir = tmp_path / "nad.d"
+    nad_dir.mkdir()
+    nad_subnet = node.net1_subnet.replace(".0/24", ".128/25")
+    (nad_dir / "mv.yaml").write_text(nad("mv-conf", node.master, nad_subnet, str(node.setup.ipam_dir)))
+    fastnet = node.fastnet()
+    fastnet["conflist"]["plugins"][0]["ipam"]["ranges"] = [
+        [{"subnet": node.net1_subnet.replace(".0/24", ".0/25")}]
+    ]
+    fastnet["default"] = False
+    fastnet["namespaces"] = ["nct-e2e"]
+    crio = node.start_containerd()
+    daemon = node.start_daemon(
+        node.daemon_config([node.podnet(finalize=False), fastnet], nad_dir=str(nad_dir))
+    )
+    checker = node.leak_checker().start()
+    forms = {
+        "fastnet": [("fastnet", "net1")],
+        "nct-e2e/mv-conf": [("nct-e2e/mv-conf", "net1")],
+        "fastnet@fast0, mv-conf@mv0": [("fastnet", "fast0"), ("nct-e2e/mv-conf", "mv0")],
+        json.dumps([{"name": "mv-conf", "namespace": "nct-e2e", "interface": "mv1"}]): [
+            ("nct-e2e/mv-conf", "mv1")
+        ],
+    }
+    pods = {
+        node.run_pod(f"forms-{i}", ports=False, annotations={NETWORKS_ANNOTATION: value}): want
+        for i, (value, want) in enumerate(forms.items())
+    }
+    table = {p["id"]: p["network-status"] for p in daemon.pods()}
+    runtime = {p.id: p for p in node.runtime_pods()}
+    for pod, want in pods.items():
+        checker.add_markers(pod, runtime[pod].ips[0])
+        listed = [(n["name"], n["interface"]) for n in table[pod]]
+        assert listed[0] == ("podnet", "eth0") and sorted(listed[1:]) == sorted(want), listed
+        assert whole_problems(runtime[pod], ["eth0", *(i for _, i in want)]) == []
+    checker.learn()
+    for pod in pods:
+        node.remove_pod(pod)
+    assert host_local_reservations(node.setup.ipam_dir) == []
+    assert daemon.pods() == [] and crio_leaks(crio, pods) == []
     assert checker.leaks() == []
