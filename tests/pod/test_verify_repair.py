@@ -494,3 +494,27 @@ def test_shim_pod_the_runtime_deleted_and_lists_again_without_an_ip_is_reported_
         await w.teardown()
 
     asyncio.run(scenario())
+
+
+def test_a_runtimes_check_is_an_operation_of_its_own(node, podop_log):
+    """CRI-O runs CNI CHECK (through the shim) right after each ADD and of every pod at its
+    start: one `check` record with each network's step (the daemon's record also takes the
+    plugins' CHECK calls, which its next operation's record then does not list: e2e on CRI-O)."""
+    w = World(node)
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        await w.attach(pod)
+        await w.svc.check(pod)
+        await w.svc.detach(pod)
+        ops = {r["op"]: r for r in repair_records(podop_log) if r["podId"] == pod.id}
+        assert sorted(ops) == ["add", "check", "del"]
+        assert [(n["network"], n["ifname"], n["op"]) for n in ops["check"]["networks"]] == [
+            ("podnet", "eth0", "check")
+        ]
+        assert ops["check"]["result"] == "ok" and ops["del"]["networks"][0]["op"] == "del"
+        await w.svc.check(pod)  # nothing of the pod's left: no record
+        assert sum(r["op"] == "check" for r in repair_records(podop_log)) == 1
+        await w.teardown()
+
+    asyncio.run(scenario())
