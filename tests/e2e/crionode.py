@@ -1,4 +1,5 @@
-"""What the CRI-O tests share (no tests in here): the containerd tests' node (RecoveryNode:
+"""What the CRI-O tests share (no tests in here), and the tests written once for both runtimes
+(``runtime_node``: containerd, and CRI-O where it is installed): the containerd tests' node (RecoveryNode:
 nri-cni's dirs, bridge and macvlan networks, daemon, fault helpers) with a private CRI-O in
 containerd's place. The CRI-O instance has the interface the node uses (``cri``,
 ``nri_socket``, ``start``, ``stop``, ``kill9``), so the node's code runs unchanged.
@@ -18,7 +19,12 @@ import pytest
 
 from tests.e2e.test_pod_shim import FINALIZE_PROBE
 from tests.e2e.test_recovery_node import RecoveryNode
-from tests.support.crio import Crio
+from tests.support.containerd import CNI_RESULTS_DIR
+from tests.support.crio import Crio, available
+
+# the runtimes a test written once runs on: CRI-O only where it is installed (else its cases are
+# not collected, as test_crio_*.py are not)
+RUNTIMES = ("containerd", "crio") if available() else ("containerd",)
 
 REPO = Path(__file__).resolve().parents[2]
 CRIO_SHIM_CONFLIST = REPO / "config" / "crio" / "net.d" / "10-nri-cni.conflist"
@@ -52,18 +58,20 @@ def start_secondary(node: RecoveryNode, net1: dict, **extra):
     return daemon, node.ctd, checker.start()
 
 
-def crio_leaks(crio: Crio, pods) -> list[str]:
-    """What CRI-O keeps of removed pods outside nri-cni's dirs: libcni cache entries, and the
-    netns pins of the pods the test saw (CRI-O's orphans of a cut creation are its own leak)."""
-    out = [f"CRI-O's libcni cache entry {p}" for pod in pods for p in crio.cni_cache_entries(pod)]
-    return out + [f"netns pin {p}" for p in crio.netns_pins() if p in crio.known_netns]
+def runtime_leaks(runtime, pods) -> list[str]:
+    """What the runtime keeps of removed pods outside nri-cni's dirs: libcni cache entries, and
+    CRI-O's netns pins of the pods the test saw (its orphans of a cut creation are its own leak)."""
+    out = [
+        f"the runtime's libcni cache entry {p}" for pod in pods for p in CNI_RESULTS_DIR.glob(f"*-{pod}-*")
+    ]
+    if isinstance(runtime, Crio):
+        out += [f"netns pin {p}" for p in runtime.netns_pins() if p in runtime.known_netns]
+    return out
 
 
-@pytest.fixture
-def crio_rnode(tmp_path, make_bridge_network, make_crio):
-    """The node (with CRI-O) and a FINALIZE drop-in probe that logs "VERB pod ifname links," a
-    call to ``node.probe_log``; torn down in reverse: pods through the daemon, CRI-O, networks."""
-    node = crio_node(tmp_path, make_crio, make_bridge_network)
+def _probed(node: RecoveryNode, tmp_path: Path):
+    """The node with a FINALIZE drop-in probe that logs "VERB pod ifname links," a call to
+    ``node.probe_log``; torn down in reverse: pods through the daemon, the runtime, networks."""
     node.probe_log = tmp_path / "probe.log"
     (node.setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
     (node.setup.bin_dir / "fin-probe").chmod(0o755)
@@ -72,3 +80,20 @@ def crio_rnode(tmp_path, make_bridge_network, make_crio):
     failed = node.cleanup()
     if failed:
         pytest.fail(f"cleanup: {failed}")
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime_node(request, tmp_path, make_bridge_network, make_containerd, make_crio):
+    """The node on containerd, or on CRI-O (``node.runtime_name`` says which)."""
+    if request.param == "crio":
+        node = crio_node(tmp_path, make_crio, make_bridge_network)
+    else:
+        node = RecoveryNode(tmp_path, make_containerd, make_bridge_network)
+    node.runtime_name = request.param
+    yield from _probed(node, tmp_path)
+
+
+@pytest.fixture
+def crio_rnode(tmp_path, make_bridge_network, make_crio):
+    """The node on CRI-O, with the FINALIZE probe."""
+    yield from _probed(crio_node(tmp_path, make_crio, make_bridge_network), tmp_path)

@@ -1,12 +1,9 @@
-"""Faults on a real CRI-O 1.36, from outside, by PID (as the containerd fault tests do):
+"""Faults on a real CRI-O 1.36, from outside, by PID (as the containerd fault tests do): CRI-O
+killed (SIGKILL) and stopped (SIGTERM) in the middle of a churn of pod creations and removals,
+restarted with its pods kept (shim mode). nri-cni's own faults on CRI-O (killed in a churn,
+restarted with pods attached) are in test_runtimes.py, written once for both runtimes.
 
-- CRI-O killed (SIGKILL) and stopped (SIGTERM) in the middle of a churn of pod creations and
-  removals, restarted with its pods kept (shim mode);
-- nri-cni killed in the middle of a churn, pods created and removed while it is down, then
-  started again (secondary mode: CRI-O goes on without the plugin meanwhile);
-- nri-cni restarted with pods attached: ready, every pod verified, none repaired.
-
-Acceptance after each: every pod CRI-O lists READY has exactly its networks with the IPs CRI-O
+Acceptance: every pod CRI-O lists READY has exactly its networks with the IPs CRI-O
 reports, or nri-cni names it broken for a listed reason; `nri-cni pods` lists no pod CRI-O does
 not have; once every pod is removed nothing is left: no reservation, link, bridge port,
 firewall rule, cache or intent file, CRI-O libcni cache entry or netns pin.
@@ -14,13 +11,9 @@ firewall rule, cache or intent file, CRI-O libcni cache entry or netns pin.
 
 from __future__ import annotations
 
-import signal
-import time
-import uuid
-
 import pytest
 
-from tests.e2e.crionode import crio_leaks, crio_rnode, start_secondary  # noqa: F401 (fixture)
+from tests.e2e.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
 from tests.e2e.faultnode import (
     Churn,
     assert_pods_reach_each_other,
@@ -30,7 +23,7 @@ from tests.e2e.faultnode import (
     synchronizations,
 )
 from tests.e2e.test_faults_containerd import CHURN_FAULTS, ROUNDS, _assert_nothing_left_after_removal
-from tests.e2e.test_recovery_node import pod_ids_in, wait_settled
+from tests.e2e.test_recovery_node import pod_ids_in
 from tests.support.containerd import remove_netns
 
 pytestmark = pytest.mark.e2e
@@ -77,72 +70,6 @@ def test_crio_killed_and_stopped_in_the_middle_of_a_churn(crio_rnode):
         assert_pods_reach_each_other(node, _whole_ready(node))
         assert synchronizations(daemon) == ROUNDS + 1
         _assert_nothing_left_after_removal(node, checker)
-        assert crio_leaks(crio, created) == []
+        assert runtime_leaks(crio, created) == []
     finally:
         churn.stop()
-
-
-def test_nri_cni_killed_in_a_churn_pods_come_and_go_while_it_is_down(crio_rnode):
-    node = crio_rnode
-    daemon, crio, checker = start_secondary(node, node.fastnet())
-    churn = Churn(node).start()
-    try:
-        churn.wait_created(8)
-        assert node.kill9() == -signal.SIGKILL
-        # CRI-O goes on without the plugin: pods are made (eth0 only) and removed meanwhile
-        churn.wait_created(len(churn.created) + 8)
-    finally:
-        churn.stop()
-    assert churn.failed == []  # CRI-O itself was never down
-    for pod in churn.kept[:2]:  # two pods that had net1 (or not) go while nri-cni is down
-        node.remove_pod(pod)
-    mark = daemon.log_path.stat().st_size
-    daemon.start(wait_registered=True)
-    wait_settled(daemon, mark)
-    created = list(churn.created)
-    checker.add_markers(*created)
-    listed = {p.id for p in crio.cri.list_pods()}
-    # the roster: nri-cni reports exactly CRI-O's pods, none it removed meanwhile
-    assert {p["id"] for p in daemon.pods()} == listed
-    took = assert_true_within_settle(node, interfaces=("eth0", "net1"))
-    print(f"{len(created)} pods created, CRI-O lists {len(listed)}; whole {took:.2f} s after the restart")
-    for pod in listed:
-        node.remove_pod(pod)
-    assert node.reservations() == [] and node.primary.reservations() == {}
-    assert node.cache_files() == [] and node.intents() == []
-    assert daemon.pods() == []
-    assert crio_leaks(crio, created) == []
-    assert checker.leaks() == []
-
-
-def test_nri_cni_restart_with_pods_attached_repairs_nothing(crio_rnode):
-    node = crio_rnode
-    crio = node.start_containerd()
-    cfg = node.daemon_config([node.podnet(finalize=False)])
-    daemon = node.start_daemon(cfg)
-    checker = node.leak_checker().start()
-    pods = [node.run_pod(f"keep-{i}-{uuid.uuid4().hex[:4]}", ports=False) for i in range(6)]
-    checker.add_markers(*pods)
-    checker.learn()
-    daemon.stop()
-    mark = daemon.log_path.stat().st_size
-    t0 = time.monotonic()
-    node.start_daemon(cfg)  # registered, synchronized, GC done, no repair pending
-    ready = time.monotonic() - t0
-    deadline = time.monotonic() + 60
-    while not daemon.status()["verify"]["verified"]:  # the verify round after the Synchronize
-        assert time.monotonic() < deadline, daemon.log_tail()
-        time.sleep(0.05)
-    verified = time.monotonic() - t0
-    status = daemon.status()
-    print(f"{len(pods)} pods: ready {ready:.2f} s, verified {verified:.2f} s; {status['podStates']}")
-    assert status["pendingRepair"] == [] and status["broken"] == []
-    with open(daemon.log_path, "rb") as f:
-        f.seek(mark)
-        assert b" repaired: " not in f.read()  # none repaired needlessly
-    assert node.not_whole(("eth0",)) == []
-    assert {p["id"] for p in daemon.pods()} == set(pods)
-    for pod in pods:
-        node.remove_pod(pod)
-    assert crio_leaks(crio, pods) == []
-    assert node.reservations() == [] and checker.leaks() == []

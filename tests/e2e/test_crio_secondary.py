@@ -19,7 +19,7 @@ import os
 import grpc
 import pytest
 
-from tests.e2e.crionode import crio_leaks, crio_rnode, start_secondary  # noqa: F401 (fixture)
+from tests.e2e.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
 from tests.support.netns import unique_name
 from tests.support.podtruth import whole_problems
 
@@ -47,7 +47,7 @@ def _assert_gone_clean(node, checker, pods) -> None:
     assert node.cache_files() == [] and node.intents() == []
     assert os.listdir(f"/sys/class/net/{node.primary.bridge}/brif") == []
     assert node.daemon.pods() == []
-    assert crio_leaks(node.ctd, pods) == []
+    assert runtime_leaks(node.ctd, pods) == []
     assert checker.leaks() == []
 
 
@@ -114,7 +114,7 @@ def test_remove_without_stop_releases_net1(crio_rnode):
 
 
 @pytest.mark.parametrize("policy", ["auto", "fail"])
-def test_net1_failure_on_run_fails_the_pod_and_crio_leaks_no_sandbox(crio_rnode, policy):
+def test_net1_failure_on_run_fails_the_pod_and_runtime_leaks_no_sandbox(crio_rnode, policy):
     node = crio_rnode
     missing = unique_name("mm")  # a master that does not exist
     net1 = node.fastnet()

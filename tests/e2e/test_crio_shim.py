@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.crionode import crio_leaks, crio_rnode  # noqa: F401 (fixture)
+from tests.e2e.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
 from tests.e2e.test_nad import nad
 from tests.support.netns import host_local_reservations, iptables_lines
 from tests.support.podtruth import whole_problems
@@ -99,7 +99,7 @@ def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(crio_rnode):
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert daemon.pods() == []
     assert node.intents() == [] and node.cache_files() == []
-    assert crio_leaks(crio, statuses) == []
+    assert runtime_leaks(crio, statuses) == []
     assert checker.leaks() == []
 
 
@@ -115,7 +115,7 @@ def test_remove_without_stop(crio_rnode):
     assert crio.cri.list_pods() == []
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert daemon.pods() == []
-    assert crio_leaks(crio, [pod]) == []
+    assert runtime_leaks(crio, [pod]) == []
     assert checker.leaks() == []
 
 
@@ -161,5 +161,5 @@ def test_extra_networks_by_annotation_forms_and_network_attachment_definition(cr
     for pod in pods:
         node.remove_pod(pod)
     assert host_local_reservations(node.setup.ipam_dir) == []
-    assert daemon.pods() == [] and crio_leaks(crio, pods) == []
+    assert daemon.pods() == [] and runtime_leaks(crio, pods) == []
     assert checker.leaks() == []
