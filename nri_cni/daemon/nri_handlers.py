@@ -10,8 +10,9 @@
 
 Which column applies is the mode's answer (nri_cni/app/modes.py). A failed attach in
 RunPodSandbox fails the pod (CRI-O: measured clean), except where the runtime would then leak
-the sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error logged, and the attachment
-retried by the repair loop. `failure_policy` in the config overrides this.
+the sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error
+logged, and the attachment retried by the repair loop. `failure_policy` in the config
+overrides this.
 """
 
 from __future__ import annotations
