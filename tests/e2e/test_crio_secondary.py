@@ -114,7 +114,7 @@ def test_remove_without_stop_releases_net1(crio_rnode):
 
 
 @pytest.mark.parametrize("policy", ["auto", "fail"])
-def test_net1_failure_on_run_fails_the_pod_and_runtime_leaks_no_sandbox(crio_rnode, policy):
+def test_net1_failure_on_run_fails_the_pod_and_crio_keeps_no_sandbox(crio_rnode, policy):
     node = crio_rnode
     missing = unique_name("mm")  # a master that does not exist
     net1 = node.fastnet()
