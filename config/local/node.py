@@ -2,6 +2,7 @@
 mode on its embedded default config, and a CRI client to start pods.
 
     python3 config/local/node.py up          # start containerd and nri-cni (background)
+    python3 config/local/node.py up --runtime crio   # the same with CRI-O instead of containerd
     python3 config/local/node.py status      # is each running, and is nri-cni ready
     python3 config/local/node.py pod NAME    # start a pod through CRI, print its IP
     python3 config/local/node.py rm NAME     # stop and remove that pod
@@ -12,6 +13,12 @@ node admin merges) with containerd's own dirs under /var/lib/nri-cni-local and i
 /run/nri-cni-local; NRI listens on the default /var/run/nri/nri.sock, CNI uses /etc/cni/net.d and
 /opt/cni/bin, exactly where the embedded default config expects them. No registry is reachable
 here, so the pause image is built locally (tests/support/pause) and imported.
+
+With `--runtime crio`: CRI-O (unpacked by .ci/install-deps from $NRI_CNI_CRIO_DIR, default
+../shared/crio) with the shipped config/crio/crio.conf.d/10-nri-cni.conf as it is, its own dirs
+under /run/nri-cni-local/crio (vfs storage, netns pins) and its socket in /run/nri-cni-local;
+the shim list is config/crio/net.d/10-nri-cni.conflist. The other commands act on the runtime
+`up` started (named in /run/nri-cni-local/runtime).
 
 Run with the system's python3 it re-runs itself with the virtualenv `config/local/up.sh` made
 (.venv), which has grpc and the rest. A failure is one line that says what to do, never a
@@ -48,8 +55,19 @@ if __name__ == "__main__":
     _in_venv_if_needed()
 sys.path.insert(0, str(REPO))
 
+from tests.support import crio as crio_support  # noqa: E402
 from tests.support import toml_write  # noqa: E402
-from tests.support.containerd import CRI_IMG, CRI_RT, NRI, bin_dir, cni_plugin_dir, load_fragments  # noqa: E402
+from tests.support.containerd import (  # noqa: E402
+    CRI_IMG,
+    CRI_RT,
+    NRI,
+    bin_dir,
+    cgroup_dirs,
+    cni_plugin_dir,
+    load_fragments,
+    remove_cgroup_trees,
+    umount_under,
+)
 from tests.support.cri import CriClient  # noqa: E402
 from tests.support.pause.image import build_pause_image  # noqa: E402
 
@@ -59,6 +77,8 @@ ADDRESS = RUN / "containerd.sock"
 CONF_DIR = Path("/etc/cni/net.d")
 BIN_DIR = Path("/opt/cni/bin")
 SHIM_LIST = REPO / "config" / "containerd" / "net.d" / "10-nri-cni.conflist"
+CRIO_SHIM_LIST = REPO / "config" / "crio" / "net.d" / "10-nri-cni.conflist"
+CGROUP_PARENT = "/nri-cni-local"
 NAMESPACE = "demo"
 STARTED = float(os.environ.get("NRI_CNI_UP_START") or time.time())  # up.sh's clock, if it started us
 
@@ -101,8 +121,15 @@ def start_background(name: str, argv: list[str], env: dict | None = None) -> int
     return proc.pid
 
 
-def install_cni() -> None:
-    """The real plugins, the shim, and the shim list as containerd's only network."""
+def runtime() -> str:
+    try:
+        return (RUN / "runtime").read_text().strip() or "containerd"  # which one `up` started
+    except OSError:
+        return "containerd"
+
+
+def install_cni(shim_list: Path = SHIM_LIST) -> None:
+    """The real plugins, the shim, and the shim list as the runtime's only network."""
     BIN_DIR.mkdir(parents=True, exist_ok=True)
     for plugin in cni_plugin_dir().iterdir():
         target = BIN_DIR / plugin.name
@@ -110,7 +137,7 @@ def install_cni() -> None:
             target.symlink_to(plugin)
     sh(sys.executable, "-m", "nri_cni.cli", "install-shim", str(BIN_DIR), stdout=subprocess.DEVNULL)
     CONF_DIR.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SHIM_LIST, CONF_DIR / SHIM_LIST.name)
+    shutil.copyfile(shim_list, CONF_DIR / shim_list.name)
 
 
 def containerd_config(pause_ref: str) -> Path:
@@ -132,16 +159,24 @@ def containerd_config(pause_ref: str) -> Path:
 
 
 def cri() -> CriClient:
-    return CriClient(str(ADDRESS), cgroup_parent="/nri-cni-local")
+    if runtime() == "crio":
+        return crio_support.CrioCriClient(str(RUN / "crio.sock"), cgroup_parent=CGROUP_PARENT)
+    return CriClient(str(ADDRESS), cgroup_parent=CGROUP_PARENT)
 
 
 def nri_cni(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nri_cni.cli", *args], capture_output=True, text=True)
 
 
-def up() -> int:
+def up(runtime_name: str = "containerd") -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     RUN.mkdir(parents=True, exist_ok=True)
+    running = runtime()
+    if running != runtime_name and pid_of(running):
+        raise NodeError(f"the local node runs {running}: `python3 config/local/node.py down` first")
+    (RUN / "runtime").write_text(runtime_name)
+    if runtime_name == "crio":
+        return up_crio()
     say(f"installing the CNI plugins and nri-cni-shim into {BIN_DIR}, the shim list into {CONF_DIR}")
     install_cni()
     say("building the pause image (no registry here)")
@@ -177,11 +212,59 @@ def up() -> int:
     return 0
 
 
+def crio_instance() -> crio_support.Crio:
+    """The local node's CRI-O: the shipped drop-in, its dirs under RUN/crio, NRI and CNI where
+    nri-cni's embedded default config expects them."""
+    if not crio_support.available():
+        raise NodeError(
+            f"no CRI-O in {crio_support.bin_dir()} (or no conmon): put it at ../shared/crio or set "
+            "NRI_CNI_CRIO_DIR, then run `bash config/local/up.sh --runtime crio` again"
+        )
+    inst = crio_support.Crio(
+        RUN / "crio",  # not under /var/lib: copyimg runs with a tmpfs over it
+        cni_conf_dir=CONF_DIR,
+        cni_bin_dirs=[BIN_DIR],
+        pause=build_pause_image(),
+        sock_dir=RUN,
+        nri_socket="/var/run/nri/nri.sock",
+        cgroup_parent=CGROUP_PARENT,
+    )
+    inst.keep_at_exit()
+    return inst
+
+
+def up_crio() -> int:
+    say(f"installing the CNI plugins and nri-cni-shim into {BIN_DIR}, the shim list into {CONF_DIR}")
+    install_cni(CRIO_SHIM_LIST)
+    if not pid_of("crio"):
+        inst = crio_instance()
+        inst.write_config()
+        say("importing the pause image into CRI-O's storage (built here: no registry)")
+        inst.import_pause()
+        say("starting CRI-O (NRI on, config/crio/crio.conf.d/10-nri-cni.conf as shipped)")
+        start_background("crio", inst.crio_argv(), inst.env())
+        say(f"waiting for CRI-O's socket {RUN / 'crio.sock'}")
+        for _ in range(300):
+            if not pid_of("crio"):
+                raise NodeError(f"CRI-O exited at start; see {STATE / 'crio.log'}")
+            try:
+                cri().version(timeout=1.0)
+                break
+            except Exception:  # grpc.RpcError until it listens
+                time.sleep(0.1)
+        else:
+            raise NodeError(f"CRI-O did not start; see {STATE / 'crio.log'}")
+    say(f"crio:       running (pid {pid_of('crio')}, log {STATE / 'crio.log'})")
+    start_nri_cni()
+    print(f"try:  python3 config/local/node.py pod demo-1 && {REPO / '.venv/bin/nri-cni'} pods")
+    return 0
+
+
 def start_nri_cni() -> None:
     if not pid_of("nri-cni"):
         say("starting nri-cni (shim mode, embedded default config)")
         start_background("nri-cni", [sys.executable, "-m", "nri_cni.cli", "run"])
-    say("waiting for nri-cni to register with containerd and report ready")
+    say(f"waiting for nri-cni to register with {runtime()} and report ready")
     for _ in range(200):
         if nri_cni("status").returncode == 0:
             break
@@ -195,7 +278,7 @@ def start_nri_cni() -> None:
 
 def require_running() -> None:
     """Pod commands need both; after a crash, say which one is gone and where its log is."""
-    if not pid_of("containerd"):
+    if not pid_of(runtime()):
         raise NodeError("the local node is not up: run `bash config/local/up.sh`")
     if not pid_of("nri-cni"):
         log = STATE / "nri-cni.log"
@@ -215,7 +298,7 @@ def _last_line(path: Path) -> str:
 
 
 def status() -> int:
-    for name in ("containerd", "nri-cni"):
+    for name in (runtime(), "nri-cni"):
         pid = pid_of(name)
         print(
             f"{name + ':':12}{f'running (pid {pid})' if pid else 'not running'}, log {STATE / (name + '.log')}"
@@ -248,14 +331,15 @@ def rm(name: str) -> int:
 
 
 def down() -> int:
-    if pid_of("containerd"):
+    rt = runtime()
+    if pid_of(rt):
         if not pid_of("nri-cni"):  # crashed: the pods' DELs need it (IPAM leases, links)
             start_nri_cni()
         client = cri()
         for p in client.list_pods():
             client.stop_pod(p.id)
             client.remove_pod(p.id)
-    for name in ("nri-cni", "containerd"):
+    for name in ("nri-cni", rt):
         pid = pid_of(name)
         if pid:
             os.kill(pid, signal.SIGTERM)
@@ -264,9 +348,19 @@ def down() -> int:
                     break
                 time.sleep(0.1)
         (RUN / f"{name}.pid").unlink(missing_ok=True)
-    # containerd's shims outlive it by design; stop the ones of this node
-    subprocess.run(["pkill", "-f", f"containerd-shim-runc-v2 .*-address {ADDRESS}"], check=False)
-    subprocess.run(["umount", "-R", str(RUN / "state")], capture_output=True, check=False)
+    if rt == "crio":
+        # its netns pins (CRI-O removes a pod's at its stop; a crash leaves them) and the pods'
+        # cgroups, which CRI-O leaves behind
+        problems: list[str] = []
+        umount_under((RUN / "crio",), problems)
+        problems += remove_cgroup_trees(cgroup_dirs(CGROUP_PARENT))
+        Path("/var/run/nri/nri.sock").unlink(missing_ok=True)  # CRI-O leaves its NRI socket
+        for problem in problems:
+            say(problem)
+    else:
+        # containerd's shims outlive it by design; stop the ones of this node
+        subprocess.run(["pkill", "-f", f"containerd-shim-runc-v2 .*-address {ADDRESS}"], check=False)
+        subprocess.run(["umount", "-R", str(RUN / "state")], capture_output=True, check=False)
     shutil.rmtree(RUN, ignore_errors=True)
     subprocess.run(["ip", "link", "del", "nricni0"], capture_output=True, check=False)
     # what up installed: the shim's list (a real containerd would take it) and the binaries
@@ -280,7 +374,13 @@ def down() -> int:
     return 0
 
 
-COMMANDS = {"up": up, "status": status, "down": down}
+COMMANDS = {
+    "up": up,
+    "up-containerd": up,
+    "up-crio": lambda: up("crio"),
+    "status": status,
+    "down": down,
+}
 POD_COMMANDS = {"pod": pod, "rm": rm}
 
 
@@ -290,6 +390,11 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     _command = argv[0]
+    if argv[0] == "up" and len(argv) > 1:
+        if argv[1:] not in (["--runtime", "containerd"], ["--runtime", "crio"]):
+            print("usage: node.py up [--runtime containerd|crio]", file=sys.stderr)
+            return 2
+        argv = ["up-" + argv[2]]
     try:
         if argv[0] in POD_COMMANDS:
             if len(argv) != 2:

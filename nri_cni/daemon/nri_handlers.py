@@ -9,9 +9,10 @@
 | sync   | the runtime's pod list: GC everything else, repair pods missing an attachment              |
 
 Which column applies is the mode's answer (nri_cni/service/modes.py). A failed attach in
-RunPodSandbox fails the pod, except where the runtime would then leak the sandbox (containerd
-before 2.2.6, containerd#13355): there the pod is kept, the error logged, and the attachment
-retried by the repair loop. `failure_policy` in the config overrides this.
+RunPodSandbox fails the pod (CRI-O: measured clean), except where the runtime would then leak
+the sandbox (containerd before 2.2.6, containerd#13355): there the pod is kept, the error
+logged, and the attachment retried by the repair loop. `failure_policy` in the config
+overrides this.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from nri_cni.ttrpc import request_deadline
 
 log = logging.getLogger("nri_cni.nri")
 
-# containerd fixed the sandbox leak after a failed NRI RunPodSandbox in 2.2.6.
+# containerd fixed the sandbox leak after a failed NRI RunPodSandbox in 2.2.6. CRI-O has none
+# (measured on 1.36.3, tests/e2e/test_crio_secondary.py): it sends STOP and REMOVE at once,
+# rolls its own network back and keeps no sandbox, so `auto` fails the pod there.
 _LEAKS_SANDBOX_BEFORE = {"containerd": (2, 2, 6)}
 
 

@@ -55,19 +55,23 @@ class Detacher:
         if self.lifecycle is not None:
             self.lifecycle.poke()  # a retired generation may have lost its last attachment
 
-    async def check(self, pod: PodInfo) -> None:
+    async def check(self, pod: PodInfo, record: OpRecord) -> None:
         for entry in attach_order(self.cni.cache.entries(container_id=pod.id)):
             net = parse_conflist(entry.config, source=entry.path)
-            await self.cni.check(
-                net,
-                RuntimeConf(
-                    container_id=pod.id,
-                    netns=pod.netns or entry.netns,
-                    ifname=entry.ifname,
-                    args=list(entry.cni_args),
-                    capability_args=dict(entry.capability_args),
-                ),
-            )
+            t0 = time.perf_counter()
+            try:
+                await self.cni.check(
+                    net,
+                    RuntimeConf(
+                        container_id=pod.id,
+                        netns=pod.netns or entry.netns,
+                        ifname=entry.ifname,
+                        args=list(entry.cni_args),
+                        capability_args=dict(entry.capability_args),
+                    ),
+                )
+            finally:
+                record.step(entry.network_name, entry.ifname, "check", t0)
 
 
 def attach_order(entries: list[CacheEntry]) -> list[CacheEntry]:

@@ -152,7 +152,20 @@ class PodPlan:
             )
 
     async def check(self, pod: PodInfo) -> None:
-        await self.detacher.check(pod)
+        """The runtime's CHECK through the shim (CRI-O's right after each ADD, and of every pod
+        at its start): an operation of its own, so its plugins' timings are not taken for the
+        pod's next operation's."""
+        record = OpRecord("check", pod)
+        try:
+            await self.detacher.check(pod, record)
+        except NriCniError as exc:
+            record.fail(exc)
+            raise
+        finally:
+            if record.networks or record.error is not None:
+                self.oplog.emit(record)
+            else:  # nothing of the pod's to check
+                self.oplog.discard(record)
 
     # -- upkeep ------------------------------------------------------------------------------
 

@@ -36,6 +36,9 @@ class PodLedger:
         # pods whose NRI StopPodSandbox came: the runtime sends them events (containerd sends
         # none for pods that lived through its restart), their RemovePodSandbox will come
         self.stop_events: set[str] = set()
+        # pods the runtime tore down and then listed again in a Synchronize: a runtime restarted
+        # in the middle of its stop (CRI-O after SIGTERM or SIGKILL) has them READY again
+        self.relisted: set[str] = set()
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
@@ -43,12 +46,14 @@ class PodLedger:
         runtime stores the pod only after the event, so a Synchronize may still miss it."""
         self.pods[pod.id] = pod
         self.stopped.discard(pod.id)
+        self.relisted.discard(pod.id)
 
     def attached(self, pod: PodInfo) -> None:
         """An ADD for the pod finished; the runtime lists the pod only later (and a
         Synchronize that comes first must not make it garbage)."""
         self.unconfirmed[pod.id] = (self._syncs, pod.netns)
         self.stopped.discard(pod.id)
+        self.relisted.discard(pod.id)
 
     def answered(self, pod_id: str, ips: tuple[str, ...]) -> None:
         """Native mode: nri-cni answered RunPodSandbox with these IPs. The event's PodSandbox
@@ -84,6 +89,7 @@ class PodLedger:
         pod = self.pods.get(pod_id)
         if pod is not None:
             self.pods[pod_id] = dataclasses.replace(pod, ips=())
+        self.relisted.discard(pod_id)
 
     def needs_repair(self, pod: PodInfo) -> None:
         self.repair[pod.id] = pod
@@ -94,7 +100,10 @@ class PodLedger:
         self._syncs += 1
         for pod_id in self.pods:
             self.unconfirmed.pop(pod_id, None)
-            self.stopped.discard(pod_id)  # listed again: the runtime's word is the newest
+            if pod_id in self.stopped:  # listed again: the runtime's word is the newest
+                self.stopped.discard(pod_id)
+                self.relisted.add(pod_id)
+        self.relisted &= set(self.pods)
         # a pod the runtime had (listed, or an event) that this list misses gets until the next
         # one; a pod nri-cni never saw the runtime have (it was down) does not
         for pod_id, pod in previous.items():

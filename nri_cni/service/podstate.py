@@ -11,10 +11,13 @@ metrics use.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+log = logging.getLogger("nri_cni.daemon")
 
 
 class PodState(Enum):
@@ -36,6 +39,7 @@ class BrokenCode(Enum):
     DEL_FAILED = "del-failed"  # its DEL (stop, remove, GC) fails: resources held, the reason says why
     NETNS_UNREADABLE = "netns-unreadable"  # its netns path is gone while the pod still runs
     UNREADABLE = "unreadable"  # part of what it needs could not be read: never called ok
+    TORN_DOWN = "torn-down"  # shim mode: the runtime deleted its network, then listed it READY
 
 
 @dataclass(frozen=True)
@@ -97,10 +101,16 @@ class HealthBook:
     def get(self, pod_id: str) -> PodHealth | None:
         return self._pods.get(pod_id)
 
-    def ok(self, pod_id: str, attachments: list[AttachmentVerdict] | None = None) -> PodHealth:
+    def ok(
+        self, pod_id: str, attachments: list[AttachmentVerdict] | None = None, *, label: str = ""
+    ) -> PodHealth:
         """Verified and true. A pod that was repaired stays "repaired" (with its count) until
-        it is forgotten: an admin wants to see that it happened."""
+        it is forgotten: an admin wants to see that it happened. One log line as a pod leaves
+        broken (`label`: the pod's name for it)."""
         old = self._pods.get(pod_id)
+        if old is not None and old.state is PodState.BROKEN:
+            code = old.code.value if old.code else ""
+            log.info("pod %s id=%s is no longer broken (%s): the node agrees again", label, pod_id, code)
         if old is not None and old.state is PodState.REPAIRED:
             old.attachments = attachments or []
             return old
@@ -125,10 +135,19 @@ class HealthBook:
         return health
 
     def broken(
-        self, pod_id: str, code: BrokenCode, reason: str, attachments: list[AttachmentVerdict] | None = None
+        self,
+        pod_id: str,
+        code: BrokenCode,
+        reason: str,
+        attachments: list[AttachmentVerdict] | None = None,
+        *,
+        label: str = "",
     ) -> PodHealth:
-        """Returns the entry; `since` is kept while the pod stays broken for the same code."""
+        """Returns the entry; `since` is kept while the pod stays broken for the same code. One
+        log line as a pod enters (this) broken state (`label`: the pod's name for it)."""
         old = self._pods.get(pod_id)
+        if old is None or old.code is not code:
+            log.warning("pod %s id=%s is broken (%s): %s", label, pod_id, code.value, reason)
         health = PodHealth(
             pod_id,
             PodState.BROKEN,

@@ -169,9 +169,7 @@ class PodService:
         (once in the log as it starts failing); GC retries it while the runtime does not list
         the pod, the runtime's stop retries it while it does."""
         reason = f"its DEL fails, so nri-cni still holds its networks: {error}; {DEL_ACTION}"
-        if not self._del_failed(pod_id):
-            log.warning("pod %s id=%s is broken (del-failed): %s", label, pod_id, reason)
-        self.health.broken(pod_id, BrokenCode.DEL_FAILED, reason)
+        self.health.broken(pod_id, BrokenCode.DEL_FAILED, reason, label=label)
 
     def _removal_due(self, pod_id: str) -> None:
         """The runtime tore the pod down (the shim's DEL) and sent no NRI stop for it within

@@ -58,7 +58,7 @@ from nri_cni.pod.repair import (
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
 from nri_cni.service.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
-from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
+from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
 from nri_cni.service.runtime_ips import ip_mismatch, missed_reason, native_readd, primary_key
 
 log = logging.getLogger("nri_cni.daemon")
@@ -285,8 +285,16 @@ class Verifier:
             and self.mode.adds_behind_runtime
         ):
             # shim mode, nothing of ours and no IP the runtime reports: no network it knows of
-            # to make true (a pod in creation, or one the runtime never networked)
-            return None
+            # to make true (a pod in creation, or one the runtime never networked) ...
+            if pod.id not in self.ledger.relisted:
+                return None
+            # ... or one whose network the runtime deleted (its CNI DEL) before a restart cut
+            # its stop short: listed READY again, with no IP, which a new ADD would not change
+            reason = (
+                f"{what}: the runtime deleted its network and, restarted, lists it READY without "
+                "an IP; stop or delete the pod"
+            )
+            return self._broken(pod, BrokenCode.TORN_DOWN, reason, verdicts)
         readd: dict[Key, tuple[str, ...]] = {}
         if (
             self.mode.runtime_reports_our_ips
@@ -398,23 +406,9 @@ class Verifier:
         return self._broken(pod, BrokenCode.REPAIR_FAILED, reason, verdicts)
 
     def _ok(self, pod: PodInfo, verdicts: list[AttachmentVerdict]) -> PodHealth:
-        old = self.health.get(pod.id)
-        if old is not None and old.state is PodState.BROKEN:
-            log.info(
-                "pod %s id=%s is no longer broken (%s): the node agrees again",
-                pod.label(),
-                pod.id,
-                old.code.value if old.code else "",
-            )
-        return self.health.ok(pod.id, verdicts)
+        return self.health.ok(pod.id, verdicts, label=pod.label())
 
     def _broken(
         self, pod: PodInfo, code: BrokenCode, reason: str, verdicts: list[AttachmentVerdict]
     ) -> PodHealth:
-        old = self.health.get(pod.id)
-        health = self.health.broken(pod.id, code, reason, verdicts)
-        if old is None or old.code is not code:  # one line as it enters (this) broken state
-            log.warning(
-                "pod %s/%s id=%s is broken (%s): %s", pod.namespace, pod.name, pod.id, code.value, reason
-            )
-        return health
+        return self.health.broken(pod.id, code, reason, verdicts, label=f"{pod.namespace}/{pod.name}")

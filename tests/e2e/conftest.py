@@ -6,6 +6,10 @@
   tests/support/containerd.py for the arguments; ``cni_bin_dirs`` defaults to the Debian CNI
   plugins, ``start=False`` returns it unstarted). Every instance is cleaned up after the test;
   when the test failed, the tail of its log is printed.
+- ``make_crio(**kwargs)``: the same for a private CRI-O (tests/support/crio.py). Its tests,
+  ``test_crio_*.py``, are collected only where CRI-O is installed; with
+  ``NRI_CNI_CRIO_REPORT=FILE`` the run writes how many of them passed, failed, were skipped or
+  deselected there (.ci/run fails on none run or any skipped).
 - ``make_bridge_network(**kwargs)`` / ``bridge_network``: a bridge + host-local + portmap CNI
   conf dir (nctbr0, 10.246.0.0/24 by default) whose host-side traces are removed afterwards.
   Request it BEFORE ``make_containerd`` so that containerd's pods are gone first.
@@ -25,9 +29,32 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from tests.e2e.hostnet import BridgeNetwork  # noqa: E402
+from tests.support import crio as crio_support  # noqa: E402
 from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
 from tests.support.cri import CriModules, compile_cri  # noqa: E402
 from tests.support.pause.image import PauseImage, build_pause_image  # noqa: E402
+
+if not crio_support.available():
+    collect_ignore_glob = ["test_crio_*.py"]
+_crio_tally = crio_support.Tally()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if crio_support.is_crio_test(item.nodeid):
+            item.add_marker(pytest.mark.crio)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _crio_tally.deselected(items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _crio_tally.report(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _crio_tally.write()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -53,19 +80,20 @@ def cri_modules() -> CriModules:
     return compile_cri()
 
 
-@pytest.fixture
-def make_containerd(
+def _runtimes(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     pause_image: PauseImage,
-    cri_modules: CriModules,
-) -> Iterator[Callable[..., Containerd]]:
-    instances: list[Containerd] = []
+    cls: type[Containerd] | type[crio_support.Crio],
+) -> Iterator[Callable[..., Any]]:
+    """A factory of private runtime instances of `cls`, each cleaned up after the test (the
+    tail of its log printed when the test failed)."""
+    instances: list[Any] = []
 
-    def factory(*, start: bool = True, **kwargs: Any) -> Containerd:
+    def factory(*, start: bool = True, **kwargs: Any) -> Any:
         kwargs.setdefault("cni_bin_dirs", [cni_plugin_dir()])
         kwargs.setdefault("pause", pause_image)
-        inst = Containerd(tmp_path_factory.mktemp("ctd"), **kwargs)
+        inst = cls(tmp_path_factory.mktemp(cls.name), **kwargs)
         instances.append(inst)
         if start:
             inst.start()
@@ -80,7 +108,27 @@ def make_containerd(
             print(f"\n---- tail of {inst.log_path}\n{inst.log_tail()}")
         problems += inst.cleanup()
     if problems:
-        pytest.fail("containerd cleanup left problems:\n  " + "\n  ".join(problems))
+        pytest.fail(f"{cls.name} cleanup left problems:\n  " + "\n  ".join(problems))
+
+
+@pytest.fixture
+def make_containerd(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    pause_image: PauseImage,
+    cri_modules: CriModules,
+) -> Iterator[Callable[..., Containerd]]:
+    yield from _runtimes(request, tmp_path_factory, pause_image, Containerd)
+
+
+@pytest.fixture
+def make_crio(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    pause_image: PauseImage,
+    cri_modules: CriModules,
+) -> Iterator[Callable[..., crio_support.Crio]]:
+    yield from _runtimes(request, tmp_path_factory, pause_image, crio_support.Crio)
 
 
 @pytest.fixture

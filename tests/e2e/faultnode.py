@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import signal
 import threading
 import time
 import uuid
@@ -112,6 +113,25 @@ def wait_resynchronized(daemon: NriCni, count: int, timeout: float = 60) -> None
     while synchronizations(daemon) < count or not daemon.status()["nri"]["synchronized"]:
         assert time.monotonic() < deadline, f"nri-cni did not reconnect:\n{daemon.log_tail()}"
         time.sleep(0.02)
+
+
+def churn_through_runtime_faults(rnode: RecoveryNode, churn: Churn, faults, after_restart=None) -> None:
+    """Each fault in turn, in the middle of the churn: the runtime killed ("kill9": SIGKILL) or
+    stopped ("stop": SIGTERM) by its PID, started again, nri-cni resynchronized (then
+    `after_restart()`). The last fault also ends the churn: what it cut is the end state."""
+    for round_, fault in enumerate(faults):
+        churn.wait_created(len(churn.created) + 6)
+        if fault == "kill9":
+            assert rnode.ctd.kill9() == -signal.SIGKILL
+        else:
+            rnode.ctd.stop()
+        if round_ == len(faults) - 1:
+            churn.stopping.set()
+        rnode.ctd.start()
+        wait_resynchronized(rnode.daemon, round_ + 2)
+        if after_restart is not None:
+            after_restart()
+    churn.stop()
 
 
 BROKEN_LINE = re.compile(r" id=([0-9a-f]+) is broken \(([a-z-]+)\): ")

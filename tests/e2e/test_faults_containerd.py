@@ -27,6 +27,7 @@ from tests.e2e.faultnode import (
     assert_pods_reach_each_other,
     assert_true_within_settle,
     broken_by_name,
+    churn_through_runtime_faults,
     synchronizations,
     wait_resynchronized,
 )
@@ -77,19 +78,9 @@ def test_containerd_killed_in_the_middle_of_a_churn_repeatedly(rnode, slow):
     checker = rnode.leak_checker().start()
     churn = Churn(rnode).start()
     try:
-        for round_, fault in enumerate(CHURN_FAULTS):
-            churn.wait_created(len(churn.created) + 6)
-            if fault == "kill9":
-                assert ctd.kill9() == -signal.SIGKILL
-            else:
-                ctd.stop()
-            if round_ == ROUNDS - 1:
-                churn.stopping.set()  # what the last fault cut is the end state judged below
-            ctd.start()
-            wait_resynchronized(daemon, round_ + 2)
-            if stub is not None:
-                stub.wait_synchronized(30)
-        churn.stop()
+        churn_through_runtime_faults(
+            rnode, churn, CHURN_FAULTS, after_restart=(lambda: stub.wait_synchronized(30)) if stub else None
+        )
         checker.add_markers(*churn.created)
         print(
             f"{len(churn.created)} pods created, {len(churn.failed)} calls cut; containerd lists "

@@ -77,6 +77,26 @@ def test_up_sh_says_what_it_does_with_times(tmp_path):
     assert any(line.startswith("node: config/local/node.py up start=") for line in lines)
 
 
+@pytest.mark.integration  # up.sh refuses to run as any user but root
+def test_up_sh_takes_the_runtime(tmp_path):
+    """`up.sh --runtime crio` hands the runtime to node.py; anything else is a usage error."""
+    executable(tmp_path / "config/local/up.sh", (ROOT / "config/local/up.sh").read_text())
+    executable(tmp_path / ".ci/install-deps", "true\n")
+    executable(tmp_path / ".ci/venv", f"echo {tmp_path}/.venv\n")
+    executable(tmp_path / ".venv/bin/python", '#!/bin/sh\necho "node: $*"\n')
+    env = {"PATH": SYSTEM_PATH, "HOME": str(tmp_path)}
+    run = [["bash", "config/local/up.sh", *args] for args in (["--runtime", "crio"], ["--runtime", "docker"])]
+    ok, bad = (subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True) for cmd in run)
+    assert ok.returncode == 0 and "node: config/local/node.py up --runtime crio" in ok.stdout, ok.stderr
+    assert bad.returncode == 2 and "usage: up.sh [--runtime containerd|crio]" in bad.stderr
+
+
+def test_node_py_up_takes_the_runtime(capsys):
+    node = load_node()
+    assert node.main(["up", "--runtime", "docker"]) == 2
+    assert "usage: node.py up [--runtime containerd|crio]" in capsys.readouterr().err
+
+
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     module = load_node()

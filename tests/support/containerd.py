@@ -25,13 +25,14 @@ import tempfile
 import time
 import tomllib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tests.support import toml_write
 from tests.support.cri import CriClient, compile_cri, deps_prefix
 from tests.support.pause.image import PauseImage, build_pause_image
+from tests.support.runtime_proc import RuntimeProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "config" / "containerd"
@@ -99,6 +100,18 @@ def mounts_under(prefix: Path) -> list[str]:
     return sorted(set(found), key=lambda m: (-m.count("/"), m))
 
 
+def umount_under(bases: Iterable[Path | None], problems: list[str]) -> None:
+    """Unmount everything at or below each base (deepest first); failures go to `problems`."""
+    for base in bases:
+        if base is None:
+            continue
+        for mp in mounts_under(base):
+            try:
+                umount(mp)
+            except OSError as exc:
+                problems.append(f"umount {mp}: {exc}")
+
+
 def remove_netns(path: str | os.PathLike[str]) -> None:
     umount(path)
     try:
@@ -135,12 +148,72 @@ def _orphan_netns(before: set[str]) -> list[Path]:
     return orphans
 
 
+def cgroup_dirs(parent: str) -> list[Path]:
+    """The cgroup `parent` in every mounted hierarchy (v1 and v2) where it exists."""
+    rel = parent.lstrip("/")
+    candidates = [CGROUP_ROOT / rel]
+    try:
+        candidates += [h / rel for h in CGROUP_ROOT.iterdir() if h.is_dir()]
+    except FileNotFoundError:
+        pass
+    return [c for c in candidates if c.is_dir()]
+
+
+def kill_cgroup_procs(tops: list[Path]) -> None:
+    """SIGKILL every process in the cgroup trees under `tops` (thawed first)."""
+    for top in tops:
+        for dirpath, _dirs, files in os.walk(top):
+            # runc freezes a container while it sets it up; a runtime killed meanwhile
+            # leaves `runc init` frozen, where SIGKILL waits until the cgroup is thawed
+            for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                if name in files:
+                    try:
+                        Path(dirpath, name).write_text(thawed)
+                    except OSError:
+                        pass
+            if "cgroup.procs" not in files:
+                continue
+            try:
+                pids = Path(dirpath, "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def remove_cgroup_trees(tops: list[Path]) -> list[str]:
+    """rmdir the cgroup trees under `tops`, deepest first; returns the problems."""
+    problems = []
+    for top in tops:
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+            for _ in range(50):
+                try:
+                    os.rmdir(dirpath)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        problems.append(f"rmdir {dirpath}: {exc}")
+                        break
+                    time.sleep(0.02)  # killed processes still exiting
+            else:
+                problems.append(f"rmdir {dirpath}: busy")
+    return problems
+
+
 class ContainerdError(RuntimeError):
     pass
 
 
-class Containerd:
+class Containerd(RuntimeProcess):
     """One containerd process with private dirs. Not running until ``start()``."""
+
+    name = "containerd"
+    error = ContainerdError
 
     def __init__(
         self,
@@ -248,14 +321,6 @@ class Containerd:
     # -- process -------------------------------------------------------------------------------
 
     @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.running else None  # type: ignore[union-attr]
-
-    @property
     def cri(self) -> CriClient:
         if self._cri is None:
             self._cri = _RecordingCriClient(self, self.address, cgroup_parent=self.cgroup_parent)
@@ -278,18 +343,7 @@ class Containerd:
                 os.unlink(sock)
             except FileNotFoundError:
                 pass
-        t0 = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            log.write(f"---- nri-cni test: starting containerd ({time.ctime()})\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                [str(exe), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env(),
-                start_new_session=True,
-            )
+        t0 = self._spawn([str(exe), "--config", str(self.config_path)], self.env())
         try:
             self._wait_ready(t0)
             self.start_seconds = time.monotonic() - t0
@@ -300,23 +354,6 @@ class Containerd:
         except BaseException:
             self.stop()
             raise
-
-    def _wait_ready(self, t0: float) -> None:
-        deadline = t0 + self.start_timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise ContainerdError(
-                    f"containerd exited ({self.proc and self.proc.returncode})\n{self.log_tail()}"
-                )
-            if os.path.exists(self.address):
-                try:
-                    self.cri.version(timeout=1.0)
-                    return
-                except Exception as exc:  # grpc.RpcError until the CRI plugin is up
-                    last = exc
-            time.sleep(0.02)
-        raise ContainerdError(f"containerd not ready after {self.start_timeout}s: {last}\n{self.log_tail()}")
 
     def ctr(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         cmd = [str(bin_dir() / "ctr"), "--address", self.address, "-n", K8S_NS, *args]
@@ -335,48 +372,6 @@ class Containerd:
             if time.monotonic() > deadline:
                 raise ContainerdError(f"CRI does not see {ref} after import\n{self.log_tail()}")
             time.sleep(0.02)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, wait, then SIGKILL. Pods (shims) keep running."""
-        if self._cri is not None:
-            self._cri.close()
-            self._cri = None
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-    def kill9(self) -> int:
-        """SIGKILL by PID (an OOM kill, a node's kill -9): none of containerd's shutdown runs.
-        Pods (shims) live on, and so do the CNI plugins it was running. Returns the exit status."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            raise ContainerdError("containerd is not running")
-        os.kill(proc.pid, signal.SIGKILL)
-        status = proc.wait(10)
-        # the client goes only after the kill: closing it first would cancel the calls in flight,
-        # and containerd would start tearing them down before it dies
-        if self._cri is not None:
-            self._cri.close()
-            self._cri = None
-        return status
-
-    def restart(self) -> None:
-        """Stop and start again with the same root and state: running pods survive."""
-        self.stop()
-        self.start()
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "(no containerd log)"
-        return "\n".join(text[-lines:])
 
     # -- cleanup -------------------------------------------------------------------------------
 
@@ -424,80 +419,19 @@ class Containerd:
 
     def cgroup_dirs(self) -> list[Path]:
         """This instance's pod cgroup parent in every mounted hierarchy (v1 and v2)."""
-        rel = self.cgroup_parent.lstrip("/")
-        candidates = [CGROUP_ROOT / rel]
-        try:
-            candidates += [h / rel for h in CGROUP_ROOT.iterdir() if h.is_dir()]
-        except FileNotFoundError:
-            pass
-        return [c for c in candidates if c.is_dir()]
+        return cgroup_dirs(self.cgroup_parent)
 
     def _kill_cgroup_procs(self) -> None:
-        for top in self.cgroup_dirs():
-            for dirpath, _dirs, files in os.walk(top):
-                # runc freezes a container while it sets it up; a containerd killed meanwhile
-                # leaves `runc init` frozen, where SIGKILL waits until the cgroup is thawed
-                for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
-                    if name in files:
-                        try:
-                            Path(dirpath, name).write_text(thawed)
-                        except OSError:
-                            pass
-                if "cgroup.procs" not in files:
-                    continue
-                try:
-                    pids = Path(dirpath, "cgroup.procs").read_text().split()
-                except OSError:
-                    continue
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        kill_cgroup_procs(self.cgroup_dirs())
 
     def _remove_cgroups(self) -> list[str]:
-        problems = []
-        for top in self.cgroup_dirs():
-            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
-                for _ in range(50):
-                    try:
-                        os.rmdir(dirpath)
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError as exc:
-                        if exc.errno != errno.EBUSY:
-                            problems.append(f"rmdir {dirpath}: {exc}")
-                            break
-                        time.sleep(0.02)  # killed processes still exiting
-                else:
-                    problems.append(f"rmdir {dirpath}: busy")
-        return problems
+        return remove_cgroup_trees(self.cgroup_dirs())
 
     def cleanup(self) -> list[str]:
         """Remove every pod, stop containerd, then remove what containerd left outside
         the temp dir. Returns a list of problems (empty when all went well)."""
         problems: list[str] = []
-        pods: set[str] = set(self._known_pods)
-        if self.running:
-            try:
-                listed = self.cri.list_pods()
-            except Exception as exc:
-                problems.append(f"ListPodSandbox: {exc}")
-                listed = []
-            for pod in listed:
-                pods.add(pod.id)
-                try:
-                    st = self.cri.pod_status(pod.id)
-                    if st.netns_path:
-                        self._known_netns.add(st.netns_path)
-                except Exception:
-                    pass
-                for step in (self.cri.stop_pod, self.cri.remove_pod):
-                    try:
-                        step(pod.id)
-                    except Exception as exc:
-                        problems.append(f"{step.__name__}({pod.id[:12]}): {exc}")
+        pods: set[str] = set(self._known_pods) | self.remove_listed_pods(problems)
         pods |= self.pod_ids_on_disk()
         try:
             self.stop()
@@ -547,14 +481,7 @@ class Containerd:
         problems += self._remove_cgroups()
 
         # mounts under the temp dir (rootfs overlays, shm), then containerd's own dirs
-        for base in (self.tmpdir, self._own_sock_dir):
-            if base is None:
-                continue
-            for mp in mounts_under(base):
-                try:
-                    umount(mp)
-                except OSError as exc:
-                    problems.append(f"umount {mp}: {exc}")
+        umount_under((self.tmpdir, self._own_sock_dir), problems)
         for d in (self.root, self.state, self.runc_root, self.opt_dir, self.temp_dir):
             shutil.rmtree(d, ignore_errors=True)
             if d.exists():

@@ -463,3 +463,59 @@ def test_a_bridge_mac_that_changed_is_no_damage(node, podop_log):
         await w.teardown()
 
     asyncio.run(scenario())
+
+
+def test_shim_pod_the_runtime_deleted_and_lists_again_without_an_ip_is_reported_torn_down(node, podop_log):
+    """CRI-O killed or stopped in the middle of a StopPodSandbox: its CNI DEL (through the shim)
+    ran, then, restarted, it lists the pod READY again, with no IP. Attaching it anew would give
+    it an IP the runtime never reports: reported broken `torn-down`, nothing attached. A pod never
+    attached and listed without an IP (in creation) stays unjudged."""
+    w = World(node)
+
+    async def scenario():
+        cut = await asyncio.to_thread(w.pod)
+        ip = await w.attach(cut)
+        w.listed(listed_as(cut, ip))
+        await w.svc.detach(cut)  # the runtime's CNI DEL
+        fresh = await asyncio.to_thread(w.pod)  # listed, not attached yet
+        w.listed(listed_as(cut), listed_as(fresh))  # after the runtime's restart
+        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        health = verdicts[cut.id]
+        assert health.state is PodState.BROKEN and health.code is BrokenCode.TORN_DOWN, health.to_dict()
+        assert "lists it READY without an IP" in health.reason
+        assert fresh.id not in verdicts
+        assert w.svc.attachments(cut.id) == [] and await addrs(cut) == []
+        assert not [r for r in repair_records(podop_log) if r["op"] == "repair"]
+        # listed again in a later Synchronize, it is still what it was; removed, it is forgotten
+        w.listed(listed_as(cut), listed_as(fresh))
+        assert {h.pod_id: h.code for h in await w.svc.verify()} == {cut.id: BrokenCode.TORN_DOWN}
+        await w.svc.remove(cut)
+        w.listed(listed_as(fresh))
+        assert cut.id not in w.svc.ledger.relisted and w.svc.health.get(cut.id) is None
+        await w.teardown()
+
+    asyncio.run(scenario())
+
+
+def test_a_runtimes_check_is_an_operation_of_its_own(node, podop_log):
+    """CRI-O runs CNI CHECK (through the shim) right after each ADD and of every pod at its
+    start: one `check` record with each network's step (the daemon's record also takes the
+    plugins' CHECK calls, which its next operation's record then does not list: e2e on CRI-O)."""
+    w = World(node)
+
+    async def scenario():
+        pod = await asyncio.to_thread(w.pod)
+        await w.attach(pod)
+        await w.svc.check(pod)
+        await w.svc.detach(pod)
+        ops = {r["op"]: r for r in repair_records(podop_log) if r["podId"] == pod.id}
+        assert sorted(ops) == ["add", "check", "del"]
+        assert [(n["network"], n["ifname"], n["op"]) for n in ops["check"]["networks"]] == [
+            ("podnet", "eth0", "check")
+        ]
+        assert ops["check"]["result"] == "ok" and ops["del"]["networks"][0]["op"] == "del"
+        await w.svc.check(pod)  # nothing of the pod's left: no record
+        assert sum(r["op"] == "check" for r in repair_records(podop_log)) == 1
+        await w.teardown()
+
+    asyncio.run(scenario())
