@@ -217,6 +217,9 @@ class CNIError(NriCniError):
         super().__init__(msg, details=details, cni_code=code)
         self.code = code
         self.ref = ref or PluginRef()
+        # the failed plugin's position in its chain (the CNI runtime sets it; None: no plugin
+        # started, e.g. a binary not found before the chain ran)
+        self.plugin_index: int | None = None
 
     def __str__(self) -> str:
         where = f"{self.ref}: " if str(self.ref) else ""

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,9 +30,16 @@ from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.executor import Executor
 from nri_cni.cni.plugin_env import cni_args, cni_env
 from nri_cni.cni.plugin_io import plugin_result, plugin_stdin, version_answer
+from nri_cni.cni.prev_result import cached_prev, conf_of, entry_of
 from nri_cni.cni.result import Result
-from nri_cni.cni.result_parse import parse_result
-from nri_cni.cni.runtime_types import Attachment, GCError, RuntimeConf, RuntimeHooks
+from nri_cni.cni.runtime_types import (
+    Attachment,
+    GCError,
+    PluginCall,
+    PluginObserver,
+    RuntimeConf,
+    RuntimeHooks,
+)
 from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginRef
 
 # re-exported: callers import these from here
@@ -39,6 +47,8 @@ __all__ = [
     "Attachment",
     "CNIRuntime",
     "GCError",
+    "PluginCall",
+    "PluginObserver",
     "RuntimeConf",
     "RuntimeHooks",
     "cni_args",
@@ -100,8 +110,12 @@ class CNIRuntime:
 
     # ---- verbs -----------------------------------------------------------------------------
 
-    async def add(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
-        """Runs the chain with ADD, each plugin getting the previous result; caches the last."""
+    async def add(
+        self, net: NetworkConfigList, rt: RuntimeConf, *, observe: PluginObserver | None = None
+    ) -> Result:
+        """Runs the chain with ADD, each plugin getting the previous result; caches the last.
+        `observe` hears of each plugin call that succeeded; a failed one's position in the chain
+        travels on its error (CNIError.plugin_index)."""
         validate_container_id(rt.container_id)
         validate_network_name(net.name)
         validate_ifname(rt.ifname)
@@ -110,7 +124,7 @@ class CNIRuntime:
         env = self._env("ADD", rt)
         paths = self._find_all(net, net.plugins, "ADD")
         last = len(net.plugins) - 1
-        prepared = self.cache.prepare(self._entry(net, rt))
+        prepared = self.cache.prepare(entry_of(net, rt))
         result: Result | None = None
         try:
             for i, plugin in enumerate(net.plugins):
@@ -119,10 +133,9 @@ class CNIRuntime:
                 if i == last:
                     # runs once the plugin is started: the cache file is made while it works
                     asyncio.get_running_loop().call_soon(prepared.prepare)
-                out = await self._call(
-                    net, plugin, "ADD", env, self._stdin(net, plugin, rt, prev, ask_ips=True), paths[i]
-                )
-                result = self._result(net, plugin, "ADD", out)
+                stdin = self._stdin(net, plugin, rt, prev, ask_ips=True)
+                out = await self._call(net, plugin, "ADD", env, stdin, paths[i], index=i, observe=observe)
+                result = self._parse(net, plugin, "ADD", out, i)
                 await self.hooks.after_plugin("ADD", net, i, rt, result)
             assert result is not None  # checked above: there was a plugin
             await self.cache_result(net, rt, result, prepared)
@@ -135,6 +148,8 @@ class CNIRuntime:
         net: NetworkConfigList,
         rt: RuntimeConf,
         adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        *,
+        observe: PluginObserver | None = None,
     ) -> None:
         """CHECK on each plugin in order with the cached result (0.4.0 and later); `adjust`
         may amend that prevResult first (the caller's knowledge of what is not damage)."""
@@ -148,27 +163,33 @@ class CNIRuntime:
             return
         env = self._env("CHECK", rt)
         paths = self._find_all(net, net.plugins, "CHECK")
-        prev = self._cached_prev(net, rt, "CHECK")
+        prev = cached_prev(self.cache, net, rt, "CHECK")
         if prev is not None and adjust is not None:
             prev = adjust(prev)
         for i, plugin in enumerate(net.plugins):
             await self.hooks.before_plugin("CHECK", net, i, rt)
-            await self._call(net, plugin, "CHECK", env, self._stdin(net, plugin, rt, prev), paths[i])
+            stdin = self._stdin(net, plugin, rt, prev)
+            await self._call(net, plugin, "CHECK", env, stdin, paths[i], index=i, observe=observe)
             await self.hooks.after_plugin("CHECK", net, i, rt, None)
 
-    async def delete(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+    async def delete(
+        self, net: NetworkConfigList, rt: RuntimeConf, *, observe: PluginObserver | None = None
+    ) -> None:
         """DEL in reverse order with the cached result as prevResult (from 0.4.0 on); a
         missing or corrupt cache entry only costs the prevResult. The entry is removed after."""
-        prev = self._cached_prev(net, rt, "DEL") if versions.at_least(net.cni_version, "0.4.0") else None
+        prev = (
+            cached_prev(self.cache, net, rt, "DEL") if versions.at_least(net.cni_version, "0.4.0") else None
+        )
         env = self._env("DEL", rt)
         for i in range(len(net.plugins) - 1, -1, -1):
             plugin = net.plugins[i]
             await self.hooks.before_plugin("DEL", net, i, rt)
-            await self._call(net, plugin, "DEL", env, self._stdin(net, plugin, rt, prev))
+            stdin = self._stdin(net, plugin, rt, prev)
+            await self._call(net, plugin, "DEL", env, stdin, index=i, observe=observe)
             await self.hooks.after_plugin("DEL", net, i, rt, None)
         self.cache.delete(net.name, rt.container_id, rt.ifname)
 
-    async def delete_cached(self, entry: CacheEntry) -> None:
+    async def delete_cached(self, entry: CacheEntry, *, observe: PluginObserver | None = None) -> None:
         """DEL an attachment from its cache entry alone (its network left the config)."""
         net = parse_conflist(entry.config, source=f"cache:{entry.path}")
         if net.name != entry.network_name:
@@ -176,10 +197,16 @@ class CNIRuntime:
                 f"cached config names network {net.name!r}, entry says {entry.network_name!r}",
                 location=entry.path,
             )
-        await self.delete(net, _rt_of(entry))
+        await self.delete(net, conf_of(entry), observe=observe)
 
     async def finalize(
-        self, net: NetworkConfigList, rt: RuntimeConf, prev_result: Result, extra: Sequence[PluginConf] = ()
+        self,
+        net: NetworkConfigList,
+        rt: RuntimeConf,
+        prev_result: Result,
+        extra: Sequence[PluginConf] = (),
+        *,
+        observe: PluginObserver | None = None,
     ) -> Result:
         """Runs the list's finalize_plugins, then `extra`, with CNI_COMMAND=FINALIZE.
 
@@ -204,9 +231,11 @@ class CNIRuntime:
                 env,
                 self._stdin(net, plugin, rt, result.to_dict(net.cni_version)),
                 paths[i],
+                index=i,
+                observe=observe,
             )
             if out.strip():
-                result, changed = self._result(net, plugin, "FINALIZE", out), True
+                result, changed = self._parse(net, plugin, "FINALIZE", out, i), True
             await self.hooks.after_plugin("FINALIZE", net, i, rt, result)
         if changed:
             await self.cache_result(net, rt, result)
@@ -233,7 +262,7 @@ class CNIRuntime:
             if (entry.container_id, entry.ifname) in keep:
                 continue
             try:
-                await self.delete(net, _rt_of(entry))
+                await self.delete(net, conf_of(entry))
             except NriCniError as exc:
                 errors.append(exc)
         if versions.at_least(net.cni_version, "1.1.0"):
@@ -275,7 +304,7 @@ class CNIRuntime:
         `prepared`: the same write begun ahead by add() (PreparedWrite)."""
         await self.hooks.before_cache_write(net, rt, result)
         if prepared is None:
-            prepared = self.cache.prepare(self._entry(net, rt))
+            prepared = self.cache.prepare(entry_of(net, rt))
         if self.durable_cache:
             # fsync waits for a journal commit, milliseconds: keep it off the event loop
             await asyncio.to_thread(prepared.commit, result.to_dict(result.cni_version))
@@ -283,47 +312,6 @@ class CNIRuntime:
         # write+rename of a small file costs less than a thread round trip
         prepared.commit(result.to_dict(result.cni_version), durable=False)
         self.cache.sync_later(net.name, rt.container_id, rt.ifname)
-
-    @staticmethod
-    def _entry(net: NetworkConfigList, rt: RuntimeConf) -> CacheEntry:
-        """The attachment's cache entry, without its result."""
-        return CacheEntry(
-            container_id=rt.container_id,
-            ifname=rt.ifname,
-            network_name=net.name,
-            config=net.bytes,
-            netns=rt.netns,
-            cni_args=list(rt.args),
-            capability_args=dict(rt.capability_args),
-        )
-
-    def _cached_prev(self, net: NetworkConfigList, rt: RuntimeConf, command: str) -> dict[str, Any] | None:
-        """The cached result in the list's version, or None (with a warning) when there is none
-        usable; a corrupt entry is removed on DEL, as libcni does."""
-        entry = self.cache.read(net.name, rt.container_id, rt.ifname, drop_corrupt=command == "DEL")
-        if entry is None or entry.result is None:
-            log.warning(
-                "%s of network %r for %s/%s: no cached result, running without prevResult",
-                command,
-                net.name,
-                rt.container_id,
-                rt.ifname,
-            )
-            return None
-        try:
-            return parse_result(entry.result, net.cni_version).to_dict(net.cni_version)
-        except CNIError as exc:
-            log.warning(
-                "%s of network %r for %s/%s: unusable cached result (%s), running without prevResult",
-                command,
-                net.name,
-                rt.container_id,
-                rt.ifname,
-                exc,
-            )
-            if command == "DEL":
-                self.cache.delete(net.name, rt.container_id, rt.ifname)
-            return None
 
     def network_env(self, command: str) -> dict[str, str]:
         """The environment of a network-wide verb (GC, STATUS, INIT, DEINIT): the container
@@ -371,23 +359,31 @@ class CNIRuntime:
         env: dict[str, str],
         stdin: bytes,
         path: str | None = None,
+        *,
+        index: int | None = None,
+        observe: PluginObserver | None = None,
     ) -> bytes:
+        """One plugin exec'd: `observe` hears of it when it succeeded; when it failed, the
+        error names it and its position in the chain (`index`)."""
         try:
             if path is None:
                 path = self.executor.find(plugin.type, self.bin_dirs)
-            return await self.executor.exec(path, env, stdin, self.exec_timeout)
+            t0 = time.perf_counter()
+            out = await self.executor.exec(path, env, stdin, self.exec_timeout)
         except CNIError as exc:
             exc.ref = PluginRef(network=net.name, plugin=plugin.type, command=command)
+            exc.plugin_index = index
             raise
+        if observe is not None:
+            ms = round((time.perf_counter() - t0) * 1000, 2)
+            observe.plugin_done(PluginCall(net.name, plugin.type, command, ms))
+        return out
 
-    _result = staticmethod(plugin_result)
-
-
-def _rt_of(entry: CacheEntry) -> RuntimeConf:
-    return RuntimeConf(
-        container_id=entry.container_id,
-        netns=entry.netns,
-        ifname=entry.ifname,
-        args=list(entry.cni_args),
-        capability_args=dict(entry.capability_args),
-    )
+    @staticmethod
+    def _parse(net: NetworkConfigList, plugin: PluginConf, command: str, out: bytes, index: int) -> Result:
+        """The plugin's printed result; an unusable one is its failure (its position kept)."""
+        try:
+            return plugin_result(net, plugin, command, out)
+        except CNIError as exc:
+            exc.plugin_index = index
+            raise

@@ -4,7 +4,7 @@ around plugin calls, and GC's collected error."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nri_cni.cni.config import NetworkConfigList
 from nri_cni.cni.result import Result
@@ -24,6 +24,25 @@ class RuntimeConf:
     # only: never cached, never in an intent record, so no DEL, CHECK or FINALIZE carries it
     # (plugin_io.request_ips says how it reaches the plugins).
     ip_request: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PluginCall:
+    """One plugin call that succeeded, as an operation's record keeps it."""
+
+    network: str
+    plugin: str  # its type
+    command: str  # ADD, CHECK, DEL, FINALIZE
+    ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"network": self.network, "plugin": self.plugin, "command": self.command, "ms": self.ms}
+
+
+class PluginObserver(Protocol):
+    """Hears of each plugin call a verb made (the operation's record: per-plugin timings)."""
+
+    def plugin_done(self, call: PluginCall) -> None: ...
 
 
 @dataclass(frozen=True)

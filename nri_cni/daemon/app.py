@@ -31,7 +31,6 @@ from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_c
 from nri_cni.metrics.endpoint import Metrics
 from nri_cni.metrics.limits import BackgroundValue
 from nri_cni.nri.stub import Stub
-from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.plan import PodPlan
 from nri_cni.safety import files as safefs
 from nri_cni.service.modes import mode_for
@@ -197,12 +196,10 @@ class Daemon:
 
 def build_daemon(cfg: Config) -> Daemon:
     """Every part of `nri-cni run`, constructed in dependency order; nothing is started."""
-    hooks = PluginHooks()  # per-plugin timings, the doomed-delete record
     cni = CNIRuntime(
         list(cfg.cni.bin_dirs),
         cfg.cni.cache_dir,
         exec_timeout=cfg.cni.plugin_timeout,
-        hooks=hooks,
         pass_env=cfg.cni.plugin_env,
         trust_files=cfg.trust_files,
     )
@@ -218,7 +215,7 @@ def build_daemon(cfg: Config) -> Daemon:
         retry_max=cfg.lifecycle.retry_max,
     )
     readiness = NetworkReadiness(cfg, cni, lifecycle)
-    plan = PodPlan(cfg, cni, hooks=hooks, sink=metrics, readiness=readiness, lifecycle=lifecycle)
+    plan = PodPlan(cfg, cni, sink=metrics, readiness=readiness, lifecycle=lifecycle)
     mode = mode_for(cfg)
     pods = PodService(cfg, plan=plan, mode=mode)
     metrics.watch_pod_states(pods.health.counts)  # nri_cni_pods{state}, read at every scrape

@@ -41,7 +41,6 @@ class DaemonReports:
         # (docs/reliability.md: its networks are wrong and an admin must act)
         errors = self.readiness.failing()
         broken = self.service.health.broken_pods()
-        hooks = self.service.plan.hooks
         return {
             "mode": self.service.mode.name,
             "ready": stub.synchronized.is_set() and not errors and not broken,
@@ -67,7 +66,6 @@ class DaemonReports:
                 "operations": len(self.service.locks),
                 "unconfirmed": len(ledger.unconfirmed),
                 "repair": len(ledger.repair),
-                "hooks": len(hooks) if hooks else 0,
                 "background": self.service.background(),
             },
             "uptimeSeconds": round(time.time() - self.started, 1),

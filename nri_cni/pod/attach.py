@@ -22,6 +22,7 @@ from contextlib import AbstractAsyncContextManager
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
+from nri_cni.cni.prev_result import conf_of
 from nri_cni.cni.result import Result
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
@@ -226,7 +227,7 @@ class Attacher:
                 t0 = time.perf_counter()
                 added.append(planned[_key(sel)])
                 try:
-                    results[_key(sel)] = await self._add_one(net, rt)
+                    results[_key(sel)] = await self._add_one(net, rt, record)
                 except NriCniError as exc:
                     failed.append(exc)
                     self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
@@ -257,9 +258,9 @@ class Attacher:
                     ref=PluginRef(network=sel.network.name, command="STATUS"),
                 )
 
-    async def _add_one(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
+    async def _add_one(self, net: NetworkConfigList, rt: RuntimeConf, record: OpRecord) -> Result:
         try:
-            return await self.cni.add(net, rt)
+            return await self.cni.add(net, rt, observe=record)
         except CNIError as exc:
             if not exc.ref.network:
                 exc.ref = type(exc.ref)(network=net.name, plugin=exc.ref.plugin, command="ADD")
@@ -282,7 +283,7 @@ class Attacher:
                 continue
             t0 = time.perf_counter()
             # finalize() caches a result a plugin changed, so that a later DEL sees it
-            results[key] = await self.cni.finalize(net, rt, results[key], extra)
+            results[key] = await self.cni.finalize(net, rt, results[key], extra, observe=record)
             record.step(net.name, rt.ifname, "finalize", t0)
         if runtime_primary is not None:
             # Secondary mode: the runtime never sees these results (its answer is its own
@@ -310,7 +311,7 @@ class Attacher:
         if not net.finalize_plugins and not self.finalize_dropins:
             return
         t0 = time.perf_counter()
-        await self.cni_uncached.finalize(net, rt, result, self.finalize_dropins)
+        await self.cni_uncached.finalize(net, rt, result, self.finalize_dropins, observe=record)
         record.step(net.name, rt.ifname, "finalize", t0)
         self.finalized.mark(pod.id, rt.netns)
 
@@ -328,14 +329,7 @@ def _primary_conf(
         )
         return None
     net = parse_conflist(entry.config, source=entry.path)
-    rt = RuntimeConf(
-        container_id=pod.id,
-        netns=pod.netns or entry.netns,
-        ifname=entry.ifname,
-        args=list(entry.cni_args),
-        capability_args=dict(entry.capability_args),
-    )
-    return net, rt, parse_result(entry.result)
+    return net, conf_of(entry, pod.netns or entry.netns), parse_result(entry.result)
 
 
 async def _settled(task: asyncio.Future[None]) -> None:

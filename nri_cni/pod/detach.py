@@ -11,7 +11,8 @@ import time
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
-from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+from nri_cni.cni.prev_result import conf_of
+from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.errors import NriCniError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.pod.intents import IntentStore
@@ -44,7 +45,7 @@ class Detacher:
         for entry in reversed(attach_order(self.cni.cache.entries(container_id=pod.id))):
             t0 = time.perf_counter()
             try:
-                await self.rollback.delete_entry(entry, netns=pod.netns)
+                await self.rollback.delete_entry(entry, netns=pod.netns, observe=record)
             except NriCniError as exc:
                 errors.append(NetworkFailure(entry.network_name, exc))
             record.step(entry.network_name, entry.ifname, "del", t0)
@@ -60,16 +61,7 @@ class Detacher:
             net = parse_conflist(entry.config, source=entry.path)
             t0 = time.perf_counter()
             try:
-                await self.cni.check(
-                    net,
-                    RuntimeConf(
-                        container_id=pod.id,
-                        netns=pod.netns or entry.netns,
-                        ifname=entry.ifname,
-                        args=list(entry.cni_args),
-                        capability_args=dict(entry.capability_args),
-                    ),
-                )
+                await self.cni.check(net, conf_of(entry, pod.netns or entry.netns))
             finally:
                 record.step(entry.network_name, entry.ifname, "check", t0)
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nri_cni.cni.runtime import PluginCall
 from nri_cni.errors import NriCniError
-from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.model import PodInfo
 
 oplog = logging.getLogger("nri_cni.podop")  # one structured line per pod operation
@@ -46,6 +46,10 @@ class OpRecord:
     error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
     failures: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # op-specific fields (a repair: "wrong", "asked")
+
+    def plugin_done(self, call: PluginCall) -> None:
+        """The CNI runtime's observer: one plugin call of this operation succeeded."""
+        self.plugins.append(call.to_dict())
 
     def fail(self, exc: NriCniError) -> None:
         """One more failure of this operation; the first one is kept."""
@@ -108,17 +112,12 @@ class NoSink:
 class OperationLog:
     """Ends pod operations: the plugins' timings, the log line, the sink."""
 
-    def __init__(self, hooks: PluginHooks | None, sink: OperationSink) -> None:
-        self.hooks = hooks  # the same object the CNI runtime calls: per-plugin timings
+    def __init__(self, sink: OperationSink) -> None:
         self.sink = sink
 
     def emit(self, record: OpRecord) -> None:
-        if self.hooks is not None:
-            record.plugins = self.hooks.drain(record.pod.id)
         record.emit()
         self.sink.observe_operation(record)
 
     def discard(self, record: OpRecord) -> None:
-        """An operation that did nothing: no record, and the plugins' timings (none) go."""
-        if self.hooks is not None:
-            self.hooks.drain(record.pod.id)
+        """An operation that did nothing: no record."""

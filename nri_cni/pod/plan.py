@@ -22,7 +22,6 @@ from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import Detacher
 from nri_cni.pod.finalized import FinalizedMarks
-from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, PrimaryNetwork, RuntimePrimary
@@ -49,7 +48,6 @@ class PodPlan:
         cfg: Config,
         cni: CNIRuntime,
         *,
-        hooks: PluginHooks | None = None,
         intents: IntentStore | None = None,
         sink: OperationSink | None = None,
         readiness: Readiness | None = None,
@@ -57,10 +55,9 @@ class PodPlan:
     ) -> None:
         self.cfg = cfg
         self.cni = cni
-        self.hooks = hooks  # the same object the CNI runtime calls: per-plugin timings
         self.intents = intents or IntentStore(cfg.state_dir)
-        self.oplog = OperationLog(hooks, sink or NoSink())
-        self.rollback = Rollback(cni, self.intents, hooks)
+        self.oplog = OperationLog(sink or NoSink())
+        self.rollback = Rollback(cni, self.intents)
         self.finalized = FinalizedMarks(cfg.state_dir)
         self.detacher = Detacher(cni, intents=self.intents, rollback=self.rollback, lifecycle=lifecycle)
         self.attacher = Attacher(

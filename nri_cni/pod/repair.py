@@ -29,7 +29,7 @@ from typing import Any
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.plugin_io import ip_request_method
-from nri_cni.cni.runtime import RuntimeConf
+from nri_cni.cni.prev_result import conf_of
 from nri_cni.errors import CniCode, CNIError, NriCniError, PodError
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimary
@@ -134,7 +134,7 @@ async def repair(
         _check_requestable(pod, selected, ips)
         for entry in reversed(attach_order(list(damaged))):
             t0 = time.perf_counter()
-            await plan.rollback.delete_entry(entry, netns=pod.netns)
+            await plan.rollback.delete_entry(entry, netns=pod.netns, observe=record)
             record.step(entry.network_name, entry.ifname, "del", t0)
         request = AttachRequest(ips=dict(ips), op="repair")
         try:
@@ -233,15 +233,8 @@ async def check_entry(plan: PodPlan, entry: CacheEntry, netns: str) -> str:
     """CNI CHECK of one attachment with its cached result: "" when it passes (or the chain
     cannot be checked: before 0.4.0, disableCheck), else the plugin's error."""
     net = parse_conflist(entry.config, source=f"cache:{entry.path}")
-    rt = RuntimeConf(
-        container_id=entry.container_id,
-        netns=netns or entry.netns,
-        ifname=entry.ifname,
-        args=list(entry.cni_args),
-        capability_args=dict(entry.capability_args),
-    )
     try:
-        await plan.cni.check(net, rt, host_macs_as_now)
+        await plan.cni.check(net, conf_of(entry, netns or entry.netns), host_macs_as_now)
     except CNIError as exc:
         if exc.cni_code == CniCode.INCOMPATIBLE_VERSION and exc.ref.command == "CHECK" and not exc.ref.plugin:
             return ""  # the config's version has no CHECK: nothing to learn

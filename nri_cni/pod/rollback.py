@@ -16,9 +16,9 @@ import time
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, parse_conflist
-from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+from nri_cni.cni.prev_result import conf_of
+from nri_cni.cni.runtime import CNIRuntime, PluginObserver, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, Kind, NriCniError
-from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.oprecord import NetworkFailure, OpRecord
 
@@ -60,10 +60,9 @@ def nothing_created(exc: BaseException) -> bool:
 class Rollback:
     """DELs what intent records name, and DELs cache entries (the doomed plugins apart)."""
 
-    def __init__(self, cni: CNIRuntime, intents: IntentStore, hooks: PluginHooks | None = None) -> None:
+    def __init__(self, cni: CNIRuntime, intents: IntentStore) -> None:
         self.cni = cni
         self.intents = intents
-        self.hooks = hooks
 
     async def undo(
         self, intent: Intent, record: OpRecord, *, netns: str = "", op: str = "rollback"
@@ -89,7 +88,9 @@ class Rollback:
             )
             t0 = time.perf_counter()
             try:
-                await self.delete_entry(entry, netns=netns or intent.netns, doomed=net.doomed_indexes())
+                await self.delete_entry(
+                    entry, netns=netns or intent.netns, doomed=net.doomed_indexes(), observe=record
+                )
             except NriCniError as exc:
                 errors.append(NetworkFailure(net.network, exc))
                 left.insert(0, net)
@@ -119,7 +120,12 @@ class Rollback:
         return errors
 
     async def delete_entry(
-        self, entry: CacheEntry, *, netns: str = "", doomed: set[int] | frozenset[int] = frozenset()
+        self,
+        entry: CacheEntry,
+        *,
+        netns: str = "",
+        doomed: set[int] | frozenset[int] = frozenset(),
+        observe: PluginObserver | None = None,
     ) -> None:
         # The runtime removes the netns after its DEL; a DEL with the netns gone still runs
         # with an empty CNI_NETNS so that IPAM releases the address.
@@ -129,16 +135,10 @@ class Rollback:
             netns = entry.netns
         entry = dataclasses.replace(entry, netns=netns)
         if not doomed:
-            await self.cni.delete_cached(entry)
+            await self.cni.delete_cached(entry, observe=observe)
             return
         net = parse_conflist(entry.config, source=f"cache:{entry.path}" if entry.path else "intent")
-        rt = RuntimeConf(
-            container_id=entry.container_id,
-            netns=netns,
-            ifname=entry.ifname,
-            args=list(entry.cni_args),
-            capability_args=dict(entry.capability_args),
-        )
+        rt = conf_of(entry, netns)
         # The chain in reverse, cut around each doomed plugin: its DEL runs alone and its
         # failure is logged only, so the plugins before it still get their DEL.
         segments: list[list[int]] = []
@@ -150,7 +150,7 @@ class Rollback:
         for seg in segments:
             part = dataclasses.replace(net, plugins=tuple(net.plugins[i] for i in seg))
             try:
-                await self.cni.delete(part, rt)
+                await self.cni.delete(part, rt, observe=observe)
             except NriCniError as exc:
                 if seg[0] not in doomed:
                     raise
@@ -171,7 +171,7 @@ class Rollback:
         exc: NriCniError,
     ) -> None:
         """Doomed delete, step 2: write down which plugin's ADD failed having created nothing."""
-        failed = self.hooks.failed_index(rt.container_id, net.name, "ADD") if self.hooks else None
+        failed = exc.plugin_index if isinstance(exc, CNIError) else None  # the runtime's word
         if not nothing_created(exc) or not isinstance(exc, CNIError):
             return
         plugin = exc.ref.plugin

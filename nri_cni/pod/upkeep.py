@@ -140,7 +140,7 @@ class Upkeep:
         candidates = list(dict.fromkeys(intents + stale))
         parallel = gc_parallel(self.cfg)
         slots = asyncio.Semaphore(parallel)
-        rollback = Rollback(_gated(self.cni, locks, parallel), self.rollback.intents, self.rollback.hooks)
+        rollback = Rollback(_gated(self.cni, locks, parallel), self.rollback.intents)
         parts: dict[str, GcReport] = {}
 
         async def one(pod_id: str) -> None:
@@ -185,7 +185,7 @@ class Upkeep:
         for entry in reversed(attach_order(entries)):
             name = f"{entry.network_name}/{entry.container_id}/{entry.ifname}"
             try:
-                await rollback.delete_entry(entry)
+                await rollback.delete_entry(entry, observe=record)
                 report["deleted"].append(name)
             except NriCniError as exc:
                 report["errors"].append(f"DEL {name}: {exc}")

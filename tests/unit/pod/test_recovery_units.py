@@ -13,7 +13,6 @@ from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.config import parse_config
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
-from nri_cni.pod.hooks import PluginHooks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.oprecord import OpRecord
@@ -90,14 +89,14 @@ class FakeCNI:
             {"read": lambda *a, **k: None, "entries": lambda *a, **k: [], "results_dir": "/nonexistent"},
         )()
 
-    async def delete(self, net, rt):
+    async def delete(self, net, rt, *, observe=None):
         types = [p.type for p in reversed(net.plugins)]
         self.calls.append(types)
         for t in types:
             if t in self.fail:
                 raise CNIError(111, f"{t} DEL failed", ref=PluginRef(plugin=t, command="DEL"))
 
-    async def delete_cached(self, entry):
+    async def delete_cached(self, entry, *, observe=None):
         await self.delete(parse_conflist(entry.config), None)
 
     async def gc(self, net, valid):
@@ -177,23 +176,33 @@ def test_intent_record_round_trip_with_doomed_plugins(tmp_path):
     assert store.pod_ids() == [POD]  # the unreadable one was removed
 
 
-def test_hooks_name_the_failed_plugin_and_forget_everything_at_drain():
-    hooks = PluginHooks()
-    net = parse_conflist(CHAIN)
-    rt = type("RT", (), {"container_id": POD})()
+def test_the_failed_plugins_position_travels_on_its_error_and_timings_reach_the_observer(tmp_path):
+    """No side table: the CNI runtime puts the failed plugin's position in its chain on the
+    error (what the doomed-delete record needs), and tells the operation's record of each plugin
+    call that succeeded (its timings in the log line)."""
+    from nri_cni.cni.executor import FakeExecutor
+    from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+    from nri_cni.pod.model import PodInfo
+    from nri_cni.pod.oprecord import OpRecord
 
-    async def chain():
-        await hooks.before_plugin("ADD", net, 0, rt)
-        await hooks.after_plugin("ADD", net, 0, rt, None)
-        await hooks.before_plugin("ADD", net, 1, rt)  # ... and this one fails
-
-    asyncio.run(chain())
-    assert hooks.failed_index(POD, "podnet", "ADD") == 1
-    assert hooks.failed_index(POD, "podnet", "ADD") is None
-    asyncio.run(hooks.before_plugin("DEL", net, 3, rt))  # a failed DEL nobody asks about
-    assert len(hooks) == 1
-    assert [t["plugin"] for t in hooks.drain(POD)] == ["bridge"]
-    assert len(hooks) == 0
+    ok = b'{"cniVersion":"1.1.0","interfaces":[{"name":"eth0"}]}'
+    failing = CNIError(CniCode.INVALID_CONFIG, "bad ctl config")
+    fake = FakeExecutor(
+        {"bridge": {"ADD": ok}, "tuning": {"ADD": ok}, "ctl": {"ADD": failing}, "portmap": {}}
+    )
+    cni = CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake)
+    record = OpRecord("add", PodInfo(POD))
+    rt = RuntimeConf(container_id=POD, netns="/run/netns/x", ifname="eth0")
+    with pytest.raises(CNIError) as err:
+        asyncio.run(cni.add(parse_conflist(CHAIN), rt, observe=record))
+    assert err.value.plugin_index == 2 and err.value.ref.plugin == "ctl"
+    assert [(p["plugin"], p["command"]) for p in record.plugins] == [("bridge", "ADD"), ("tuning", "ADD")]
+    assert all(isinstance(p["ms"], float) for p in record.plugins)
+    # a binary missing: no plugin started, no position (every place of that type is absent)
+    missing = CNIRuntime(["/fake-bin"], str(tmp_path / "cache2"), executor=FakeExecutor({"bridge": ok}))
+    with pytest.raises(CNIError) as err:
+        asyncio.run(missing.add(parse_conflist(CHAIN), rt))
+    assert err.value.plugin_index is None and err.value.ref.plugin == "tuning"
 
 
 def test_netns_gone(tmp_path):
