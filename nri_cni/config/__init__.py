@@ -36,11 +36,13 @@ from nri_cni.config.parse import (
     load_config_text,
     parse_config,
 )
+from nri_cni.config.source import ConfigSource
 
 __all__ = [
     "CniSettings",
     "Config",
     "ConfigErrors",
+    "ConfigSource",
     "DEFAULT_BIN_DIRS",
     "DEFAULT_CACHE_DIR",
     "DEFAULT_CONFIG_PATH",

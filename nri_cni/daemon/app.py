@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from nri_cni.cni.runtime import CNIRuntime
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
 from nri_cni.daemon.reload import ConfigReloader
@@ -30,10 +30,11 @@ from nri_cni.daemon.reports import DaemonReports
 from nri_cni.lifecycle import NetworkLifecycle, RecordStore, VerbRunner, cache_counter
 from nri_cni.metrics.endpoint import Metrics
 from nri_cni.metrics.limits import BackgroundValue
+from nri_cni.node import NodeInspector
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.plan import PodPlan
 from nri_cni.safety import files as safefs
-from nri_cni.service.modes import mode_for
+from nri_cni.service.podstate import HealthBook
 from nri_cni.service.readiness import NetworkReadiness
 from nri_cni.service.service import PodService
 
@@ -48,25 +49,19 @@ class ConfigApplier:
     it; attachments keep their cached config; new generations get INIT, gone ones DEINIT."""
 
     def __init__(
-        self,
-        *,
-        pods: PodService,
-        handlers: NriHandlers,
-        lifecycle: NetworkLifecycle,
-        readiness: NetworkReadiness,
+        self, *, source: ConfigSource, lifecycle: NetworkLifecycle, readiness: NetworkReadiness
     ) -> None:
-        self.pods = pods
-        self.handlers = handlers
+        self.source = source
         self.lifecycle = lifecycle
         self.readiness = readiness
 
     async def apply(self, cfg: Config) -> None:
-        if cfg.log_level != self.pods.cfg.log_level:
+        """The one place a reload lands: every part reads the new config from the source."""
+        if cfg.log_level != self.source.current.log_level:
             logging.getLogger().setLevel(cfg.log_level.upper())
-        self.pods.reconfigure(cfg)
-        self.handlers.reconfigure(cfg.failure_policy)
+        self.source.replace(cfg)
         self.lifecycle.update(n.conflist for n in cfg.networks)
-        self.readiness.reconfigure(cfg)
+        self.readiness.forget_gone()
         await self.readiness.refresh()
 
 
@@ -195,7 +190,11 @@ class Daemon:
 
 
 def build_daemon(cfg: Config) -> Daemon:
-    """Every part of `nri-cni run`, constructed in dependency order; nothing is started."""
+    """Every part of `nri-cni run`, constructed in dependency order; nothing is started, and
+    nothing is set on a part after it is built. The config in force is one ConfigSource every
+    part reads (a hot reload replaces it there); the mode is derived from it once per config."""
+    source = ConfigSource(cfg)
+    health = HealthBook()  # each pod's verdict: the pod service writes it, reports and metrics read
     cni = CNIRuntime(
         list(cfg.cni.bin_dirs),
         cfg.cni.cache_dir,
@@ -205,7 +204,10 @@ def build_daemon(cfg: Config) -> Daemon:
     )
     # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
     # the count reads every cache file: refreshed off the loop, not per scrape (issue 15)
-    metrics = Metrics(attachments=BackgroundValue(lambda: len(cni.cache.entries())))
+    metrics = Metrics(
+        attachments=BackgroundValue(lambda: len(cni.cache.entries())),
+        pod_states=health.counts,  # nri_cni_pods{state}, read at every scrape
+    )
     # INIT / DEINIT per network generation, and hot reload (docs/lifecycle.md)
     lifecycle = NetworkLifecycle(
         VerbRunner(cni),
@@ -214,14 +216,10 @@ def build_daemon(cfg: Config) -> Daemon:
         retry_initial=cfg.lifecycle.retry_initial,
         retry_max=cfg.lifecycle.retry_max,
     )
-    readiness = NetworkReadiness(cfg, cni, lifecycle)
-    plan = PodPlan(cfg, cni, sink=metrics, readiness=readiness, lifecycle=lifecycle)
-    mode = mode_for(cfg)
-    pods = PodService(cfg, plan=plan, mode=mode)
-    metrics.watch_pod_states(pods.health.counts)  # nri_cni_pods{state}, read at every scrape
-    handlers = NriHandlers(
-        pods, mode, failure_policy=cfg.failure_policy, request_timeout=cfg.nri.request_timeout
-    )
+    readiness = NetworkReadiness(source, cni, lifecycle)
+    plan = PodPlan(source, cni, sink=metrics, readiness=readiness, lifecycle=lifecycle)
+    pods = PodService(source, plan=plan, health=health, inspector=NodeInspector())
+    handlers = NriHandlers(pods, request_timeout=cfg.nri.request_timeout)
 
     def observe_nri(method: str, seconds: float) -> None:
         # the deadline the runtime said (Configure), else the one asked for, else containerd's 2 s
@@ -235,7 +233,7 @@ def build_daemon(cfg: Config) -> Daemon:
         socket_path=cfg.nri.socket,
         observe_request=observe_nri,
     )
-    applier = ConfigApplier(pods=pods, handlers=handlers, lifecycle=lifecycle, readiness=readiness)
+    applier = ConfigApplier(source=source, lifecycle=lifecycle, readiness=readiness)
     reloader = ConfigReloader(cfg, applier.apply)
     reports = DaemonReports(pods=pods, readiness=readiness, lifecycle=lifecycle, reloader=reloader, stub=stub)
     local = LocalServer(

@@ -50,10 +50,10 @@ def runtime_fails_cleanly(runtime_name: str, runtime_version: str) -> bool:
 class NriHandlers:
     """The plugin object the NRI stub dispatches to."""
 
-    def __init__(self, pods: PodService, mode: Mode, *, failure_policy: str, request_timeout: float) -> None:
+    def __init__(self, pods: PodService, *, request_timeout: float) -> None:
+        """The mode and the failure policy are read from the pod service's config in force, so
+        a reload reaches them too (one mode object for the handlers and the service)."""
         self.pods = pods
-        self.mode = mode
-        self.failure_policy = failure_policy  # "auto", "fail" or "keep"; a reload may change it
         self.requested_timeout_ms = int(request_timeout * 1000)
         self.runtime_name = ""
         self.runtime_version = ""
@@ -123,13 +123,14 @@ class NriHandlers:
             "find what made the attach slow: nri-cni pods, the plugin timings in the log)"
         )
 
-    def reconfigure(self, failure_policy: str) -> None:
-        """A hot reload may change the failure policy (the mode needs a restart)."""
-        self.failure_policy = failure_policy
+    @property
+    def mode(self) -> Mode:
+        return self.pods.mode
 
     def _fail_pods(self) -> bool:
-        if self.failure_policy != "auto":
-            return self.failure_policy == "fail"
+        policy = self.pods.cfg.failure_policy  # "auto", "fail" or "keep"; a reload may change it
+        if policy != "auto":
+            return policy == "fail"
         return runtime_fails_cleanly(self.runtime_name, self.runtime_version)
 
     async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:

@@ -59,7 +59,13 @@ class Metrics:
     `serve(cfg.metrics_listen)` at start when set, `close()` at stop.
     """
 
-    def __init__(self, attachments: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        attachments: Callable[[], int] | None = None,
+        *,
+        pod_states: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
+        """`pod_states` (state -> pods: the HealthBook's counts) is asked at every scrape."""
         # what is collected and rendered: nri_cni/metrics/families.py (prometheus_client)
         self.exposition = Exposition(attachments, error_code=error_code)
         self.attachments = attachments  # the count a scrape reads (a BackgroundValue in the daemon)
@@ -73,10 +79,8 @@ class Metrics:
             ("result",),
             registry=self.registry,
         )
-
-    def watch_pod_states(self, counts: Callable[[], Mapping[str, int]]) -> None:
-        """`counts` (state -> pods, the pod service's HealthBook.counts) is asked at every scrape."""
-        self.registry.register(_PodStates(counts))
+        if pod_states is not None:
+            self.registry.register(_PodStates(pod_states))
 
     @property
     def registry(self):

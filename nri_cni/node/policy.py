@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class VerifyPolicy:
     interval: float = 30.0  # verify.interval: seconds between netlink rounds
     check_every: int = 10  # each attachment's CHECK every this many rounds
+
+    @classmethod
+    def of(cls, cfg: Any) -> VerifyPolicy:
+        """From the config's verify section (its interval 0: no timer; rounds on demand still)."""
+        return cls(interval=cfg.verify_interval or 30.0, check_every=cfg.verify_check_every)
 
     def __post_init__(self) -> None:
         if not self.interval > 0:

@@ -26,7 +26,7 @@ from nri_cni.cni.prev_result import conf_of
 from nri_cni.cni.result import Result
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.lifecycle.spec import is_managed
@@ -47,7 +47,7 @@ Key = tuple[str, str]  # (network, ifname): a pod may ask for one network twice 
 class Attacher:
     def __init__(
         self,
-        cfg: Config,
+        cfg: Config | ConfigSource,
         cni: CNIRuntime,
         *,
         cni_uncached: CNIRuntime,
@@ -57,7 +57,7 @@ class Attacher:
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.source = ConfigSource.of(cfg)
         self.finalized = finalized  # the pods whose runtime primary had its FINALIZE
         self.cni = cni
         # FINALIZE of the runtime's own primary: the runtime's attachment, never in our cache
@@ -67,13 +67,19 @@ class Attacher:
         self.readiness = readiness
         # INIT / DEINIT per network generation: ADDs hold a lease on their generation
         self.lifecycle = lifecycle
-        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
         # every pod's ADDs on the node together (limits.parallel_per_node, read at start-up)
-        self.node_slots = asyncio.Semaphore(cfg.limits.parallel_per_node)
+        self.node_slots = asyncio.Semaphore(self.cfg.limits.parallel_per_node)
 
-    def reconfigure(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.finalize_dropins = finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
+    @property
+    def cfg(self) -> Config:
+        return self.source.current
+
+    @property
+    def finalize_dropins(self) -> tuple[PluginConf, ...]:
+        """The `_finalize.d` plugins of the config in force, read once per config."""
+        return self.source.derived(
+            "finalize_dropins", lambda cfg: finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
+        )
 
     async def attach(
         self,

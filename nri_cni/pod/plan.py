@@ -11,12 +11,13 @@ changes a pod expects the caller to hold that pod's lock (or the exclusive one f
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.nocache import NO_CACHE
 from nri_cni.cni.runtime import CNIRuntime
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import NriCniError, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.pod.attach import Attacher
@@ -26,6 +27,7 @@ from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, PrimaryNetwork, RuntimePrimary
 from nri_cni.pod.oprecord import GcReport, NoSink, OperationLog, OperationSink, OpRecord
+from nri_cni.pod.repair import Repairer
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected, select_networks
@@ -45,7 +47,7 @@ class Attached:
 class PodPlan:
     def __init__(
         self,
-        cfg: Config,
+        cfg: Config | ConfigSource,
         cni: CNIRuntime,
         *,
         intents: IntentStore | None = None,
@@ -53,7 +55,8 @@ class PodPlan:
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.source = source = ConfigSource.of(cfg)
+        cfg = source.current  # what is read at start-up only: state_dir
         self.cni = cni
         self.intents = intents or IntentStore(cfg.state_dir)
         self.oplog = OperationLog(sink or NoSink())
@@ -61,7 +64,7 @@ class PodPlan:
         self.finalized = FinalizedMarks(cfg.state_dir)
         self.detacher = Detacher(cni, intents=self.intents, rollback=self.rollback, lifecycle=lifecycle)
         self.attacher = Attacher(
-            cfg,
+            source,
             cni,
             cni_uncached=cni.with_cache(NO_CACHE),
             intents=self.intents,
@@ -70,13 +73,13 @@ class PodPlan:
             readiness=readiness,
             lifecycle=lifecycle,
         )
-        self.upkeep = Upkeep(cfg, cni, rollback=self.rollback, detacher=self.detacher, oplog=self.oplog)
+        self.upkeep = Upkeep(source, cni, rollback=self.rollback, detacher=self.detacher, oplog=self.oplog)
+        self.repairer = Repairer(cni, rollback=self.rollback, attacher=self.attacher, oplog=self.oplog)
 
-    def reconfigure(self, cfg: Config) -> None:
-        """A new config (hot reload) applies to the next ADD; cached pods keep their config."""
-        self.cfg = cfg
-        self.attacher.reconfigure(cfg)
-        self.upkeep.cfg = cfg
+    @property
+    def cfg(self) -> Config:
+        """The config in force (a hot reload applies to the next ADD; cached pods keep theirs)."""
+        return self.source.current
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -88,6 +91,27 @@ class PodPlan:
 
     def intent_pod_ids(self) -> list[str]:
         return self.intents.pod_ids()
+
+    # -- repair (verify found a pod's networks differ) --------------------------------------
+
+    async def repair(
+        self,
+        pod: PodInfo,
+        *,
+        selected: Sequence[Selected],
+        damaged: Sequence[CacheEntry],
+        ips: Mapping[tuple[str, str], tuple[str, ...]],
+        wrong: Sequence[str],
+        runtime_primary: RuntimePrimary | None = None,
+    ) -> PodNetworks:
+        """DEL what is damaged, ADD with the same IPs, FINALIZE (pod/repair.py, Repairer)."""
+        return await self.repairer.repair(
+            pod, selected=selected, damaged=damaged, ips=ips, wrong=wrong, runtime_primary=runtime_primary
+        )
+
+    async def check_entry(self, entry: CacheEntry, netns: str) -> str:
+        """CNI CHECK of one cached attachment: "" when it passes, else the plugin's error."""
+        return await self.repairer.check_entry(entry, netns)
 
     # -- attach ------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """repair: make one pod's damaged attachments true again, with the same IPs (issue 17).
 
-The caller (the pod service's verify, nri_cni/service/verify.py) holds the pod's lock and has decided
+A verb of the pod plan (PodPlan.repair). The caller (the pod service's verify,
+nri_cni/service/verify.py) holds the pod's lock and has decided
 what is wrong. A repair DELs each damaged attachment from its cache entry (the config it was made
 with: a reload since does not change it), then ADDs what the pod lacks asking the IPAM for every
 address it had, both families (RuntimeConf.ip_request: the `ips` capability where a plugin of the
@@ -30,11 +31,13 @@ from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.plugin_io import ip_request_method
 from nri_cni.cni.prev_result import conf_of
+from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.errors import CniCode, CNIError, NriCniError, PodError
+from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimary
-from nri_cni.pod.oprecord import OpRecord
-from nri_cni.pod.plan import PodPlan
+from nri_cni.pod.oprecord import OperationLog, OpRecord
+from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.select import Selected
 from nri_cni.safety.validate import ifname_problem
 
@@ -106,51 +109,87 @@ def _from_cache(sel: Selected | None, entry: CacheEntry) -> Selected:
     return Selected(spec, entry.ifname, dict(entry.capability_args))
 
 
-async def repair(
-    plan: PodPlan,
-    pod: PodInfo,
-    *,
-    selected: Sequence[Selected],
-    damaged: Sequence[CacheEntry],
-    ips: Mapping[Key, tuple[str, ...]],
-    wrong: Sequence[str],
-    runtime_primary: RuntimePrimary | None = None,
-) -> PodNetworks:
-    """DEL `damaged`, ADD what `selected` lacks asking for `ips`, FINALIZE all. The caller holds
-    the pod's lock. Raises IpTaken (nothing touched, or the IPAM refused) or NriCniError."""
-    record = OpRecord("repair", pod)
-    record.extra = {"wrong": list(wrong), "asked": {f"{n}/{i}": list(a) for (n, i), a in ips.items()}}
-    try:
-        holders = ip_holders(e for e in plan.cached() if e.container_id != pod.id)
-        for addresses in ips.values():
-            for address in addresses:
-                holder = holders.get(plain(address))
-                if holder is not None:
-                    raise IpTaken(
-                        f"pod {pod.label()}: its address {plain(address)} now belongs to pod {holder[:12]}",
-                        plain(address),
-                        holder,
-                    )
-        _check_requestable(pod, selected, ips)
-        for entry in reversed(attach_order(list(damaged))):
-            t0 = time.perf_counter()
-            await plan.rollback.delete_entry(entry, netns=pod.netns, observe=record)
-            record.step(entry.network_name, entry.ifname, "del", t0)
-        request = AttachRequest(ips=dict(ips), op="repair")
+class Repairer:
+    """The pod plan's repair verb, built with the collaborators it drives: the CNI runtime (its
+    cache says who holds an address; CHECK), the rollback (DEL of a damaged attachment), the
+    attacher (ADD with the addresses asked for, FINALIZE) and the operation log."""
+
+    def __init__(
+        self, cni: CNIRuntime, *, rollback: Rollback, attacher: Attacher, oplog: OperationLog
+    ) -> None:
+        self.cni = cni
+        self.rollback = rollback
+        self.attacher = attacher
+        self.oplog = oplog
+
+    async def repair(
+        self,
+        pod: PodInfo,
+        *,
+        selected: Sequence[Selected],
+        damaged: Sequence[CacheEntry],
+        ips: Mapping[Key, tuple[str, ...]],
+        wrong: Sequence[str],
+        runtime_primary: RuntimePrimary | None = None,
+    ) -> PodNetworks:
+        """DEL `damaged`, ADD what `selected` lacks asking for `ips`, FINALIZE all. The caller
+        holds the pod's lock. Raises IpTaken (nothing touched, or the IPAM refused),
+        IpsNotRequestable (nothing touched) or NriCniError."""
+        record = OpRecord("repair", pod)
+        record.extra = {"wrong": list(wrong), "asked": {f"{n}/{i}": list(a) for (n, i), a in ips.items()}}
         try:
-            return await plan.attacher.attach(pod, list(selected), request, record, runtime_primary)
+            others = (e for e in self.cni.cache.entries() if e.container_id != pod.id)
+            _check_not_held(pod, ip_holders(others), ips)
+            _check_requestable(pod, selected, ips)
+            for entry in reversed(attach_order(list(damaged))):
+                t0 = time.perf_counter()
+                await self.rollback.delete_entry(entry, netns=pod.netns, observe=record)
+                record.step(entry.network_name, entry.ifname, "del", t0)
+            request = AttachRequest(ips=dict(ips), op="repair")
+            try:
+                return await self.attacher.attach(pod, list(selected), request, record, runtime_primary)
+            except NriCniError as exc:
+                refused = _refused_address(exc, ips.values())
+                if refused:
+                    raise IpTaken(
+                        f"pod {pod.label()}: the IPAM refused its address {refused}: {exc}", refused
+                    ) from exc
+                raise
         except NriCniError as exc:
-            refused = _refused_address(exc, ips.values())
-            if refused:
-                raise IpTaken(
-                    f"pod {pod.label()}: the IPAM refused its address {refused}: {exc}", refused
-                ) from exc
+            record.fail(exc)
             raise
-    except NriCniError as exc:
-        record.fail(exc)
-        raise
-    finally:
-        plan.oplog.emit(record)
+        finally:
+            self.oplog.emit(record)
+
+    async def check_entry(self, entry: CacheEntry, netns: str) -> str:
+        """CNI CHECK of one attachment with its cached result: "" when it passes (or the chain
+        cannot be checked: before 0.4.0, disableCheck), else the plugin's error."""
+        net = parse_conflist(entry.config, source=f"cache:{entry.path}")
+        try:
+            await self.cni.check(net, conf_of(entry, netns or entry.netns), host_macs_as_now)
+        except CNIError as exc:
+            if (
+                exc.cni_code == CniCode.INCOMPATIBLE_VERSION
+                and exc.ref.command == "CHECK"
+                and not exc.ref.plugin
+            ):
+                return ""  # the config's version has no CHECK: nothing to learn
+            return str(exc)
+        except NriCniError as exc:
+            return str(exc)
+        return ""
+
+
+def _check_not_held(pod: PodInfo, holders: Mapping[str, str], ips: Mapping[Key, tuple[str, ...]]) -> None:
+    for addresses in ips.values():
+        for address in addresses:
+            holder = holders.get(plain(address))
+            if holder is not None:
+                raise IpTaken(
+                    f"pod {pod.label()}: its address {plain(address)} now belongs to pod {holder[:12]}",
+                    plain(address),
+                    holder,
+                )
 
 
 def _check_requestable(
@@ -227,18 +266,3 @@ def host_macs_as_now(prev: dict[str, Any]) -> dict[str, Any]:
                 iface = {**iface, "mac": mac}
         fixed.append(iface)
     return {**prev, "interfaces": fixed}
-
-
-async def check_entry(plan: PodPlan, entry: CacheEntry, netns: str) -> str:
-    """CNI CHECK of one attachment with its cached result: "" when it passes (or the chain
-    cannot be checked: before 0.4.0, disableCheck), else the plugin's error."""
-    net = parse_conflist(entry.config, source=f"cache:{entry.path}")
-    try:
-        await plan.cni.check(net, conf_of(entry, netns or entry.netns), host_macs_as_now)
-    except CNIError as exc:
-        if exc.cni_code == CniCode.INCOMPATIBLE_VERSION and exc.ref.command == "CHECK" and not exc.ref.plugin:
-            return ""  # the config's version has no CHECK: nothing to learn
-        return str(exc)
-    except NriCniError as exc:
-        return str(exc)
-    return ""

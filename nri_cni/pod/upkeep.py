@@ -25,7 +25,7 @@ from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.executor import Executor
 from nri_cni.cni.plugin_process import PLUGIN_NICE
 from nri_cni.cni.runtime import Attachment, CNIRuntime
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import NriCniError
 from nri_cni.pod.detach import Detacher, attach_order
 from nri_cni.pod.intents import Intent
@@ -87,13 +87,23 @@ def pause_alive(pid: int) -> bool:
 
 class Upkeep:
     def __init__(
-        self, cfg: Config, cni: CNIRuntime, *, rollback: Rollback, detacher: Detacher, oplog: OperationLog
+        self,
+        cfg: Config | ConfigSource,
+        cni: CNIRuntime,
+        *,
+        rollback: Rollback,
+        detacher: Detacher,
+        oplog: OperationLog,
     ) -> None:
-        self.cfg = cfg
+        self.source = ConfigSource.of(cfg)
         self.cni = cni
         self.rollback = rollback
         self.detacher = detacher
         self.oplog = oplog
+
+    @property
+    def cfg(self) -> Config:
+        return self.source.current
 
     async def collect_garbage(
         self, valid: Valid, locks: PodLocks | None = None, *, running: Running = _nothing_runs

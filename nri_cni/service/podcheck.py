@@ -67,6 +67,11 @@ class Retry:
     next_at: float = 0.0
     ips: dict[Key, tuple[str, ...]] = field(default_factory=dict)  # asked for, kept across tries
 
+    def failed(self, now: float, first: float, longest: float) -> None:
+        """One more failure: the next try after `first` seconds, doubling, at most `longest`."""
+        self.failures += 1
+        self.next_at = now + min(first * 2 ** (self.failures - 1), longest)
+
 
 def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
     out = []

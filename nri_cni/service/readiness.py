@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from nri_cni.cni.runtime import CNIRuntime
-from nri_cni.config import Config, NetworkSpec
+from nri_cni.config import Config, ConfigSource, NetworkSpec
 from nri_cni.errors import CniCode, CNIError, NriCniError
 from nri_cni.lifecycle import NetworkLifecycle
 
@@ -15,15 +15,19 @@ log = logging.getLogger("nri_cni.daemon")
 
 
 class NetworkReadiness:
-    def __init__(self, cfg: Config, cni: CNIRuntime, lifecycle: NetworkLifecycle) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: Config | ConfigSource, cni: CNIRuntime, lifecycle: NetworkLifecycle) -> None:
+        self.source = ConfigSource.of(cfg)
         self.cni = cni
         self.lifecycle = lifecycle
         self.status: dict[str, str] = {}  # network -> "" (ready) or the STATUS error
 
-    def reconfigure(self, cfg: Config) -> None:
-        self.cfg = cfg
-        for name in set(self.status) - {n.name for n in cfg.networks}:
+    @property
+    def cfg(self) -> Config:
+        return self.source.current
+
+    def forget_gone(self) -> None:
+        """After a reload: the STATUS of networks the config no longer names goes."""
+        for name in set(self.status) - {n.name for n in self.cfg.networks}:
             del self.status[name]
 
     async def refresh(self) -> None:

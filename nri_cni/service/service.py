@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import NriCniError
+from nri_cni.node import NodeInspector
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
 from nri_cni.pod.oprecord import GcReport
@@ -44,21 +45,33 @@ REMOVAL_GRACE = 3.0  # seconds a torn-down pod waits for its RemovePodSandbox be
 class PodService:
     def __init__(
         self,
-        cfg: Config,
+        cfg: Config | ConfigSource,
         *,
         plan: PodPlan,
-        mode: Mode,
+        mode: Mode | None = None,
         ledger: PodLedger | None = None,
         locks: PodLocks | None = None,
+        health: HealthBook | None = None,
+        inspector: NodeInspector | None = None,
     ) -> None:
-        self.cfg = cfg
+        """`cfg`: the daemon's ConfigSource (a Config: a source of its own); `mode`: the mode
+        made from it (default mode_for); `health`, `inspector`: the composition root's, which
+        others read too (the metrics: pods by verdict)."""
+        self.source = ConfigSource.of(cfg)
+        if mode is not None:
+            self.source.seed("mode", mode)
         self.plan = plan
-        self.mode = mode
         self.ledger = ledger or PodLedger()
         self.locks = locks or PodLocks()
-        self.health = HealthBook()  # each pod's verdict from the last verify (podstate.py)
+        self.health = health or HealthBook()  # each pod's verdict from the last verify (podstate.py)
         self.verifier = Verifier(
-            cfg, mode, plan=plan, ledger=self.ledger, locks=self.locks, health=self.health
+            self.source,
+            lambda: self.mode,
+            plan=plan,
+            ledger=self.ledger,
+            locks=self.locks,
+            health=self.health,
+            inspector=inspector,
         )
         self._background: set[asyncio.Task[None]] = set()
         # set when the runtime tore a pod down (its CNI DEL, NRI stop) and no RemovePodSandbox
@@ -68,12 +81,16 @@ class PodService:
         self.roster_stale = asyncio.Event()
         self._timers: set[asyncio.TimerHandle] = set()
 
-    def reconfigure(self, cfg: Config) -> None:
-        """A hot reload: the next operation uses it (primary_network may have changed)."""
-        self.cfg = cfg
-        self.mode = mode_for(cfg)
-        self.plan.reconfigure(cfg)
-        self.verifier.configure(cfg, self.mode)
+    @property
+    def cfg(self) -> Config:
+        """The config in force: a hot reload (ConfigSource.replace) applies to the next operation."""
+        return self.source.current
+
+    @property
+    def mode(self) -> Mode:
+        """The mode of the config in force (its primary_network may change on a reload): the
+        one object the NRI handlers, the verifier and the service share."""
+        return self.source.derived("mode", mode_for)
 
     async def close(self) -> None:
         """Stops the background work (GC and repair after a Synchronize)."""

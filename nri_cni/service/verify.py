@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.node import (
     FindingKind,
@@ -50,8 +50,6 @@ from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import (
     IpsNotRequestable,
     IpTaken,
-    check_entry,
-    repair,
     repair_selection,
     result_ips,
 )
@@ -75,8 +73,8 @@ BAD_RESULT = "bad-result"
 class Verifier:
     def __init__(
         self,
-        cfg: Config,
-        mode: Mode,
+        cfg: Config | ConfigSource,
+        mode: Callable[[], Mode],
         *,
         plan: PodPlan,
         ledger: PodLedger,
@@ -94,13 +92,21 @@ class Verifier:
         self._retries: dict[str, Retry] = {}
         self._round = asyncio.Lock()  # rounds never overlap (timer, Synchronize, on demand)
         self.rounds = 0
-        self.configure(cfg, mode)
+        self.source = ConfigSource.of(cfg)
+        self._mode = mode  # the pod service's: one mode object for every part
 
-    def configure(self, cfg: Config, mode: Mode) -> None:
-        self.cfg = cfg
-        self.mode = mode
-        # the policy spreads CHECKs over rounds; a timer switched off still has rounds on demand
-        self.policy = VerifyPolicy(interval=cfg.verify_interval or 30.0, check_every=cfg.verify_check_every)
+    @property
+    def cfg(self) -> Config:
+        return self.source.current
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode()
+
+    @property
+    def policy(self) -> VerifyPolicy:
+        """Spreads CHECKs over rounds; a timer switched off still has rounds on demand."""
+        return self.source.derived("verify_policy", VerifyPolicy.of)
 
     @property
     def inspector(self) -> NodeInspector:
@@ -258,7 +264,7 @@ class Verifier:
         pod = c.pod
         failed_checks: dict[Key, str] = {}
         for entry in self._due(c, forced):
-            error = await check_entry(self.plan, entry, pod.netns)
+            error = await self.plan.check_entry(entry, pod.netns)
             if error:
                 failed_checks[key_of(entry)] = error
         verdicts = verdicts_of(c, failed_checks)
@@ -329,8 +335,7 @@ class Verifier:
             damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
         retry.ips = {k: v for k, v in ips.items() if v}
         try:
-            await repair(
-                self.plan,
+            await self.plan.repair(
                 pod,
                 selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
                 damaged=damaged,
@@ -383,9 +388,7 @@ class Verifier:
         return self._broken(pod, BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", verdicts)
 
     def _failed(self, retry: Retry) -> None:
-        retry.failures += 1
-        longest = (self.cfg.verify_interval or 30.0) * BACKOFF_CAP
-        retry.next_at = self.clock() + min(FIRST_RETRY * 2 ** (retry.failures - 1), longest)
+        retry.failed(self.clock(), FIRST_RETRY, (self.cfg.verify_interval or 30.0) * BACKOFF_CAP)
 
     def _repair_failed(
         self, pod: PodInfo, retry: Retry, what: str, error: str, verdicts: list[AttachmentVerdict]

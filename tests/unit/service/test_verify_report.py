@@ -185,8 +185,7 @@ def test_health_names_broken_pods_and_counts_the_rest():
 
 def test_metrics_count_pods_by_verdict_and_repairs():
     book = HealthBook()
-    metrics = Metrics()
-    metrics.watch_pod_states(book.counts)
+    metrics = Metrics(pod_states=book.counts)  # given at construction: nothing set afterwards
 
     def scrape() -> dict[tuple[str, str], float]:
         fams = text_string_to_metric_families(metrics.render())

@@ -112,7 +112,7 @@ def test_a_repair_of_a_chain_that_cannot_be_asked_for_addresses_touches_nothing(
     from nri_cni.cni.config import parse_conflist
     from nri_cni.config import NetworkSpec
     from nri_cni.pod.model import PodInfo
-    from nri_cni.pod.repair import IpsNotRequestable, repair
+    from nri_cni.pod.repair import IpsNotRequestable, Repairer
     from nri_cni.pod.select import Selected
 
     net = parse_conflist(
@@ -120,25 +120,23 @@ def test_a_repair_of_a_chain_that_cannot_be_asked_for_addresses_touches_nothing(
     )
     touched: list[str] = []
 
-    class Plan:  # only what repair reaches before it would touch anything; the rest records
-        def cached(self, pod_id=None):
-            return []
-
+    class Untouchable:  # a collaborator repair must not use before it knows it can ask
         def __getattr__(self, name):
             touched.append(name)
-            raise AssertionError(f"repair touched plan.{name}")
+            raise AssertionError(f"repair touched {name}")
 
-    class Sink:
+    class CNI:
+        cache = type("Cache", (), {"entries": lambda self, **kw: []})()
+
+    class Log:
         def emit(self, record):
             touched.append("emit:" + (record.error.__class__.__name__ if record.error else "ok"))
 
-    plan = Plan()
-    plan.__dict__["oplog"] = Sink()
+    repairer = Repairer(CNI(), rollback=Untouchable(), attacher=Untouchable(), oplog=Log())
     pod = PodInfo("a" * 64, name="p", namespace="default", netns="/run/netns/x")
     with pytest.raises(IpsNotRequestable, match="dhcpnet"):
         asyncio.run(
-            repair(
-                plan,
+            repairer.repair(
                 pod,
                 selected=[Selected(NetworkSpec(name="dhcpnet", conflist=net), "eth0", {})],
                 damaged=[],
