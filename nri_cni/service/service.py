@@ -29,6 +29,7 @@ from nri_cni.pod.plan import PodPlan
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode, mode_for
 from nri_cni.service.podstate import BrokenCode, HealthBook, PodHealth
+from nri_cni.service.snapshot import Rounds, ServiceSnapshot
 from nri_cni.service.verify import Verifier
 
 log = logging.getLogger("nri_cni.daemon")
@@ -324,6 +325,26 @@ class PodService:
         return len(intents)
 
     # -- queries -----------------------------------------------------------------------------
+
+    def snapshot(self, *, attachments: bool = True, runtime_attachments: bool = False) -> ServiceSnapshot:
+        """What the reports show, taken at once. The caches are read only when asked for:
+        `attachments` (nri-cni's own), `runtime_attachments` (the runtime's, secondary mode)."""
+        book = self.health
+        return ServiceSnapshot(
+            cfg=self.cfg,
+            mode=self.mode.name,
+            listed=dict(self.ledger.pods),
+            pending_repair=frozenset(self.ledger.repair),
+            pending_rollback=tuple(self.pending_rollbacks()),
+            unconfirmed=len(self.ledger.unconfirmed),
+            operations=len(self.locks),
+            background=self.background(),
+            verdicts=tuple(book.all()),
+            counts=book.counts(),
+            rounds=Rounds(book.rounds, book.last_round, book.last_round_seconds),
+            attachments=tuple(self.attachments()) if attachments else (),
+            runtime_attachments=tuple(self.mode.runtime_attachments()) if runtime_attachments else (),
+        )
 
     def busy(self, pod_id: str) -> bool:
         return self.locks.busy(pod_id)
