@@ -16,13 +16,13 @@ from nri_cni.errors import CNIError
 log = logging.getLogger("nri_cni.cni.runtime")
 
 
-def entry_of(net: NetworkConfigList, rt: RuntimeConf) -> CacheEntry:
+def entry_of(network: str, config: bytes, rt: RuntimeConf) -> CacheEntry:
     """The attachment's cache entry, without its result (and without an ADD's IP request)."""
     return CacheEntry(
         container_id=rt.container_id,
         ifname=rt.ifname,
-        network_name=net.name,
-        config=net.bytes,
+        network_name=network,
+        config=config,
         netns=rt.netns,
         cni_args=list(rt.args),
         capability_args=dict(rt.capability_args),

@@ -124,7 +124,7 @@ class CNIRuntime:
         env = self._env("ADD", rt)
         paths = self._find_all(net, net.plugins, "ADD")
         last = len(net.plugins) - 1
-        prepared = self.cache.prepare(entry_of(net, rt))
+        prepared = self.cache.prepare(entry_of(net.name, net.bytes, rt))
         result: Result | None = None
         try:
             for i, plugin in enumerate(net.plugins):
@@ -304,7 +304,7 @@ class CNIRuntime:
         `prepared`: the same write begun ahead by add() (PreparedWrite)."""
         await self.hooks.before_cache_write(net, rt, result)
         if prepared is None:
-            prepared = self.cache.prepare(entry_of(net, rt))
+            prepared = self.cache.prepare(entry_of(net.name, net.bytes, rt))
         if self.durable_cache:
             # fsync waits for a journal commit, milliseconds: keep it off the event loop
             await asyncio.to_thread(prepared.commit, result.to_dict(result.cni_version))

@@ -119,19 +119,21 @@ class Exposition:
         ).set(round(time.time(), 3))
         if attachments is not None:
             reg.register(_Attachments(attachments))
-        self.pod_duration = Histogram(
+
+        def histogram(
+            name: str, doc: str, labels: tuple[str, ...], edges: Sequence[float] = buckets
+        ) -> Histogram:
+            return Histogram(name, doc, labels, buckets=edges, registry=reg)
+
+        self.pod_duration = histogram(
             "nri_cni_pod_operation_duration_seconds",
             "Duration of pod operations (add: attach every network of a pod; del: detach them).",
             ("op",),
-            buckets=buckets,
-            registry=reg,
         )
-        self.network_duration = Histogram(
+        self.network_duration = histogram(
             "nri_cni_network_operation_duration_seconds",
             "Duration of one network's part of a pod operation (add, finalize, del).",
             ("op", "network"),
-            buckets=buckets,
-            registry=reg,
         )
         self.operations = Counter(
             "nri_cni_pod_operations", "Pod operations by result (ok, error).", ("op", "result"), registry=reg
@@ -157,26 +159,21 @@ class Exposition:
         self.gc_errors = Counter(
             "nri_cni_gc_errors", "Errors reported by garbage collection runs.", registry=reg
         )
-        self.nri_duration = Histogram(
+        self.nri_duration = histogram(
             "nri_cni_nri_request_duration_seconds",
             "Time from an NRI request's arrival to nri-cni's answer, by method: what the runtime waits.",
             ("method",),
-            buckets=NRI_BUCKETS,
-            registry=reg,
+            NRI_BUCKETS,
         )
-        self.shim_duration = Histogram(
+        self.shim_duration = histogram(
             "nri_cni_shim_request_duration_seconds",
             "Time from a shim request's arrival to nri-cni's answer, by CNI verb: what the runtime's CNI call waits.",
             ("verb",),
-            buckets=buckets,
-            registry=reg,
         )
-        self.plugin_duration = Histogram(
+        self.plugin_duration = histogram(
             "nri_cni_plugin_duration_seconds",
             "One CNI plugin call in a pod operation, by plugin type and verb (ADD, DEL, CHECK, FINALIZE).",
             ("plugin", "verb"),
-            buckets=buckets,
-            registry=reg,
         )
         self._recent = _RecentNri()
         reg.register(self._recent)

@@ -16,7 +16,7 @@ import time
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, parse_conflist
-from nri_cni.cni.prev_result import conf_of
+from nri_cni.cni.prev_result import conf_of, entry_of
 from nri_cni.cni.runtime import CNIRuntime, PluginObserver, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, Kind, NriCniError
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
@@ -75,17 +75,10 @@ class Rollback:
         left: list[IntendedNetwork] = []
         for net in reversed(intent.networks):
             cached = self.cni.cache.read(net.network, intent.pod_id, net.ifname)
-            entry = cached or CacheEntry(
-                container_id=intent.pod_id,
-                ifname=net.ifname,
-                network_name=net.network,
-                config=net.config,
-                netns=intent.netns,
-                cni_args=list(net.cni_args),
-                capability_args=dict(net.capability_args),
-                result=None,
-                path="",
+            rt = RuntimeConf(
+                intent.pod_id, intent.netns, net.ifname, list(net.cni_args), dict(net.capability_args)
             )
+            entry = cached or entry_of(net.network, net.config, rt)
             t0 = time.perf_counter()
             try:
                 await self.delete_entry(
