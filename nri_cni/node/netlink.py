@@ -1,77 +1,34 @@
 """Fill in what a plugin's result left out (MAC, MTU) from the pod's network namespace.
 
 pyroute2 spends ~10 ms per namespace query here, most of a pod's budget; this costs ~0.2 ms: a
-short-lived thread enters the pod's netns (setns changes only the calling thread), opens a UDP
+short-lived thread enters the pod's netns (the one way in: workers.socket_in_netns), opens a UDP
 socket there (a socket stays in the namespace it was created in), and asks the kernel with the
-SIOCGIFHWADDR / SIOCGIFMTU ioctls. The thread never returns to the daemon's pool, so a failure to
-switch back cannot leave any other work in the pod's namespace.
+SIOCGIFHWADDR / SIOCGIFMTU ioctls. The thread ends right after, so a failure to switch back
+cannot leave any other work in the pod's namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import fcntl
 import logging
-import os
 import socket
 import struct
-import threading
-from typing import Any
 
 from nri_cni.cni.result import Result
+from nri_cni.node.workers import StrandedWorker, socket_in_netns
 
 log = logging.getLogger(__name__)
 
-CLONE_NEWNET = 0x40000000
 SIOCGIFHWADDR = 0x8927
 SIOCGIFMTU = 0x8921
 _IFREQ = 40  # struct ifreq: 16-byte name + 24-byte union
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _socket_in_netns(netns: str) -> socket.socket:
-    """A UDP socket that lives in `netns`, made on a throw-away thread."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            own = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
-            target = os.open(netns, os.O_RDONLY)
-            try:
-                _setns(target)
-                try:
-                    box["sock"] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                finally:
-                    _setns(own)
-            finally:
-                os.close(target)
-                os.close(own)
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=work, name="netns-probe", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        if "sock" in box:
-            box["sock"].close()
-        raise box["error"]
-    sock: socket.socket = box["sock"]
-    return sock
 
 
 def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, int]]:
     """{ifname: (mac, mtu)} for the interfaces of `netns` that exist."""
     out: dict[str, tuple[str, int]] = {}
-    sock = _socket_in_netns(netns)
+    sock = socket_in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
     try:
         for name in ifnames:
             req = struct.pack("16s24x", name.encode()[:15])
@@ -96,7 +53,7 @@ async def fill_interface_details(netns: str, result: Result) -> Result:
         return result
     try:
         details = await asyncio.to_thread(interface_details, netns, [i.name for i in missing])
-    except OSError as exc:
+    except (OSError, StrandedWorker) as exc:  # the probe's thread ended either way
         log.debug("cannot read interface details in %s: %s", netns, exc)
         return result
     for iface in missing:

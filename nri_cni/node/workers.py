@@ -84,26 +84,59 @@ class _Worker(threading.Thread):
 
     def socket_in(self, netns: str, make: Callable[[], socket.socket]) -> socket.socket:
         """`make()` run inside `netns`; this thread is back home when it returns or raises."""
+        return _made_in(netns, make, self.home)
+
+
+def _made_in(netns: str, make: Callable[[], socket.socket], home: int) -> socket.socket:
+    """The one way into a pod's netns: the calling thread enters `netns`, runs `make()` there,
+    and returns to `home` (StrandedWorker when it cannot: that thread must run nothing more)."""
+    try:
+        target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NetnsGone(errno.ENOENT, "no such file") from None
+    try:
         try:
-            target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NetnsGone(errno.ENOENT, "no such file") from None
+            _setns(target)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise NetnsGone(errno.EINVAL, "not a network namespace any more") from None
+            raise
         try:
-            try:
-                _setns(target)
-            except OSError as exc:
-                if exc.errno == errno.EINVAL:
-                    raise NetnsGone(errno.EINVAL, "not a network namespace any more") from None
-                raise
-            try:
-                return make()
-            finally:
-                try:
-                    _setns(self.home)
-                except OSError as exc:
-                    raise StrandedWorker(f"cannot return to its own netns: {exc}") from exc
+            return make()
         finally:
-            os.close(target)
+            try:
+                _setns(home)
+            except OSError as exc:
+                raise StrandedWorker(f"cannot return to its own netns: {exc}") from exc
+    finally:
+        os.close(target)
+
+
+def socket_in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
+    """`make()` run inside `netns` on a thread of its own that ends right after (for a caller
+    with no pool: the attach path's MAC/MTU fill). Whatever happens there, no other work ever
+    runs on that thread, in the pod's netns or out of it."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                box["sock"] = _made_in(netns, make, home)
+            finally:
+                os.close(home)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=work, name="netns-probe", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        if "sock" in box:
+            box["sock"].close()
+        raise box["error"]
+    sock: socket.socket = box["sock"]
+    return sock
 
 
 _local = threading.local()
