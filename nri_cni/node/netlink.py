@@ -1,71 +1,34 @@
 """Fill in what a plugin's result left out (MAC, MTU) from the pod's network namespace.
 
 pyroute2 spends ~10 ms per namespace query here, most of a pod's budget; this costs ~0.2 ms: a
-short-lived thread enters the pod's netns (setns changes only the calling thread), opens a UDP
-socket there (a socket stays in the namespace it was created in), and asks the kernel with the
-SIOCGIFHWADDR / SIOCGIFMTU ioctls. The thread never returns to the daemon's pool, so a failure to
-switch back cannot leave any other work in the pod's namespace.
+short-lived thread enters the pod's netns (setns changes only the calling thread; the entry is
+node/workers.py's, the one way into a netns), opens a UDP socket there (a socket stays in the
+namespace it was created in), and asks the kernel with the SIOCGIFHWADDR / SIOCGIFMTU ioctls.
+The thread never returns to the daemon's pool, so a failure to switch back cannot leave any
+other work in the pod's namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import fcntl
 import logging
-import os
 import socket
 import struct
-import threading
-from typing import Any
 
 from nri_cni.cni.result import Result
+from nri_cni.node.workers import socket_in_netns
 
 log = logging.getLogger(__name__)
 
-CLONE_NEWNET = 0x40000000
 SIOCGIFHWADDR = 0x8927
 SIOCGIFMTU = 0x8921
 _IFREQ = 40  # struct ifreq: 16-byte name + 24-byte union
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
 
 def _socket_in_netns(netns: str) -> socket.socket:
-    """A UDP socket that lives in `netns`, made on a throw-away thread."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            own = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
-            target = os.open(netns, os.O_RDONLY)
-            try:
-                _setns(target)
-                try:
-                    box["sock"] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                finally:
-                    _setns(own)
-            finally:
-                os.close(target)
-                os.close(own)
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=work, name="netns-probe", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        if "sock" in box:
-            box["sock"].close()
-        raise box["error"]
-    sock: socket.socket = box["sock"]
-    return sock
+    """A UDP socket that lives in `netns` (made through the one netns entry, node/workers.py)."""
+    return socket_in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
 
 
 def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, int]]:
