@@ -1,10 +1,11 @@
 """Fill in what a plugin's result left out (MAC, MTU) from the pod's network namespace.
 
 pyroute2 spends ~10 ms per namespace query here, most of a pod's budget; this costs ~0.2 ms: a
-short-lived thread enters the pod's netns (the one way in: workers.socket_in_netns), opens a UDP
-socket there (a socket stays in the namespace it was created in), and asks the kernel with the
-SIOCGIFHWADDR / SIOCGIFMTU ioctls. The thread ends right after, so a failure to switch back
-cannot leave any other work in the pod's namespace.
+short-lived thread enters the pod's netns (setns changes only the calling thread; the entry is
+node/workers.py's, the one way into a netns), opens a UDP socket there (a socket stays in the
+namespace it was created in), and asks the kernel with the SIOCGIFHWADDR / SIOCGIFMTU ioctls.
+The thread never returns to the daemon's pool, so a failure to switch back cannot leave any
+other work in the pod's namespace.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import socket
 import struct
 
 from nri_cni.cni.result import Result
-from nri_cni.node.workers import StrandedWorker, socket_in_netns
+from nri_cni.node.workers import socket_in_netns
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +26,15 @@ SIOCGIFMTU = 0x8921
 _IFREQ = 40  # struct ifreq: 16-byte name + 24-byte union
 
 
+def _socket_in_netns(netns: str) -> socket.socket:
+    """A UDP socket that lives in `netns` (made through the one netns entry, node/workers.py)."""
+    return socket_in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+
+
 def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, int]]:
     """{ifname: (mac, mtu)} for the interfaces of `netns` that exist."""
     out: dict[str, tuple[str, int]] = {}
-    sock = socket_in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    sock = _socket_in_netns(netns)
     try:
         for name in ifnames:
             req = struct.pack("16s24x", name.encode()[:15])
@@ -53,7 +59,7 @@ async def fill_interface_details(netns: str, result: Result) -> Result:
         return result
     try:
         details = await asyncio.to_thread(interface_details, netns, [i.name for i in missing])
-    except (OSError, StrandedWorker) as exc:  # the probe's thread ended either way
+    except OSError as exc:
         log.debug("cannot read interface details in %s: %s", netns, exc)
         return result
     for iface in missing:

@@ -9,6 +9,10 @@ run anything again: it ends itself, and the pool starts another in its place.
 "Home" is the netns of the thread that made the pool (the daemon's), held open by the pool: every
 worker enters it when it starts instead of trusting what it inherited, since a replacement is
 started by the stranded worker itself, whose netns is not home.
+
+`enter` is the one way into a pod's netns in nri-cni: the pool's workers use it, and
+`socket_in_netns` runs it on a thread of its own for a caller without a pool (FINALIZE's MAC and
+MTU, nri_cni/node/netlink.py); that thread ends after the one job, home or not.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -84,12 +89,13 @@ class _Worker(threading.Thread):
 
     def socket_in(self, netns: str, make: Callable[[], socket.socket]) -> socket.socket:
         """`make()` run inside `netns`; this thread is back home when it returns or raises."""
-        return _made_in(netns, make, self.home)
+        return enter(netns, self.home, make)
 
 
-def _made_in(netns: str, make: Callable[[], socket.socket], home: int) -> socket.socket:
-    """The one way into a pod's netns: the calling thread enters `netns`, runs `make()` there,
-    and returns to `home` (StrandedWorker when it cannot: that thread must run nothing more)."""
+def enter(netns: str, home: int, make: Callable[[], T]) -> T:
+    """`make()` run inside `netns` by the calling thread, which is back in `home` (an open netns
+    fd) when it returns or raises. NetnsGone: `netns` is missing or no netns any more;
+    StrandedWorker: the thread could not return (it must run nothing again)."""
     try:
         target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -113,18 +119,19 @@ def _made_in(netns: str, make: Callable[[], socket.socket], home: int) -> socket
 
 
 def socket_in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
-    """`make()` run inside `netns` on a thread of its own that ends right after (for a caller
-    with no pool: the attach path's MAC/MTU fill). Whatever happens there, no other work ever
-    runs on that thread, in the pod's netns or out of it."""
+    """From any thread: `make()` run inside `netns` (`enter`) on a thread started for it, which
+    ends after this one job (setns moves only the calling thread: the caller's stays home)."""
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
             home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                box["sock"] = _made_in(netns, make, home)
+                box["sock"] = enter(netns, home, make)
             finally:
                 os.close(home)
+        except StrandedWorker as exc:  # harmless for this thread, which ends: an OSError to the caller
+            box["error"] = OSError(errno.EIO, str(exc))
         except BaseException as exc:  # handed to the caller
             box["error"] = exc
 
