@@ -58,7 +58,9 @@ def image() -> str:
         assert shutil.which(tool), f"{tool} missing: run .ci/install-deps"
     proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout.strip().splitlines()[-1]
+    tag = proc.stdout.strip().splitlines()[-1]
+    # by its ID: another checkout's build may give the tag to its own tree meanwhile
+    return podman("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
 
 
 def _manifest_docs() -> list[dict[str, Any]]:
