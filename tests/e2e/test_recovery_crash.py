@@ -210,12 +210,17 @@ def test_kill9_while_a_repair_runs(rnode):
     assert [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim] == ["add"]  # in flight
     scene.kill_while_blocked(blocked)
     scene.restarted()
-    deadline = time.monotonic() + 120  # the restarted daemon's verify round repairs it (1 s interval)
-    while damage_left(pod, before, ["eth0"], rnode.bridge):  # (read-only polling: the verify round)
-        assert time.monotonic() < deadline, damage_left(pod, before, ["eth0"], rnode.bridge)
+
+    def ops() -> list[str]:
+        return [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim]
+
+    # the restarted daemon's verify round (1 s interval) repairs it; the repair's record is
+    # written when the operation ends, a moment after the pod is whole: both are waited for
+    deadline = time.monotonic() + 120
+    while damage_left(pod, before, ["eth0"], rnode.bridge) or "repair" not in ops():  # (read-only polling)
+        assert time.monotonic() < deadline, (damage_left(pod, before, ["eth0"], rnode.bridge), ops())
         time.sleep(0.05)
     assert rnode.not_whole() == []
-    assert "repair" in [op["op"] for op in rnode.daemon.op_lines() if op["podId"] == victim]
     assert rnode.intents() == []
     rnode.remove_pod(victim)
     scene.assert_truth(victim)
