@@ -1,7 +1,7 @@
 """Every kind of damage of issue 21 on one node of real containerd with >= 20 dual-stack pods
 (shim mode; the bridge plugin, host-local with an IPv4 and an IPv6 range and a route of each
 family, portmap; pod 0 has a hostPort). One pod for each kind, all damaged at once: a route of
-the result deleted in its netns, eth0 set down, its DNAT rules flushed, its host-local lease
+the result deleted in its netns, eth0 set down, its DNAT rules (both families) flushed, its host-local lease
 file deleted, eth0 given a wrong address, its IPv6 address flushed, its netns path unmounted
 (the pause process keeps the namespace), its host veth deleted, its eth0 deleted, its
 addresses flushed. Every damaged pod is whole again with the same IPs (both families, as
@@ -79,7 +79,7 @@ class DamageNode:
                 "addrs": pod_interfaces(pod.netns),
                 "ifindex": eth0.index,
                 "leases": sorted(r.ip for r in self.rnode.reserved_for(pod.id)),
-                "dnat": dnat_ports(pod.id),
+                "dnat": {family: dnat_ports(pod.id, family) for family in (4, 6)},
             }
         return out
 
@@ -102,8 +102,9 @@ class DamageNode:
         leases = sorted(r.ip for r in self.rnode.reserved_for(pod.id))
         if leases != before["leases"]:
             problems.append(f"{name}: leases {leases}, before {before['leases']}")
-        if before["dnat"] and dnat_ports(pod.id) != before["dnat"]:
-            problems.append(f"{name}: DNAT {dnat_ports(pod.id)}, before {before['dnat']}")
+        for family, ports in before["dnat"].items():
+            if ports and dnat_ports(pod.id, family) != ports:
+                problems.append(f"{name}: IPv{family} DNAT {dnat_ports(pod.id, family)}, before {ports}")
         return problems
 
 
@@ -119,7 +120,7 @@ def _kinds(node: DamageNode):
     """kind -> what does it to a pod (pod 0, the one with the hostPort, gets the DNAT flush)."""
     rnode = node.rnode
     return {
-        "dnat-flushed": lambda pod: flush_dnat(pod.id),
+        "dnat-flushed": lambda pod: [flush_dnat(pod.id, family) for family in (4, 6)],
         "route-deleted": lambda pod: _ns(pod, "ip", "route", "del", node.routed4),
         "link-down": lambda pod: _ns(pod, "ip", "link", "set", "eth0", "down"),
         "lease-deleted": lambda pod: (rnode.setup.ipam_dir / "podnet" / pod.ips[0]).unlink(),
@@ -192,7 +193,7 @@ def test_every_damage_on_a_node_of_dual_stack_pods(rnode):
     for pod in pods:  # dual-stack, as containerd reports it
         assert sorted(ipaddress.ip_address(ip).version for ip in pod.ips) == [4, 6], pod
     before = node.snapshot(pods)
-    assert before[pods[0].id]["dnat"], "pod 0 has a hostPort"
+    assert all(before[pods[0].id]["dnat"].values()), "pod 0 has a hostPort, both families DNAT"
     assert all(len(b["leases"]) == 2 for b in before.values())
 
     kinds = _kinds(node)
