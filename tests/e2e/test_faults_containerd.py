@@ -63,13 +63,7 @@ def _assert_nothing_left_after_removal(rnode: RecoveryNode, checker) -> None:
     assert set(attached) <= existing, set(attached) - existing
     assert {r.container_id for r in rnode.reservations()} == set(attached)
     assert rnode.intents() == []
-    for pod in existing:
-        rnode.remove_pod(pod)
-    assert rnode.reservations() == []
-    assert rnode.cache_files() == []
-    assert rnode.intents() == []
-    assert rnode.bridge_ports() == []
-    assert checker.leaks() == []
+    rnode.remove_all_leaving_nothing(existing, checker)
 
 
 @pytest.mark.parametrize("slow", [False, True], ids=["alone", "slow-nri-plugin"])

@@ -62,14 +62,7 @@ def _after_the_repair(rnode: RecoveryNode, pods, damaged, ifname: str, checker, 
     a, b = pods
     assert reaches(a, pod_interfaces(b.netns)[ifname][0].split("/")[0])
     assert reaches(b, pod_interfaces(a.netns)[ifname][0].split("/")[0])
-    for pod_id in [p.id for p in pods] + [warm]:
-        rnode.remove_pod(pod_id)
-    assert rnode.reservations() == []
-    assert rnode.cache_files() == []
-    assert rnode.intents() == []
-    assert rnode.bridge_ports() == []
-    leaks = checker.leaks()
-    assert leaks == [], "\n".join(leaks)
+    rnode.remove_all_leaving_nothing([p.id for p in pods] + [warm], checker)
 
 
 @pytest.mark.parametrize("kind", KINDS)

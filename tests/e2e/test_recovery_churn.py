@@ -62,10 +62,4 @@ def test_containerd_restart_in_the_middle_of_a_churn(rnode):
     assert all(ifs == ["eth0"] for ifs in attached.values())
     assert {r.container_id for r in rnode.reservations()} == set(attached)
     assert rnode.intents() == []
-    for pod in existing:
-        rnode.remove_pod(pod)
-    assert rnode.reservations() == []
-    assert rnode.cache_files() == []
-    assert rnode.intents() == []
-    assert rnode.bridge_ports() == []
-    assert checker.leaks() == []
+    rnode.remove_all_leaving_nothing(existing, checker)

@@ -305,6 +305,18 @@ class RecoveryNode:
         self.ctd.cri.stop_pod(pod_id)
         self.ctd.cri.remove_pod(pod_id)
 
+    def remove_all_leaving_nothing(self, pod_ids, checker: LeakChecker) -> None:
+        """Removes the pods; then no IP, cache entry, intent record, bridge port or anything
+        else `checker` knows of is left."""
+        for pod_id in pod_ids:
+            self.remove_pod(pod_id)
+        assert self.reservations() == []
+        assert self.cache_files() == []
+        assert self.intents() == []
+        assert self.bridge_ports() == []
+        leaks = checker.leaks()
+        assert leaks == [], "\n".join(leaks)
+
     def cleanup(self) -> list[str]:
         """Also after a failed test: the pods go through the daemon while it runs (their DELs
         release what they hold), then a GC finds nothing valid left."""

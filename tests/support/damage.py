@@ -7,8 +7,11 @@ held before, and the host end of each veth is a port of its bridge again.
 
 from __future__ import annotations
 
+import subprocess
+
 from pyroute2 import IPRoute
 
+from nri_cni.node.hostside import parse_iptables_dnat
 from tests.support.netns import LinkInfo, _netns_name, delete_link, get_link, list_links
 from tests.support.podtruth import RuntimePod, pod_interfaces
 
@@ -28,6 +31,33 @@ def flush_addresses(netns: str, ifname: str) -> None:
         [idx] = ipr.link_lookup(ifname=ifname)
         for msg in ipr.get_addr(index=idx):
             ipr.addr("del", index=idx, address=msg.get_attr("IFA_ADDRESS"), prefixlen=msg["prefixlen"])
+
+
+def _tables(family: int) -> str:
+    return "iptables" if family == 4 else "ip6tables"
+
+
+def dnat_ports(pod_id: str, family: int = 4) -> set[tuple[str, int]]:
+    """{(proto, hostPort)} of the DNAT rules of that IP family portmap made for `pod_id`."""
+    text = subprocess.run(
+        [f"{_tables(family)}-save", "-t", "nat"], capture_output=True, text=True, check=True
+    ).stdout
+    return parse_iptables_dnat(text).get(pod_id, set())
+
+
+def flush_dnat(pod_id: str, family: int = 4) -> None:
+    """What a firewall reload does to one pod: its CNI-DN chain of that IP family emptied and its
+    jump gone (only this pod's rules: the machine's other rules are not ours)."""
+    tables = _tables(family)
+    text = subprocess.run([f"{tables}-save", "-t", "nat"], capture_output=True, text=True, check=True).stdout
+    jumps = [line for line in text.splitlines() if line.startswith("-A CNI-HOSTPORT-DNAT") and pod_id in line]
+    assert jumps, text
+    for line in jumps:
+        chain = line.rsplit("-j ", 1)[1].split()[0]
+        subprocess.run([tables, "-t", "nat", "-F", chain], check=True)
+        rule = line.split(None, 2)[2]
+        subprocess.run(["sh", "-c", f"{tables} -t nat -D CNI-HOSTPORT-DNAT {rule}"], check=True)
+    assert dnat_ports(pod_id, family) == set()
 
 
 def damage(kind: str, pod: RuntimePod, ifname: str, bridge: str) -> None:

@@ -11,18 +11,17 @@ import asyncio
 import json
 import logging
 import random
-import subprocess
 
 import pytest
 
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
-from nri_cni.node.hostside import parse_iptables_dnat
 from nri_cni.pod.model import AttachRequest, PodInfo
 from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import PodState
 from nri_cni.service.service import PodService
+from tests.support.damage import dnat_ports, flush_dnat
 from tests.support.harness import new_pod_id
 from tests.support.netns import get_link
 
@@ -65,10 +64,7 @@ class Hostside:
         return self.pods[pod.id][1].run("ip", "-4", "route", "show", ROUTED).stdout
 
     def dnat_ports(self, pod: PodInfo) -> set:
-        text = subprocess.run(
-            ["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True
-        ).stdout
-        return parse_iptables_dnat(text).get(pod.id, set())
+        return dnat_ports(pod.id)
 
     def lease(self, pod: PodInfo):
         return self.node.ipam_dir / "podnet" / pod.ips[0]
@@ -81,26 +77,12 @@ class Hostside:
         assert self.svc.attachments() == [], "a cache entry leaked"
 
 
-def _flush_dnat(w: Hostside, pod: PodInfo) -> None:
-    """What a firewall reload does to this pod: its CNI-DN chain emptied and its jump gone
-    (only this pod's rules: the machine's other rules are not ours)."""
-    text = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True).stdout
-    jumps = [line for line in text.splitlines() if line.startswith("-A CNI-HOSTPORT-DNAT") and pod.id in line]
-    assert jumps, text
-    for line in jumps:
-        chain = line.rsplit("-j ", 1)[1].split()[0]
-        subprocess.run(["iptables", "-t", "nat", "-F", chain], check=True)
-        rule = line.split(None, 2)[2]
-        subprocess.run(["sh", "-c", f"iptables -t nat -D CNI-HOSTPORT-DNAT {rule}"], check=True)
-    assert w.dnat_ports(pod) == set()
-
-
 DAMAGE = {
     "route-deleted": (
         lambda w, pod: w.pods[pod.id][1].run("ip", "route", "del", ROUTED),
         "no route to " + ROUTED,
     ),
-    "dnat-flushed": (_flush_dnat, "no IPv4 DNAT rule of portmap"),
+    "dnat-flushed": (lambda w, pod: flush_dnat(pod.id), "no IPv4 DNAT rule of portmap"),
     "lease-deleted": (lambda w, pod: w.lease(pod).unlink(), "holds no lease of"),
 }
 
