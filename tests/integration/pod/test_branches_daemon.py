@@ -1,4 +1,4 @@
-"""Issue #17 item 6: the daemon's branches no test went through, with real plugins behind the
+"""The daemon's branches no test went through, with real plugins behind the
 NRI test double (and, for SIGHUP, `nri-cni run` as a process):
 
 - GC before the runtime's first pod list is refused and deletes nothing;
@@ -7,8 +7,7 @@ NRI test double (and, for SIGHUP, `nri-cni run` as a process):
 - host-network pods (no netns): nothing attached, no plugin run, reported as such, not broken;
 - a plugin past `cni.plugin_timeout` inside a pod's ADD: killed, the ADD rolled back, an error
   that says so;
-- SIGHUP reloads the configuration (the file watch off).
-"""
+- SIGHUP reloads the configuration (the file watch off). (issue #17 item 6)"""
 
 from __future__ import annotations
 

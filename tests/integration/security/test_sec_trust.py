@@ -1,6 +1,6 @@
-"""Issue 15, trust of files: a plugin binary, or a network list, in a directory other users can
+"""Trust of files: a plugin binary, or a network list, in a directory other users can
 write (or owned by another user) is refused with an error naming the path and its mode;
-`files.trust: warn` turns that into a warning for development."""
+`files.trust: warn` turns that into a warning for development. (issue 15)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Issue 15, property tests for every parser at the edge: random bytes and depth/size extremes
+"""Property tests for every parser at the edge: random bytes and depth/size extremes
 raise only the parser's own error, never anything else (RecursionError, KeyError, TypeError);
 and a running daemon keeps answering normal requests while random requests hit its local socket
-and random pod events reach it through NRI."""
+and random pod events reach it through NRI. (issue 15)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue 15, the metrics port: idle connections are capped and timed out, so they cannot take
+"""The metrics port: idle connections are capped and timed out, so they cannot take
 the descriptors the daemon needs for plugins; a scrape does not read the cache files; accept
-errors are logged at a bounded rate."""
+errors are logged at a bounded rate. (issue 15)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Issue 15, the shim: where it connects is the top-level `daemonSocket` of its config or the
+"""The shim: where it connects is the top-level `daemonSocket` of its config or the
 built-in default, never a key nested in runtimeConfig (a pod annotation), in the C and the
 Python builds alike. The property tests feed both builds random configs and compare the socket
-each picks (named in its "not reachable" error) with the top level as json.loads reads it."""
+each picks (named in its "not reachable" error) with the top level as json.loads reads it. (issue 15)"""
 
 from __future__ import annotations
 
