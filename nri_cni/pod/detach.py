@@ -45,7 +45,7 @@ class Detacher:
         for entry in reversed(attach_order(self.cni.cache.entries(container_id=pod.id))):
             t0 = time.perf_counter()
             try:
-                await self.rollback.delete_entry(entry, netns=pod.netns, observe=record)
+                await self.rollback.delete_entry(entry, netns=pod.netns)
             except NriCniError as exc:
                 errors.append(NetworkFailure(entry.network_name, exc))
             record.step(entry.network_name, entry.ifname, "del", t0)
@@ -61,7 +61,7 @@ class Detacher:
             net = parse_conflist(entry.config, source=entry.path)
             t0 = time.perf_counter()
             try:
-                await self.cni.check(net, conf_of(entry, pod.netns or entry.netns))
+                await self.cni.check(net, conf_of(entry, pod.netns or entry.netns), observe=record)
             finally:
                 record.step(entry.network_name, entry.ifname, "check", t0)
 

@@ -14,7 +14,7 @@ from nri_cni.cni.config import parse_conflist
 from nri_cni.config import parse_config
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
-from nri_cni.pod.model import PodInfo
+from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork
 from nri_cni.pod.oprecord import OpRecord
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.rollback import nothing_created
@@ -215,3 +215,42 @@ def test_netns_gone(tmp_path):
     assert not netns_gone("ns-relative")
     assert not netns_gone(str(tmp_path / "not-mounted-here" / "cni-1234"))
     assert os.path.isdir(tmp_path)
+
+
+def test_the_runtimes_check_is_an_operation_with_its_plugins_calls(tmp_path):
+    """The shim's CHECK (CRI-O's after every ADD): one "check" record holding its plugins'
+    CHECK calls, handed to it by the CNI runtime (no side table that a later operation drains)."""
+    from nri_cni.cni.executor import FakeExecutor
+    from nri_cni.cni.runtime import CNIRuntime
+    from nri_cni.pod.model import PodInfo
+
+    ok = b'{"cniVersion":"1.1.0","interfaces":[{"name":"eth0"}]}'
+    fake = FakeExecutor({t: {"ADD": ok} for t in ("bridge", "tuning", "ctl", "portmap")})
+    cfg = parse_config(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "networks": [{"name": "podnet", "default": True, "conflist": CHAIN}],
+        },
+        str(tmp_path / "c.yaml"),
+    )
+    emitted: list = []
+
+    class Sink:
+        def observe_operation(self, record):
+            emitted.append(record)
+
+        def observe_gc(self, report):
+            pass
+
+    plan = PodPlan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake), sink=Sink())
+    pod = PodInfo(POD, name="p", namespace="default", netns=str(tmp_path))
+    asyncio.run(
+        plan.attach(pod, plan.select(pod, PrimaryNetwork("", True), AttachRequest()), AttachRequest())
+    )
+    asyncio.run(plan.check(pod))
+    add, check = emitted
+    assert (add.op, check.op) == ("add", "check")
+    assert [p["command"] for p in add.plugins] == ["ADD"] * 4
+    assert [(p["plugin"], p["command"]) for p in check.plugins] == [
+        (t, "CHECK") for t in ("bridge", "tuning", "ctl", "portmap")
+    ]
