@@ -45,7 +45,7 @@ class Detacher:
         for entry in reversed(attach_order(self.cni.cache.entries(container_id=pod.id))):
             t0 = time.perf_counter()
             try:
-                await self.rollback.delete_entry(entry, netns=pod.netns)
+                await self.rollback.delete_entry(entry, netns=pod.netns, observe=record)
             except NriCniError as exc:
                 errors.append(NetworkFailure(entry.network_name, exc))
             record.step(entry.network_name, entry.ifname, "del", t0)

@@ -217,9 +217,9 @@ def test_netns_gone(tmp_path):
     assert os.path.isdir(tmp_path)
 
 
-def test_the_runtimes_check_is_an_operation_with_its_plugins_calls(tmp_path):
-    """The shim's CHECK (CRI-O's after every ADD): one "check" record holding its plugins'
-    CHECK calls, handed to it by the CNI runtime (no side table that a later operation drains)."""
+def test_each_operation_records_its_own_plugin_calls(tmp_path):
+    """ADD, the shim's CHECK (CRI-O's after every ADD) and DEL: each record holds its own
+    plugins' calls, handed to it by the CNI runtime (no side table that a later operation drains)."""
     from nri_cni.cni.executor import FakeExecutor
     from nri_cni.cni.runtime import CNIRuntime
     from nri_cni.pod.model import PodInfo
@@ -248,8 +248,10 @@ def test_the_runtimes_check_is_an_operation_with_its_plugins_calls(tmp_path):
         plan.attach(pod, plan.select(pod, PrimaryNetwork("", True), AttachRequest()), AttachRequest())
     )
     asyncio.run(plan.check(pod))
-    add, check = emitted
-    assert (add.op, check.op) == ("add", "check")
+    asyncio.run(plan.detach(pod))
+    add, check, delete = emitted
+    assert (add.op, check.op, delete.op) == ("add", "check", "del")
+    assert [p["command"] for p in delete.plugins] == ["DEL"] * 4  # the chain in reverse
     assert [p["command"] for p in add.plugins] == ["ADD"] * 4
     assert [(p["plugin"], p["command"]) for p in check.plugins] == [
         (t, "CHECK") for t in ("bridge", "tuning", "ctl", "portmap")
