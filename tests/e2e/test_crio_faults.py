@@ -11,6 +11,9 @@ firewall rule, cache or intent file, CRI-O libcni cache entry or netns pin.
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import pytest
 
 from tests.e2e.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
@@ -29,6 +32,16 @@ from tests.support.containerd import remove_netns
 pytestmark = pytest.mark.e2e
 
 
+GRACE = 10.0  # gc.unlisted_grace of this test's daemon (seconds)
+
+
+def _links_in(pin: str) -> list[str]:
+    out = subprocess.run(
+        ["nsenter", f"--net={pin}", "ip", "-o", "link", "show"], check=True, capture_output=True, text=True
+    ).stdout
+    return sorted(line.split(":")[1].strip().split("@")[0] for line in out.splitlines())
+
+
 def _whole_ready(node):
     broken = broken_by_name(node.daemon)
     return [p for p in node.runtime_pods() if p.id not in broken]
@@ -37,7 +50,8 @@ def _whole_ready(node):
 def test_crio_killed_and_stopped_in_the_middle_of_a_churn(crio_rnode):
     node = crio_rnode
     crio = node.start_containerd()
-    daemon = node.start_daemon(node.daemon_config([node.podnet(finalize=False)]))
+    cfg = node.daemon_config([node.podnet(finalize=False)], gc={"interval": 0, "unlisted_grace": GRACE})
+    daemon = node.start_daemon(cfg)
     checker = node.leak_checker().start()
     churn = Churn(node).start()
     try:
@@ -54,18 +68,26 @@ def test_crio_killed_and_stopped_in_the_middle_of_a_churn(crio_rnode):
         print(f"node true {took:.2f} s after the last reconnect")
         assert set(churn.kept) <= {p.id for p in crio.cri.list_pods()}  # kept pods live through it
         # Pods whose creation the kill cut, CRI-O cannot restore and drops at its restart, with
-        # no CNI DEL, leaving their netns pinned. nri-cni gives a pod attached just before a
-        # Synchronize the benefit of the doubt while its netns exists (the roster limit of
-        # docs/reliability.md): it holds them until the pins go. Pinned by nobody but CRI-O's
-        # leftover, they are unpinned here (as CRI-O should have); the next GC round (the
-        # timer's, asked here: the test's timer is off) releases them.
+        # no CNI DEL, leaving their netns pinned. nri-cni holds such a pod while its attach may
+        # still be in flight in the runtime (gc.unlisted_grace, from the attach), and a GC after
+        # that releases it although its netns still exists: the runtime's list is the roster.
         listed = {p.id: crio.cri.pod_status(p.id).netns_path for p in crio.cri.list_pods()}
         dropped = set(pod_ids_in(daemon)) - set(listed)
         orphans = set(crio.netns_pins()) - set(listed.values())
         print(f"dropped by CRI-O at its restart: {len(dropped)}; its orphan netns pins: {len(orphans)}")
-        for pin in orphans:
-            remove_netns(pin)
+        time.sleep(GRACE)  # every attach happened before the last restart: its grace is over
         assert daemon.ask("gc")["errors"] == []
+        assert set(pod_ids_in(daemon)) <= set(listed)
+        # every resource nri-cni held of them is released (IPs, cache, intents, their links in
+        # the still pinned netns); only then are CRI-O's own leftover pins unpinned, as CRI-O
+        # should have (nri-cni never removes a runtime's pin)
+        assert set(crio.netns_pins()) >= orphans
+        assert {r.container_id for r in node.reservations()} <= set(listed)
+        assert [f for f in node.cache_files() if any(pod in f for pod in dropped)] == []
+        assert node.intents() == []
+        for pin in orphans:
+            assert _links_in(pin) == ["lo"], pin
+            remove_netns(pin)
         assert set(pod_ids_in(daemon)) <= set(listed)
         assert_pods_reach_each_other(node, _whole_ready(node))
         assert synchronizations(daemon) == ROUNDS + 1
