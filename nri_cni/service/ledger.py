@@ -52,6 +52,9 @@ class PodLedger:
         # pods the runtime tore down and then listed again in a Synchronize: a runtime restarted
         # in the middle of its stop (CRI-O after SIGTERM or SIGKILL) has them READY again
         self.relisted: set[str] = set()
+        # pods a Synchronize listed with IPs and a later one without: the runtime lost its own
+        # network of the pod, or its record of it (CRI-O restarted in the middle of a stop)
+        self.ips_lost: set[str] = set()
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
@@ -91,6 +94,7 @@ class PodLedger:
         self.stopped.discard(pod_id)
         self.late.pop(pod_id, None)
         self.stop_events.discard(pod_id)
+        self.ips_lost.discard(pod_id)
 
     def running(self, pod_id: str) -> bool:
         """The runtime lists the pod, has not stopped it, and its pause process runs: the pod
@@ -114,6 +118,13 @@ class PodLedger:
     def synchronized(self, pods: list[PodInfo]) -> None:
         """The runtime's full pod list (every (re)connection)."""
         previous, self.pods = self.pods, {p.id: p for p in pods}
+        for pod in pods:
+            before = previous.get(pod.id)
+            if pod.ips:
+                self.ips_lost.discard(pod.id)
+            elif before is not None and before.ips:
+                self.ips_lost.add(pod.id)
+        self.ips_lost &= set(self.pods)
         self._syncs += 1
         now = self.clock()
         for pod_id in self.pods:

@@ -53,7 +53,13 @@ from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
 from nri_cni.service.podcheck import Key, PodCheck, Retry, expect, key_of, selected_key, verdicts_of
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
-from nri_cni.service.runtime_ips import ip_mismatch, missed_reason, native_readd, primary_key
+from nri_cni.service.runtime_ips import (
+    ip_mismatch,
+    missed_reason,
+    native_readd,
+    primary_key,
+    runtime_network_lost,
+)
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -211,6 +217,10 @@ class Verifier:
             if self.ledger.running(pod.id):
                 return self._netns_unreadable(pod, c.entries)
             return None  # the reaper's
+        lost = runtime_network_lost(self.mode, self.ledger, c)
+        if lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
+            self._retries.pop(pod.id, None)
+            return self._broken(pod, BrokenCode.TORN_DOWN, f"{lost}; {ADMIN_ACTION}", verdicts_of(c, {}))
         quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
         if quiet and not self.locks.busy(pod.id):
             # nothing to run: no lock needed, and nothing awaited between this test and the write

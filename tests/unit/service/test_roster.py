@@ -179,6 +179,22 @@ def test_an_unlisted_pod_is_valid_only_within_the_grace_whatever_its_netns(tmp_p
     assert ledger.unconfirmed == {} and ledger.attached_at == {}
 
 
+def test_a_pod_listed_with_ips_and_then_without_has_lost_them():
+    """Secondary mode's torn-down: the runtime listed the pod with IPs and, restarted, lists it
+    without; listed with IPs again (or dropped) it is no longer so. A pod never listed with IPs
+    (nothing known of them) is not."""
+    ledger = PodLedger()
+    lost, never = _pod(GONE, "lost", ips=("10.9.0.2",)), _pod(KEPT, "never")
+    ledger.synchronized([lost, never])
+    ledger.synchronized([_pod(GONE, "lost"), never])
+    assert ledger.ips_lost == {GONE}
+    ledger.synchronized([lost, never])
+    assert ledger.ips_lost == set()
+    ledger.synchronized([_pod(GONE, "lost"), never])
+    ledger.synchronized([never])
+    assert ledger.ips_lost == set()
+
+
 def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():
     pid = os.fork()
     if pid == 0:
