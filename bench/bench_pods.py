@@ -194,12 +194,15 @@ class Bench:
         return started
 
     def containerd(self, name: str, conf_dir: Path, bin_dirs: list, **kw) -> Containerd:
-        ctd = Containerd(
-            self.tmp / f"ctd-{name}", cni_conf_dir=conf_dir, cni_bin_dirs=bin_dirs, pause=self.pause, **kw
-        )
-        self.stack.callback(lambda: self.problems.extend(ctd.cleanup()))
-        ctd.start()
-        return ctd
+        return self.runtime(Containerd, f"ctd-{name}", conf_dir, bin_dirs, **kw)
+
+    def runtime(self, kind, dirname: str, conf_dir: Path, bin_dirs: list, **kw):
+        """A private runtime instance of `kind` (tests/support: Containerd, Crio), started;
+        cleaned up with the bench."""
+        rt = kind(self.tmp / dirname, cni_conf_dir=conf_dir, cni_bin_dirs=bin_dirs, pause=self.pause, **kw)
+        self.stack.callback(lambda: self.problems.extend(rt.cleanup()))
+        rt.start()
+        return rt
 
     def shim_setup(self, name: str) -> ShimSetup:
         d = self.tmp / f"nri-cni-{name}"
@@ -208,7 +211,20 @@ class Bench:
         self.stack.callback(setup.cleanup)
         return setup
 
+    def nri_cni(self, daemons: list[NriCni], setup: ShimSetup, cfg: dict) -> NriCni:
+        """An nri-cni daemon of `setup` with `cfg`, started; stopped with `daemons`."""
+        daemon = NriCni(setup.tmp, cfg)
+        daemons.append(daemon)
+        daemon.start()
+        return daemon
+
     # -- the alternation -----------------------------------------------------------------------
+
+    def run_leaving_nothing(self, modes: list[Mode], daemon: NriCni) -> None:
+        """run(), then nri-cni must list no pod."""
+        self.run(modes)
+        if daemon.pods():
+            raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
 
     def run(self, modes: list[Mode]) -> None:
         n = self.args.warmup + self.args.pods
@@ -272,14 +288,10 @@ class Bench:
         cfg = setup.config(
             ctd.nri_socket, [{"name": shim_net.name, "default": True, "conflist": shim_net.conflist}]
         )
-        daemon = NriCni(setup.tmp, cfg)
-        daemons.append(daemon)
-        daemon.start()
+        daemon = self.nri_cni(daemons, setup, cfg)
         shim = Mode("shim", ctd, shim_net, ipam_dirs=[shim_net.ipam_dir], daemon=daemon)
         print(f"part 1: shim vs native, {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated")
-        self.run([native, shim])
-        if daemon.pods():
-            raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
+        self.run_leaving_nothing([native, shim], daemon)
         return self.report([native, shim], "shim", "native")
 
     # -- part 2: secondary vs native max_conf_num = 2 ------------------------------------------
@@ -322,9 +334,7 @@ class Bench:
             primary_network=sec_net.name,
         )
         cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's libcni cache
-        daemon = NriCni(setup.tmp, cfg)
-        daemons.append(daemon)
-        daemon.start()
+        daemon = self.nri_cni(daemons, setup, cfg)
         modes.append(
             Mode(
                 "secondary",
@@ -349,9 +359,7 @@ class Bench:
             f"part 2: secondary vs native2 (max_conf_num 2){'' if self.args.no_base else ' vs base'}"
             f", {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated"
         )
-        self.run(modes)
-        if daemon.pods():
-            raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
+        self.run_leaving_nothing(modes, daemon)
         out = self.report(modes, "secondary", "native2")
         if self.args.burst:
             out["burst"] = self.burst([m for m in modes if m.name in ("native2", "secondary")])

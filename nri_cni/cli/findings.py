@@ -77,8 +77,9 @@ BROKEN_CODES = (
     FindingDoc("ips-not-requestable", "its IPs must come back and no plugin of its chain can be asked for an "
                "address (no `ips` capability, no IPAM reading args.cni.ips)", ROUND, "nothing is cut",
                "declare the ips capability on a plugin whose IPAM honours it, or delete the pod"),
-    FindingDoc("torn-down", "shim mode: the runtime deleted the pod's network and, restarted in the middle of "
-               "that stop, lists it READY again without an IP", "the verify after the runtime's Synchronize",
+    FindingDoc("torn-down", "the runtime deleted the pod's network (shim mode: through the shim; secondary: its "
+               "own) and, restarted in the middle of that stop (or of its creation), lists it READY without an IP",
+               "the verify after the runtime's Synchronize",
                "nothing: a new ADD would give it IPs the runtime never reports", "delete the pod"),
     FindingDoc("del-failed", "its DEL fails (stop, remove, or GC once the runtime dropped it): nri-cni still "
                "holds its networks", "at the first failed DEL", "retried by the runtime's stop and every GC; "

@@ -141,7 +141,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
     if os.path.basename(cni_settings.finalize_dir.rstrip("/")) != "_finalize.d":
         r.fail("cni.finalize_dir", f"{cni_settings.finalize_dir!r} must be a directory named _finalize.d")
     gc = r.section(data, "gc")
-    r.unknown_keys(gc, {"interval", "parallel"}, "gc")
+    r.unknown_keys(gc, {"interval", "parallel", "unlisted_grace"}, "gc")
     status = r.section(data, "status")
     r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
     verify = r.section(data, "verify")
@@ -211,6 +211,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         failure_policy=r.string(data, "failure_policy", "auto", "", choices=FAILURE_POLICIES),
         gc_interval=r.duration(gc, "interval", 600.0, "gc"),
         gc_parallel=r.integer(gc, "parallel", 0, "gc", high=256),
+        gc_unlisted_grace=r.duration(gc, "unlisted_grace", 120.0, "gc"),
         status_interval=r.duration(status, "interval", 30.0, "status"),
         refuse_when_not_ready=r.boolean(status, "refuse_when_not_ready", False, "status"),
         repair_on_sync=r.boolean(data, "repair_on_sync", True, ""),

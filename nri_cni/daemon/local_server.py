@@ -140,7 +140,7 @@ class LocalServer:
                 await self.pods.detach(pod)
                 return 0, b""
             if command == "CHECK":
-                await self.pods.check(pod)
+                await self.pods.check(pod, validate.check_ifname(env.get("CNI_IFNAME", "eth0")))
                 return 0, b""
             raise NriCniError(f"unsupported CNI_COMMAND {validate.quote(command)}", kind=Kind.BAD_ENV)
         except NriCniError as exc:

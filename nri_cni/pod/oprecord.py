@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,14 +110,34 @@ class NoSink:
         return None
 
 
-class OperationLog:
-    """Ends pod operations: the plugins' timings, the log line, the sink."""
+@dataclass(frozen=True)
+class FreshAdd:
+    """A pod whose last operation is an ADD that succeeded: when it ended (the log's clock),
+    the netns it used and its attachments (network, ifname)."""
 
-    def __init__(self, sink: OperationSink) -> None:
+    ended: float
+    netns: str
+    attachments: frozenset[tuple[str, str]]
+
+
+class OperationLog:
+    """Ends pod operations: the plugins' timings, the log line, the sink. Keeps, per pod whose
+    last operation is a successful ADD, that ADD (`fresh`): any later operation on the pod
+    that is recorded (a CHECK, DEL, repair, GC, or a failure) takes it away."""
+
+    def __init__(self, sink: OperationSink, clock: Callable[[], float] = time.monotonic) -> None:
         self.sink = sink
+        self.clock = clock
+        self.fresh: dict[str, FreshAdd] = {}
 
     def emit(self, record: OpRecord) -> None:
         record.emit()
+        pod_id = record.pod.id
+        added = frozenset((n["network"], n["ifname"]) for n in record.networks if n["op"] == "add")
+        if record.op == "add" and record.error is None and added:
+            self.fresh[pod_id] = FreshAdd(self.clock(), record.pod.netns, added)
+        else:
+            self.fresh.pop(pod_id, None)
         self.sink.observe_operation(record)
 
     def discard(self, record: OpRecord) -> None:

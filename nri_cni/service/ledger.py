@@ -2,31 +2,44 @@
 
 Which pods are valid for GC (docs/reliability.md, section 2): the runtime's pod list (the last
 Synchronize plus the pod events since), the pods with an operation in flight, and, while their
-netns exists, the pods the runtime has not listed yet or for the first time: attached since the
-previous Synchronize (a runtime stores a new pod only after its CNI ADD or NRI RunPodSandbox
-returned, so a Synchronize in between does not list it), or had by the runtime before and
-missing from the last Synchronize only (containerd leaves a pod whose state it cannot tell yet
-out of its NRI list). Missing from two Synchronizes in a row, or its netns gone, or removed by a
-pod event: garbage.
+netns exists and for at most `grace` seconds (UNLISTED_GRACE, `gc.unlisted_grace`), the pods
+the runtime has not listed yet or for the first time: attached since the previous Synchronize
+(a runtime stores a new pod only after its CNI ADD or NRI RunPodSandbox returned, so a
+Synchronize in between does not list it; the grace counts from the attach), or had by the
+runtime before and missing from the last Synchronize only (containerd leaves a pod whose state
+it cannot tell yet out of its NRI list; the grace counts from its attach by this daemon, or
+from the Synchronize that missed it for a pod listed before). Past the grace, missing from two
+Synchronizes in a row, its netns gone, or removed by a pod event: garbage, although its netns
+may still exist (CRI-O drops a pod whose creation its restart cut and leaves the netns pinned).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.upkeep import netns_gone, pause_alive
 
+# seconds an attached pod the runtime does not list stays valid for GC: longer than a runtime
+# takes from the CNI ADD's (or NRI RunPodSandbox's) return to storing the pod, which kubelet's
+# runtime request timeout (2 min by default) bounds for a RunPodSandbox still in flight
+UNLISTED_GRACE = 120.0
+
 
 class PodLedger:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # the grace's (tests move it)
         self.pods: dict[str, PodInfo] = {}  # the runtime's pods, as far as we know
         self.synced = False  # a Synchronize arrived: GC may run
         self.repair: dict[str, PodInfo] = {}  # pods whose attach failed and is retried
         # pods the runtime has not listed (yet, or any more) -> (the Synchronize count they
-        # are counted from, their netns): valid while that is the last or the one before
-        self.unconfirmed: dict[str, tuple[int, str]] = {}
+        # are counted from, their netns, when their grace started): valid while that count is
+        # the last or the one before and the grace lasts
+        self.unconfirmed: dict[str, tuple[int, str, float]] = {}
+        # pods attached by this daemon and not listed since -> when (their grace's start)
+        self.attached_at: dict[str, float] = {}
         # pods the runtime tore down (NRI stop, or its CNI DEL) and has not run or listed
         # since: verify never attaches them again while their netns lingers
         self.stopped: set[str] = set()
@@ -39,6 +52,9 @@ class PodLedger:
         # pods the runtime tore down and then listed again in a Synchronize: a runtime restarted
         # in the middle of its stop (CRI-O after SIGTERM or SIGKILL) has them READY again
         self.relisted: set[str] = set()
+        # pods a Synchronize listed with IPs and a later one without: the runtime lost its own
+        # network of the pod, or its record of it (CRI-O restarted in the middle of a stop)
+        self.ips_lost: set[str] = set()
         self._syncs = 0
 
     def seen(self, pod: PodInfo) -> None:
@@ -51,7 +67,9 @@ class PodLedger:
     def attached(self, pod: PodInfo) -> None:
         """An ADD for the pod finished; the runtime lists the pod only later (and a
         Synchronize that comes first must not make it garbage)."""
-        self.unconfirmed[pod.id] = (self._syncs, pod.netns)
+        now = self.clock()
+        self.unconfirmed[pod.id] = (self._syncs, pod.netns, now)
+        self.attached_at[pod.id] = now
         self.stopped.discard(pod.id)
         self.relisted.discard(pod.id)
 
@@ -65,15 +83,18 @@ class PodLedger:
 
     def detached(self, pod_id: str) -> None:
         self.unconfirmed.pop(pod_id, None)
+        self.attached_at.pop(pod_id, None)
         self.stopped.add(pod_id)
 
     def gone(self, pod_id: str) -> None:
         self.pods.pop(pod_id, None)
+        self.attached_at.pop(pod_id, None)
         self.repair.pop(pod_id, None)
         self.unconfirmed.pop(pod_id, None)
         self.stopped.discard(pod_id)
         self.late.pop(pod_id, None)
         self.stop_events.discard(pod_id)
+        self.ips_lost.discard(pod_id)
 
     def running(self, pod_id: str) -> bool:
         """The runtime lists the pod, has not stopped it, and its pause process runs: the pod
@@ -97,9 +118,18 @@ class PodLedger:
     def synchronized(self, pods: list[PodInfo]) -> None:
         """The runtime's full pod list (every (re)connection)."""
         previous, self.pods = self.pods, {p.id: p for p in pods}
+        for pod in pods:
+            before = previous.get(pod.id)
+            if pod.ips:
+                self.ips_lost.discard(pod.id)
+            elif before is not None and before.ips:
+                self.ips_lost.add(pod.id)
+        self.ips_lost &= set(self.pods)
         self._syncs += 1
+        now = self.clock()
         for pod_id in self.pods:
             self.unconfirmed.pop(pod_id, None)
+            self.attached_at.pop(pod_id, None)
             if pod_id in self.stopped:  # listed again: the runtime's word is the newest
                 self.stopped.discard(pod_id)
                 self.relisted.add(pod_id)
@@ -108,7 +138,7 @@ class PodLedger:
         # one; a pod nri-cni never saw the runtime have (it was down) does not
         for pod_id, pod in previous.items():
             if pod_id not in self.pods and pod_id not in self.unconfirmed:
-                self.unconfirmed[pod_id] = (self._syncs - 1, pod.netns)
+                self.unconfirmed[pod_id] = (self._syncs - 1, pod.netns, self.attached_at.get(pod_id, now))
         # the list is the roster: what is kept per pod goes with the pods it does not list
         # (a pod stopped and listed again was dropped from `stopped` above)
         self.stopped.clear()
@@ -118,26 +148,31 @@ class PodLedger:
                 del table[pod_id]
         self.synced = True
 
-    def unconfirmed_valid(self) -> set[str]:
+    def unconfirmed_valid(self, grace: float = UNLISTED_GRACE) -> set[str]:
         """Pods not listed by the runtime that are still given the benefit of the doubt: not
         yet listed since their attach, or missing from the last Synchronize only, while their
-        netns exists. (An entry goes when the pod is listed, detached, gone or collected.)"""
+        netns exists and for `grace` seconds. (An entry goes when the pod is listed, detached,
+        gone or collected.)"""
+        now = self.clock()
         return {
             pod_id
-            for pod_id, (since, netns) in self.unconfirmed.items()
-            if self._syncs - since <= 1 and not netns_gone(netns)
+            for pod_id, (since, netns, at) in self.unconfirmed.items()
+            if self._syncs - since <= 1 and now - at < grace and not netns_gone(netns)
         }
 
-    def valid_pod_ids(self, in_flight: Iterable[str]) -> set[str]:
-        return set(self.pods) | set(in_flight) | self.unconfirmed_valid()
+    def valid_pod_ids(self, in_flight: Iterable[str], grace: float = UNLISTED_GRACE) -> set[str]:
+        return set(self.pods) | set(in_flight) | self.unconfirmed_valid(grace)
 
-    def collected(self, deleted: Iterable[str], attached: set[str]) -> None:
+    def collected(self, deleted: Iterable[str], attached: set[str], grace: float = UNLISTED_GRACE) -> None:
         """After a GC: forget the unconfirmed pods it deleted (names network/pod/ifname), and
         the ones no longer valid that have nothing left."""
         for name in deleted:
-            self.unconfirmed.pop(name.split("/")[1], None)
-        still_valid = self.unconfirmed_valid()
+            pod_id = name.split("/")[1]
+            self.unconfirmed.pop(pod_id, None)
+            self.attached_at.pop(pod_id, None)
+        still_valid = self.unconfirmed_valid(grace)
         if len(still_valid) < len(self.unconfirmed):
             for pod_id in list(self.unconfirmed):
                 if pod_id not in still_valid and pod_id not in attached:
                     del self.unconfirmed[pod_id]
+                    self.attached_at.pop(pod_id, None)

@@ -3,15 +3,19 @@ lacks, and the per-attachment verdicts the health book keeps."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.node import Expectation, Finding, FindingKind
+from nri_cni.node import Expectation, Finding, FindingKind, expectation_from_result, host_side_wants
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.select import Selected
 from nri_cni.service.podstate import AttachmentVerdict
 
 Key = tuple[str, str]  # (network, ifname)
+# attachment verdicts for a cache entry nothing could be compared with (never "ok")
+NO_RESULT = "no-result"
+BAD_RESULT = "bad-result"
 
 
 def key_of(e: CacheEntry) -> Key:
@@ -59,6 +63,37 @@ class PodCheck:
 
     def signature(self) -> list[tuple[Key, object]]:
         return [(key_of(e), e.result) for e in self.entries]
+
+
+def expect(check: PodCheck, *, host_side: bool = True) -> None:
+    """What the node should show for each of the check's entries, from its cached result:
+    `check.expectations`, or `check.unknown` for an entry nothing can be compared with.
+    `host_side`: also portmap's DNAT and host-local's leases (read once a round by verify)."""
+    pod = check.pod
+    for entry in check.entries:
+        if entry.result is None:  # nothing recorded to compare with: unknown, never ok
+            why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"  # fmt: skip
+            check.unknown[key_of(entry)] = (NO_RESULT, why)
+            continue
+        try:
+            exp = expectation_from_result(
+                entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
+                ifname=entry.ifname,
+            )  # fmt: skip
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
+            check.unknown[key_of(entry)] = (BAD_RESULT, why)
+            continue
+        exp = dataclasses.replace(exp, container_id=entry.container_id)
+        if host_side:
+            try:
+                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
+                exp = dataclasses.replace(exp, host_ports=ports, leases=leases)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                # the pod's side is still checked
+                why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
+                check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
+        check.expectations.append((entry, exp))
 
 
 @dataclass

@@ -39,7 +39,7 @@ class BrokenCode(Enum):
     DEL_FAILED = "del-failed"  # its DEL (stop, remove, GC) fails: resources held, the reason says why
     NETNS_UNREADABLE = "netns-unreadable"  # its netns path is gone while the pod still runs
     UNREADABLE = "unreadable"  # part of what it needs could not be read: never called ok
-    TORN_DOWN = "torn-down"  # shim mode: the runtime deleted its network, then listed it READY
+    TORN_DOWN = "torn-down"  # the runtime deleted its network (shim: through the shim), then listed it READY
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,20 @@ def ip_mismatch(mode: Mode, c: PodCheck) -> str:
     return ""
 
 
+def runtime_network_lost(mode: Mode, ledger: PodLedger, c: PodCheck) -> str:
+    """Secondary mode: a pod with nri-cni's networks that the runtime listed with IPs and now
+    lists without has lost the runtime's own network, or the runtime its record of it: CRI-O
+    restarted in the middle of the pod's stop (after its CNI DEL) lists such a pod READY
+    without an IP. "" otherwise."""
+    if mode.primary.ours or not c.entries or c.pod.ips or c.pod.id not in ledger.ips_lost:
+        return ""
+    return (
+        "the runtime reports no IP for it: its own network of the pod is gone or unknown to it "
+        "(a runtime restarted in the middle of the pod's stop or creation lists it READY without an "
+        "IP); nri-cni keeps its networks while the runtime lists the pod"
+    )
+
+
 def native_readd(c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
     """Native mode: the one network a pod lacks, with the IPs the runtime lists and no other
     attachment holds ({} if none). A native runtime runs no CNI: an IP it lists came from

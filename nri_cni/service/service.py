@@ -28,7 +28,7 @@ from nri_cni.pod.oprecord import GcReport
 from nri_cni.pod.plan import PodPlan
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode, mode_for
-from nri_cni.service.podstate import BrokenCode, HealthBook, PodHealth
+from nri_cni.service.podstate import BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.service.snapshot import Rounds, ServiceSnapshot
 from nri_cni.service.verify import Verifier
 
@@ -40,6 +40,10 @@ DEL_ACTION = (
     "find why in the plugin's error (a plugin binary missing or failing); once fixed, GC or the "
     "runtime's next stop releases it"
 )
+# a CHECK this soon after the pod's ADD (its end) is answered from the records when netlink
+# agrees: CRI-O's comes right after the ADD; the bound keeps an old record from standing in for
+# what only the plugins can tell (their own state) once time has passed
+CHECK_FROM_RECORDS_WITHIN = 30.0
 REMOVAL_GRACE = 3.0  # seconds a torn-down pod waits for its RemovePodSandbox before a new list is asked for
 
 
@@ -178,6 +182,10 @@ class PodService:
             handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
             self._timers.add(handle)
 
+    def _never_broken(self, pod_id: str) -> bool:
+        health = self.health.get(pod_id)
+        return health is None or health.state is PodState.OK
+
     def _del_failed(self, pod_id: str) -> bool:
         health = self.health.get(pod_id)
         return health is not None and health.code is BrokenCode.DEL_FAILED
@@ -203,8 +211,23 @@ class PodService:
         if pod_id in ledger.pods and pod_id in ledger.stopped and pod_id not in ledger.stop_events:
             self.roster_stale.set()
 
-    async def check(self, pod: PodInfo) -> None:
+    async def check(self, pod: PodInfo, ifname: str = "eth0") -> None:
+        """The runtime's CNI CHECK through the shim (CRI-O's right after each ADD). Answered from
+        the records, without a plugin run, when it comes at most CHECK_FROM_RECORDS_WITHIN after
+        a successful ADD that is the pod's last operation, of the same container id, netns and
+        ifname, the pod is not stopped or broken, and netlink shows every attachment as its
+        result says; otherwise every network's CNI CHECK runs on its cached result
+        (docs/reliability.md, "CHECK after ADD")."""
         async with self.locks.pod(pod.id):
+            entries = self.plan.fresh_add(pod, ifname, CHECK_FROM_RECORDS_WITHIN)
+            if (
+                entries is not None
+                and pod.id not in self.ledger.stopped
+                and self._never_broken(pod.id)
+                and await self.verifier.node_shows(pod, entries)
+            ):
+                self.plan.checked_from_records(pod, entries)
+                return
             await self.plan.check(pod)
 
     def seen(self, pod: PodInfo) -> None:
@@ -238,11 +261,12 @@ class PodService:
             )
         log.info("gc (%s): %d pod(s) listed by the runtime", reason, len(self.ledger.pods))
         # asked again under each stale pod's lock: a pod attached (or listed) meanwhile is valid
-        report = await self._collect(lambda: self.ledger.valid_pod_ids(self.in_flight()))
+        grace = self.cfg.gc_unlisted_grace
+        report = await self._collect(lambda: self.ledger.valid_pod_ids(self.in_flight(), grace))
         attached = self.plan.attached_pod_ids()
         # a pod attached again after GC DELed it (an ADD during this GC) keeps its grace
         deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
-        self.ledger.collected(deleted, attached)
+        self.ledger.collected(deleted, attached, grace)
         self._gc_outcome(report, attached)
         self._prune()
         return report
@@ -273,7 +297,8 @@ class PodService:
 
     async def gc_listed(self, pod_ids: set[str]) -> GcReport:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
-        return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid())
+        grace = self.cfg.gc_unlisted_grace
+        return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid(grace))
 
     async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
         # The stale pods' DELs each take their pod's lock, the GC verb the exclusive one

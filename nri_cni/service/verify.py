@@ -27,7 +27,6 @@ its lock was taken is read again under the lock.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -37,11 +36,8 @@ from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.node import (
-    FindingKind,
     NodeInspector,
     VerifyPolicy,
-    expectation_from_result,
-    host_side_wants,
 )
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
@@ -55,9 +51,15 @@ from nri_cni.pod.repair import (
 )
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
-from nri_cni.service.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
+from nri_cni.service.podcheck import Key, PodCheck, Retry, expect, key_of, selected_key, verdicts_of
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
-from nri_cni.service.runtime_ips import ip_mismatch, missed_reason, native_readd, primary_key
+from nri_cni.service.runtime_ips import (
+    ip_mismatch,
+    missed_reason,
+    native_readd,
+    primary_key,
+    runtime_network_lost,
+)
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -65,9 +67,6 @@ MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
 ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
-# attachment verdicts for a cache entry nothing could be compared with (never "ok")
-NO_RESULT = "no-result"
-BAD_RESULT = "bad-result"
 
 
 class Verifier:
@@ -174,36 +173,19 @@ class Verifier:
             log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
             selected = []
         check = PodCheck(pod, attach_order(entries), selected)
-        for entry in check.entries:
-            if entry.result is None:  # nothing recorded to compare with: unknown, never ok
-                why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"
-                check.unknown[key_of(entry)] = (NO_RESULT, why)
-                continue
-            try:
-                exp = expectation_from_result(
-                    entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
-                    ifname=entry.ifname,
-                )  # fmt: skip
-            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-                why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
-                check.unknown[key_of(entry)] = (BAD_RESULT, why)
-                continue
-            try:
-                # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
-                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
-                exp = dataclasses.replace(
-                    exp, container_id=entry.container_id, host_ports=ports, leases=leases
-                )
-            except (
-                ValueError,
-                TypeError,
-                KeyError,
-                AttributeError,
-            ) as exc:  # the pod's side is still checked
-                why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
-                check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
-            check.expectations.append((entry, exp))
+        expect(check)
         return check
+
+    async def node_shows(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        """Whether netlink shows each of `entries` as its result says (the pod's links up with
+        their addresses and routes, their host-side links): nothing unreadable, nothing
+        differs. The host's rules and leases are not read (no iptables-save): a cheap look."""
+        c = PodCheck(pod, list(entries), [])
+        expect(c, host_side=False)
+        if c.unknown or len(c.expectations) != len(entries):
+            return False
+        await self._inspect([c])
+        return len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
 
     async def _inspect(self, checks: Sequence[PodCheck]) -> None:
         exps = [e for c in checks for _, e in c.expectations]
@@ -235,6 +217,10 @@ class Verifier:
             if self.ledger.running(pod.id):
                 return self._netns_unreadable(pod, c.entries)
             return None  # the reaper's
+        lost = runtime_network_lost(self.mode, self.ledger, c)
+        if lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
+            self._retries.pop(pod.id, None)
+            return self._broken(pod, BrokenCode.TORN_DOWN, f"{lost}; {ADMIN_ACTION}", verdicts_of(c, {}))
         quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
         if quiet and not self.locks.busy(pod.id):
             # nothing to run: no lock needed, and nothing awaited between this test and the write

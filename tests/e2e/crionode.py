@@ -20,14 +20,11 @@ import pytest
 from tests.e2e.test_pod_shim import FINALIZE_PROBE
 from tests.e2e.test_recovery_node import RecoveryNode
 from tests.support.containerd import CNI_RESULTS_DIR
-from tests.support.crio import Crio, available
+from tests.support.crio import Crio, available, install_shim_conflist
 
 # the runtimes a test written once runs on: CRI-O only where it is installed (else its cases are
 # not collected, as test_crio_*.py are not)
 RUNTIMES = ("containerd", "crio") if available() else ("containerd",)
-
-REPO = Path(__file__).resolve().parents[2]
-CRIO_SHIM_CONFLIST = REPO / "config" / "crio" / "net.d" / "10-nri-cni.conflist"
 
 
 def crio_node(tmp_path: Path, make_crio, make_bridge_network) -> RecoveryNode:
@@ -38,13 +35,7 @@ def crio_node(tmp_path: Path, make_crio, make_bridge_network) -> RecoveryNode:
         return make_crio(cni_conf_dir=cni_conf_dir, **kw)
 
     node = RecoveryNode(tmp_path, make, make_bridge_network)
-    shim_list = json.loads(CRIO_SHIM_CONFLIST.read_text())
-    for plugin in shim_list["plugins"]:
-        if plugin["type"] == "nri-cni-shim":
-            plugin["daemonSocket"] = node.setup.socket
-    for old in node.setup.conf_dir.glob("*.conflist"):
-        old.unlink()
-    (node.setup.conf_dir / CRIO_SHIM_CONFLIST.name).write_text(json.dumps(shim_list))
+    install_shim_conflist(node.setup.conf_dir, node.setup.socket)
     return node
 
 

@@ -49,6 +49,7 @@ from tests.support.runtime_proc import RuntimeProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_DROPIN = REPO_ROOT / "config" / "crio" / "crio.conf.d" / "10-nri-cni.conf"
+SHIPPED_SHIM_CONFLIST = REPO_ROOT / "config" / "crio" / "net.d" / "10-nri-cni.conflist"
 RUNC = Path("/usr/sbin/runc")
 
 _live: weakref.WeakSet[Crio] = weakref.WeakSet()
@@ -98,6 +99,18 @@ class Tally:
         path = os.environ.get("NRI_CNI_CRIO_REPORT")
         if path:
             Path(path).write_text(json.dumps({"available": available(), **self.counts}) + "\n")
+
+
+def install_shim_conflist(conf_dir: Path, daemon_socket: str) -> None:
+    """CRI-O's network dir holding only the shipped shim list, its daemon socket pointed at
+    `daemon_socket` (the one change an admin makes for a non-default socket)."""
+    shim_list = json.loads(SHIPPED_SHIM_CONFLIST.read_text())
+    for plugin in shim_list["plugins"]:
+        if plugin["type"] == "nri-cni-shim":
+            plugin["daemonSocket"] = daemon_socket
+    for old in conf_dir.glob("*.conflist"):
+        old.unlink()
+    (conf_dir / SHIPPED_SHIM_CONFLIST.name).write_text(json.dumps(shim_list))
 
 
 class CrioError(RuntimeError):

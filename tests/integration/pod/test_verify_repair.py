@@ -499,23 +499,31 @@ def test_shim_pod_the_runtime_deleted_and_lists_again_without_an_ip_is_reported_
 
 def test_a_runtimes_check_is_an_operation_of_its_own(node, podop_log):
     """CRI-O runs CNI CHECK (through the shim) right after each ADD and of every pod at its
-    start: one `check` record with each network's step (the daemon's record also takes the
-    plugins' CHECK calls, which its next operation's record then does not list: e2e on CRI-O)."""
+    start: one `check` record with each network's step. The one right after the ADD is
+    answered from the records once netlink shows the real pod as its result says (no plugin
+    call); the next one runs the plugins' CHECK, whose calls its record takes (and the next
+    operation's record does not list: e2e on CRI-O)."""
     w = World(node)
 
     async def scenario():
         pod = await asyncio.to_thread(w.pod)
         await w.attach(pod)
         await w.svc.check(pod)
+        await w.svc.check(pod)
         await w.svc.detach(pod)
-        ops = {r["op"]: r for r in repair_records(podop_log) if r["podId"] == pod.id}
-        assert sorted(ops) == ["add", "check", "del"]
-        assert [(n["network"], n["ifname"], n["op"]) for n in ops["check"]["networks"]] == [
-            ("podnet", "eth0", "check")
-        ]
-        assert ops["check"]["result"] == "ok" and ops["del"]["networks"][0]["op"] == "del"
+        ops = [r for r in repair_records(podop_log) if r["podId"] == pod.id]
+        assert [r["op"] for r in ops] == ["add", "check", "check", "del"]
+        first, second = ops[1:3]
+        for check in (first, second):
+            assert [(n["network"], n["ifname"], n["op"]) for n in check["networks"]] == [
+                ("podnet", "eth0", "check")
+            ]
+            assert check["result"] == "ok"
+        assert (first["from"], first["plugins"]) == ("records", [])
+        assert second["from"] == "plugins" and {p["command"] for p in second["plugins"]} == {"CHECK"}
+        assert ops[3]["networks"][0]["op"] == "del"
         await w.svc.check(pod)  # nothing of the pod's left: no record
-        assert sum(r["op"] == "check" for r in repair_records(podop_log)) == 1
+        assert sum(r["op"] == "check" for r in repair_records(podop_log)) == 2
         await w.teardown()
 
     asyncio.run(scenario())

@@ -147,6 +147,54 @@ def test_a_listed_pod_whose_pause_runs_is_running_whatever_its_netns_path():
     assert not ledger.running(alive.id)
 
 
+def test_an_unlisted_pod_is_valid_only_within_the_grace_whatever_its_netns(tmp_path):
+    """A pod attached and then not listed (CRI-O drops a pod whose creation its restart cut,
+    leaving the netns pinned) is valid for GC while its attach may still be in flight in the
+    runtime (the grace, from the attach) and garbage after it, its netns still there; one the
+    runtime lists stays valid past the grace; one listed before and then missed gets the grace
+    from the Synchronize that missed it."""
+    now = [100.0]
+    ledger = PodLedger(clock=lambda: now[0])
+    netns = tmp_path / "netns"
+    netns.write_text("")  # a netns path that exists: only the grace can end the doubt
+    cut, kept, listed_before = (
+        PodInfo(i, name=n, namespace="ncver", netns=str(netns))
+        for i, n in ((GONE, "cut"), (KEPT, "kept"), (HELD, "old"))
+    )
+    ledger.synchronized([listed_before])
+    for pod in (cut, kept):
+        ledger.attached(pod)
+    now[0] += 5
+    ledger.synchronized([kept, listed_before])  # a runtime restart: the cut pod is dropped
+    assert ledger.valid_pod_ids((), grace=30) == {cut.id, kept.id, listed_before.id}
+    now[0] += 26  # 31 s after the attach, one list missed: past the grace, its netns there
+    assert ledger.valid_pod_ids((), grace=30) == {kept.id, listed_before.id}
+    assert ledger.valid_pod_ids((), grace=60) == {cut.id, kept.id, listed_before.id}
+    ledger.synchronized([kept])  # the pod listed before goes missing (containerd's unknown state)
+    now[0] += 29
+    assert ledger.valid_pod_ids((), grace=30) == {kept.id, listed_before.id}
+    now[0] += 2
+    assert ledger.valid_pod_ids((), grace=30) == {kept.id}
+    ledger.collected([], set(), grace=30)
+    assert ledger.unconfirmed == {} and ledger.attached_at == {}
+
+
+def test_a_pod_listed_with_ips_and_then_without_has_lost_them():
+    """Secondary mode's torn-down: the runtime listed the pod with IPs and, restarted, lists it
+    without; listed with IPs again (or dropped) it is no longer so. A pod never listed with IPs
+    (nothing known of them) is not."""
+    ledger = PodLedger()
+    lost, never = _pod(GONE, "lost", ips=("10.9.0.2",)), _pod(KEPT, "never")
+    ledger.synchronized([lost, never])
+    ledger.synchronized([_pod(GONE, "lost"), never])
+    assert ledger.ips_lost == {GONE}
+    ledger.synchronized([lost, never])
+    assert ledger.ips_lost == set()
+    ledger.synchronized([_pod(GONE, "lost"), never])
+    ledger.synchronized([never])
+    assert ledger.ips_lost == set()
+
+
 def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():
     pid = os.fork()
     if pid == 0:

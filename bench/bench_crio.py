@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Pod latency through a real CRI-O 1.36: nri-cni's modes against CRI-O's own CNI.
+
+bench_pods.py's method (its Bench and Mode: pods driven over CRI one at a time, the modes
+ALTERNATED pod by pod, the order rotating every pod, each pod checked after its RunPodSandbox,
+no libcni cache entry left after its removal, no host-local reservation at the end) with
+private CRI-O instances (tests/support/crio.py) in containerd's place:
+
+  crio-shim  CRI-O's only CNI network is the shipped shim list (config/crio/net.d, its socket
+             pointed at the bench's daemon; the shipped drop-in picks it); the nri-cni daemon
+             runs the pod's bridge + host-local + portmap list. CRI-O runs CNI CHECK after each
+             ADD, which nri-cni answers from its records.
+     vs
+  crio       CRI-O runs the same bridge + host-local + portmap list itself (no NRI plugin).
+
+  crio-sec   CRI-O runs the bridge list (eth0); nri-cni (mode: secondary) adds a macvlan +
+             host-local network (net1) on NRI RUN_POD_SANDBOX and DELs it on NRI STOP.
+     and
+  crio-base  CRI-O with the bridge list only: what the extra network costs. (CRI-O runs one
+             CNI network per pod: it has no second network of its own to compare with.)
+
+Output as bench_pods.py's: per mode medians and p90 (ms), crio-shim/crio ratios of
+RunPodSandbox and of StopPodSandbox + RemovePodSandbox, and the extra network's cost in
+crio-sec over crio-base. Subnets 10.246.169.0/24 .. 10.246.173.0/24. Everything made is removed
+at the end, also on failure, Ctrl-C or SIGTERM. Needs root, the parts from .ci/install-deps and
+CRI-O (tests/support/crio.py: available()).
+Run:  sudo ./.venv/bin/python bench/bench_crio.py [--pods 40] [--part 1|2|all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import bench_pods  # noqa: E402
+from bench.bench_pods import Bench, Mode, macvlan_list  # noqa: E402
+from tests.support.containerd import cni_plugin_dir  # noqa: E402
+from tests.support.crio import Crio, available, install_shim_conflist  # noqa: E402
+
+bench_pods.SUBNETS.update(
+    {
+        "crio": "10.246.169.0/24",
+        "crio-shim": "10.246.170.0/24",
+        "crio-sec": "10.246.171.0/24",
+        "crio-sec-extra": "10.246.172.0/24",
+        "crio-base": "10.246.173.0/24",
+    }
+)
+
+
+class CrioBench(Bench):
+    def crio(self, name: str, conf_dir: Path, bin_dirs: list, **kw) -> Crio:
+        return self.runtime(Crio, f"crio-{name}", conf_dir, bin_dirs, **kw)
+
+    def own_network(self, name: str) -> Mode:
+        """CRI-O running a bridge + host-local (+ portmap) list itself."""
+        net = self.bridge_net(name)
+        crio = self.crio(name, net.conf_dir, [cni_plugin_dir()], default_network=net.name)
+        return Mode(name, crio, net, ipam_dirs=[net.ipam_dir])  # type: ignore[arg-type]
+
+    def part_shim(self) -> dict:
+        daemons = self.daemons()
+        own = self.own_network("crio")
+        shim_net = self.bridge_net("crio-shim")  # its list runs inside nri-cni
+        setup = self.shim_setup("crio-shim")
+        install_shim_conflist(setup.conf_dir, setup.socket)
+        crio = self.crio("crio-shim", setup.conf_dir, [setup.bin_dir])
+        cfg = setup.config(
+            crio.nri_socket, [{"name": shim_net.name, "default": True, "conflist": shim_net.conflist}]
+        )
+        daemon = self.nri_cni(daemons, setup, cfg)
+        shim = Mode("crio-shim", crio, shim_net, ipam_dirs=[shim_net.ipam_dir], daemon=daemon)  # type: ignore[arg-type]
+        print(
+            f"CRI-O part 1: shim vs CRI-O's own CNI, {self.args.pods} pods each (+{self.args.warmup} warm-up)"
+        )
+        self.run_leaving_nothing([own, shim], daemon)
+        out = self.report([own, shim], "crio-shim", "crio")
+        checks = [op for op in daemon.op_lines() if op["op"] == "check" and op["podId"] in shim.measured_pods]
+        out["checks_from_records"] = sum(op.get("from") == "records" for op in checks)
+        out["checks"] = len(checks)
+        print(
+            f"  CRI-O's CHECK after ADD: {out['checks_from_records']} of {len(checks)} answered from the records"
+        )
+        return out
+
+    def part_secondary(self) -> dict:
+        daemons = self.daemons()
+        jan = self.janitor()
+        base = self.own_network("crio-base")
+        net = self.bridge_net("crio-sec")
+        master, _ = jan.veth()
+        setup = self.shim_setup("crio-sec")
+        ipam = self.tmp / "ipam-crio-sec-extra"
+        crio = self.crio("crio-sec", net.conf_dir, [cni_plugin_dir()], default_network=net.name)
+        fastnet = macvlan_list("fastnet", master, bench_pods.SUBNETS["crio-sec-extra"], ipam)
+        cfg = setup.config(
+            crio.nri_socket,
+            [{"name": "fastnet", "default": True, "conflist": fastnet}],
+            mode="secondary",
+            primary_network=net.name,
+        )
+        cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # CRI-O's libcni cache
+        daemon = self.nri_cni(daemons, setup, cfg)
+        sec = Mode("crio-sec", crio, net, extra_if="net1", ipam_dirs=[net.ipam_dir, ipam], daemon=daemon)  # type: ignore[arg-type]
+        print(
+            f"CRI-O part 2: secondary vs bridge only, {self.args.pods} pods each (+{self.args.warmup} warm-up)"
+        )
+        self.run_leaving_nothing([base, sec], daemon)
+        out = self.report([base, sec], "crio-sec", "crio-base")
+        print(
+            f"  the extra network on CRI-O: {out['compare']['run_median_diff_ms']:+.1f} ms run, "
+            f"{out['compare']['stop_remove_median_diff_ms']:+.1f} ms stop+remove (over crio-base medians)"
+        )
+        return out
+
+
+def measure(args) -> dict:
+    """The parts of args.part (CRI-O's); prints the tables, returns the report. Raises
+    bench_pods.CleanupProblems when something made could not be removed."""
+    if not available():
+        raise RuntimeError("no CRI-O: .ci/install-deps unpacks it from $NRI_CNI_CRIO_DIR")
+    report: dict = {"pods": args.pods, "warmup": args.warmup}
+    problems: list[str] = []
+    parts = {"1": ("shim_vs_crio", CrioBench.part_shim), "2": ("secondary_vs_base", CrioBench.part_secondary)}
+    for key, part in parts.values() if args.part == "all" else [parts[args.part]]:
+        with contextlib.ExitStack() as stack:
+            bench = CrioBench(args, stack)
+            try:
+                report[key] = part(bench)
+            finally:
+                problems += bench.problems  # filled while the stack unwinds
+    if problems:
+        raise bench_pods.CleanupProblems("cleanup problems:\n  " + "\n  ".join(problems))
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pods", type=int, default=40, help="measured pods per mode (default 40)")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured pods first (default 3)")
+    ap.add_argument("--part", choices=("1", "2", "all"), default="all", help="1: shim vs own; 2: secondary")
+    ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
+    args = ap.parse_args(argv)
+    args.host_ports = False
+    if os.geteuid() != 0:
+        print("bench_crio: needs root (CRI-O, netns, iptables)", file=sys.stderr)
+        return 2
+    if args.pods < 2:
+        ap.error("--pods must be at least 2")
+    signal.signal(signal.SIGTERM, bench_pods._on_sigterm)
+    try:
+        report = measure(args)
+    except (KeyboardInterrupt, bench_pods.Interrupted) as exc:
+        print(f"bench_crio: interrupted ({exc or 'Ctrl-C'}); cleaned up", file=sys.stderr)
+        return 130
+    except bench_pods.CleanupProblems as exc:
+        print(f"bench_crio: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The runtime's CHECK right after a pod's ADD (CRI-O's, through the shim) is answered from the
+records, with no plugin call, when the pod's last operation is that ADD and netlink shows its
+attachments as their results say; anything else (the node differs, no ADD recorded, another
+netns or ifname, an ADD older than the bound, a later operation) runs the plugins' CHECK as
+before. Without root: the plugins are the fake executor's, the node inspector a fake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import parse_config
+from nri_cni.node import Difference, Expectation, Finding, FindingKind
+from nri_cni.pod.model import PodInfo
+from nri_cni.pod.plan import PodPlan
+from nri_cni.service import service as service_module
+from nri_cni.service.modes import mode_for
+from nri_cni.service.service import PodService
+
+POD = "c6" * 32
+NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "c6-br"}]}
+
+
+def _result(call) -> bytes:
+    netns = call.env["CNI_NETNS"]
+    return json.dumps(
+        {
+            "cniVersion": "1.1.0",
+            "interfaces": [{"name": "eth0", "sandbox": netns, "mac": "02:00:00:00:c6:01"}],
+            "ips": [{"address": "10.66.0.2/24", "interface": 0}],
+        }
+    ).encode()
+
+
+class FakeInspector:
+    """What NodeInspector answers: every attachment as expected, or (`differs`) its link gone."""
+
+    def __init__(self) -> None:
+        self.differs = False
+        self.asked: list[Expectation] = []
+
+    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
+        self.asked += exps
+        if self.differs:
+            return [Finding(e, (Difference(FindingKind.LINK_MISSING, "no eth0"),)) for e in exps]
+        return [Finding(e) for e in exps]
+
+    def close(self) -> None:
+        pass
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.fake = FakeExecutor({"c6-br": {"ADD": _result}})
+        doc = {
+            "mode": "shim",
+            "state_dir": str(tmp / "state"),
+            "networks": [{"name": "podnet", "default": True, "conflist": NET}],
+        }
+        cfg = parse_config(doc, str(tmp / "config.yaml"))
+        cni = CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake)
+        self.inspector = FakeInspector()
+        plan = PodPlan(cfg, cni)
+        self.svc = PodService(cfg, plan=plan, mode=mode_for(cfg), inspector=self.inspector)  # type: ignore[arg-type]
+        netns = tmp / "netns"
+        netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
+        self.pod = PodInfo(POD, name="c6-pod", namespace="default", netns=str(netns))
+
+    def checks(self) -> int:
+        return self.fake.commands().count("CHECK")
+
+
+@pytest.fixture
+def records(caplog):
+    caplog.set_level(logging.INFO, logger="nri_cni.podop")
+
+    def read(op: str = "check") -> list[dict]:
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "nri_cni.podop"]
+        return [line for line in lines if line["op"] == op]
+
+    return read
+
+
+def test_a_check_right_after_the_add_is_answered_from_the_records(tmp_path, records):
+    w = World(tmp_path)
+
+    async def scenario():
+        await w.svc.attach(w.pod)
+        await w.svc.check(w.pod, "eth0")
+        await w.svc.close()
+
+    asyncio.run(scenario())
+    assert w.checks() == 0 and w.fake.commands() == ["ADD"]
+    assert [e.ifname for e in w.inspector.asked] == ["eth0"]  # netlink looked at the pod
+    (check,) = records()
+    assert check["from"] == "records" and check["result"] == "ok" and check["plugins"] == []
+    assert [(n["network"], n["ifname"], n["op"]) for n in check["networks"]] == [("podnet", "eth0", "check")]
+
+
+def test_only_the_first_check_after_the_add_is_answered_from_the_records(tmp_path, records):
+    w = World(tmp_path)
+
+    async def scenario():
+        await w.svc.attach(w.pod)
+        await w.svc.check(w.pod, "eth0")
+        await w.svc.check(w.pod, "eth0")  # its last operation is a CHECK now, not the ADD
+        await w.svc.close()
+
+    asyncio.run(scenario())
+    assert [c["from"] for c in records()] == ["records", "plugins"] and w.checks() == 1
+
+
+def test_the_plugins_check_when_the_node_differs(tmp_path, records):
+    w = World(tmp_path)
+    w.inspector.differs = True
+
+    async def scenario():
+        await w.svc.attach(w.pod)
+        await w.svc.check(w.pod, "eth0")
+        await w.svc.close()
+
+    asyncio.run(scenario())
+    assert w.checks() == 1
+    (check,) = records()
+    assert check["from"] == "plugins" and [p["command"] for p in check["plugins"]] == ["CHECK"]
+
+
+def test_the_plugins_check_without_an_add_record(tmp_path, records):
+    """A daemon restarted since the ADD (the cache has it, the operation log does not): the
+    plugins' CHECK, and the node inspector is not even asked."""
+    w = World(tmp_path)
+
+    async def scenario():
+        await w.svc.attach(w.pod)
+        w.svc.plan.oplog.fresh.clear()  # what a restarted daemon knows: the cache only
+        await w.svc.check(w.pod, "eth0")
+        await w.svc.close()
+
+    asyncio.run(scenario())
+    assert w.checks() == 1 and w.inspector.asked == []
+    assert [c["from"] for c in records()] == ["plugins"]
+
+
+@pytest.mark.parametrize("change", ["netns", "ifname", "old", "deleted"])
+def test_the_plugins_check_when_the_check_is_not_of_that_add(tmp_path, records, change):
+    """Another netns or ifname than the ADD's, an ADD older than the bound, or a DEL since
+    (nothing cached: nothing to CHECK, no record)."""
+    w = World(tmp_path)
+    now = [1000.0]
+    w.svc.plan.oplog.clock = lambda: now[0]
+    pod, ifname = w.pod, "eth0"
+
+    async def scenario():
+        await w.svc.attach(w.pod)
+        if change == "deleted":
+            await w.svc.detach(w.pod)
+        if change == "old":  # the CHECK comes a second past the bound after the ADD's end
+            now[0] += service_module.CHECK_FROM_RECORDS_WITHIN + 1
+        await w.svc.check(pod, ifname)
+        await w.svc.close()
+
+    if change == "netns":
+        other = tmp_path / "other-netns"
+        other.write_text("")
+        pod = PodInfo(POD, name="c6-pod", namespace="default", netns=str(other))
+    elif change == "ifname":
+        ifname = "net1"
+    asyncio.run(scenario())
+    assert not [c for c in records() if c.get("from") == "records"]
+    assert w.inspector.asked == []
+    if change == "deleted":
+        assert w.checks() == 0 and records() == []
+    else:
+        assert w.checks() == 1
