@@ -3,15 +3,26 @@ lacks, and the per-attachment verdicts the health book keeps."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.node import Expectation, Finding, FindingKind
+from nri_cni.node import Expectation, Finding, FindingKind, expectation_from_result, host_side_wants
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.select import Selected
 from nri_cni.service.podstate import AttachmentVerdict
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 Key = tuple[str, str]  # (network, ifname)
+# attachment verdicts for a cache entry nothing could be compared with (never "ok")
+NO_RESULT = "no-result"
+BAD_RESULT = "bad-result"
 
 
 def key_of(e: CacheEntry) -> Key:
@@ -87,4 +98,61 @@ def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVe
         else:
             out.append(AttachmentVerdict(key[0], key[1], "ok"))
     out += [AttachmentVerdict(n, i, "missing", "not attached") for n, i in map(selected_key, c.missing)]
+    return out
+
+
+def build_check(pod: PodInfo, entries: list[CacheEntry], selected: list[Selected]) -> PodCheck:
+    """The pod's round: an expectation per cache entry (`entries` in attach order) from its
+    result, with the host side its chain made (portmap's DNAT, host-local's leases); an entry
+    nothing can be compared for is "unknown", never ok."""
+    check = PodCheck(pod, entries, selected)
+    for entry in check.entries:
+        if entry.result is None:  # nothing recorded to compare with: unknown, never ok
+            why = (
+                f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"
+            )
+            check.unknown[key_of(entry)] = (NO_RESULT, why)
+            continue
+        try:
+            exp = expectation_from_result(
+                entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
+                ifname=entry.ifname,
+            )  # fmt: skip
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
+            check.unknown[key_of(entry)] = (BAD_RESULT, why)
+            continue
+        try:
+            # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
+            ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
+            exp = dataclasses.replace(exp, container_id=entry.container_id, host_ports=ports, leases=leases)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # the pod's side is still checked
+            why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
+            check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
+        check.expectations.append((entry, exp))
+    return check
+
+
+def check_parallel() -> int:
+    """CHECKs of intact pods a verify round runs at once: a CHECK is mostly its plugins' CPU
+    (bridge, portmap's iptables), so a couple per CPU (one at a time, the 50 CHECKs of a round
+    over 500 pods took 2.2 s)."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+
+
+async def at_once(items: Sequence[T], fn: Callable[[T], Awaitable[R]], parallel: int) -> list[R]:
+    """fn(item) for every item, `parallel` at a time, the results in the items' order; every
+    call runs to its end, then the first error is raised."""
+    slots = asyncio.Semaphore(parallel)
+
+    async def one(item: T) -> R:
+        async with slots:
+            return await fn(item)
+
+    done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
+    out: list[R] = []
+    for result in done:
+        if isinstance(result, BaseException):
+            raise result
+        out.append(result)
     return out

@@ -21,53 +21,52 @@ What a difference leads to:
 
 A pod with an operation in flight is left for the next round; the netlink read of a round is
 done for all pods at once, outside any lock (it only reads); a pod whose records changed before
-its lock was taken is read again under the lock.
+its lock was taken is read again under the lock. The CHECKs of pods netlink found intact run
+a few at once (podcheck.check_parallel); repairs run one at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 
 from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.plugin_process import PLUGIN_NICE
 from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.node import (
-    FindingKind,
-    NodeInspector,
-    VerifyPolicy,
-    expectation_from_result,
-    host_side_wants,
-)
+from nri_cni.node import NodeInspector, VerifyPolicy
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
-from nri_cni.pod.repair import (
-    IpsNotRequestable,
-    IpTaken,
-    repair_selection,
-    result_ips,
-)
+from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection, result_ips
+from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
-from nri_cni.service.podcheck import Key, PodCheck, Retry, key_of, selected_key, verdicts_of
+from nri_cni.service.podcheck import (
+    Key,
+    PodCheck,
+    Retry,
+    at_once,
+    build_check,
+    check_parallel,
+    key_of,
+    selected_key,
+    verdicts_of,
+)
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
 from nri_cni.service.runtime_ips import ip_mismatch, missed_reason, native_readd, primary_key
 
 log = logging.getLogger("nri_cni.daemon")
 
+
 MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
 ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
-# attachment verdicts for a cache entry nothing could be compared with (never "ok")
-NO_RESULT = "no-result"
-BAD_RESULT = "bad-result"
 
 
 class Verifier:
@@ -91,6 +90,7 @@ class Verifier:
         self._inspector = inspector
         self._retries: dict[str, Retry] = {}
         self._round = asyncio.Lock()  # rounds never overlap (timer, Synchronize, on demand)
+        self._repairing = asyncio.Lock()
         self.rounds = 0
         self.source = ConfigSource.of(cfg)
         self._mode = mode  # the pod service's: one mode object for every part
@@ -158,14 +158,31 @@ class Verifier:
             checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
             out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]
+            explicit = pod_id is not None
+            # pods netlink found intact whose only business is a CHECK: several at once, last
+            first: list[PodCheck] = []
+            later: list[PodCheck] = []
             for c in checks:
-                health = await self._settle(c, forced=check, explicit=pod_id is not None)
+                (later if self._check_only(c, check) else first).append(c)
+            for c in first:
+                health = await self._settle(c, forced=check, explicit=explicit)
                 if health is not None:
                     out.append(health)
-            if pod_id is None:
+            for c in later:  # their verdict from netlink and the host side, until CHECKed
+                if not self.locks.busy(c.pod.id):
+                    self._intact(c)
+            if pod_id is None:  # every pod compared with the node: the round is done ...
                 self.health.round_done(started, time.time())
                 self.retain(set(self.ledger.pods))
-            return out
+            # ... and its CHECKs of intact pods follow, check_parallel() at once, each under its
+            # pod's lock, their plugins at GC's nice value (pod operations first); a CHECK that
+            # fails leads to the repair as above
+            done = await at_once(
+                later,
+                lambda c: self._settle(c, forced=check, explicit=explicit, nice=GC_PLUGIN_NICE),
+                check_parallel(),
+            )
+            return out + [h for h in done if h is not None]
 
     def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
         try:
@@ -173,37 +190,7 @@ class Verifier:
         except NriCniError as exc:  # refused now (a reload): what it has is checked, nothing added
             log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
             selected = []
-        check = PodCheck(pod, attach_order(entries), selected)
-        for entry in check.entries:
-            if entry.result is None:  # nothing recorded to compare with: unknown, never ok
-                why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"
-                check.unknown[key_of(entry)] = (NO_RESULT, why)
-                continue
-            try:
-                exp = expectation_from_result(
-                    entry.result, key=f"{pod.id}/{entry.network_name}/{entry.ifname}", netns=pod.netns,
-                    ifname=entry.ifname,
-                )  # fmt: skip
-            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-                why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
-                check.unknown[key_of(entry)] = (BAD_RESULT, why)
-                continue
-            try:
-                # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
-                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
-                exp = dataclasses.replace(
-                    exp, container_id=entry.container_id, host_ports=ports, leases=leases
-                )
-            except (
-                ValueError,
-                TypeError,
-                KeyError,
-                AttributeError,
-            ) as exc:  # the pod's side is still checked
-                why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
-                check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
-            check.expectations.append((entry, exp))
-        return check
+        return build_check(pod, attach_order(entries), selected)
 
     async def _inspect(self, checks: Sequence[PodCheck]) -> None:
         exps = [e for c in checks for _, e in c.expectations]
@@ -213,7 +200,21 @@ class Verifier:
         for c in checks:
             c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
 
+    def _check_only(self, c: PodCheck, forced: bool) -> bool:
+        return not (c.netns_gone or c.damaged or c.missing or ip_mismatch(self.mode, c)) and bool(
+            self._due(c, forced)
+        )
+
     # -- one pod -----------------------------------------------------------------------------
+
+    def _intact(self, c: PodCheck) -> PodHealth | None:
+        """The verdict of a pod netlink found as recorded (unreadable parts are not ok)."""
+        if c.pod.id not in self.ledger.pods:
+            return None
+        self._retries.pop(c.pod.id, None)
+        if c.unreadable:
+            return self._unreadable(c.pod, c, verdicts_of(c, {}))
+        return self._ok(c.pod, verdicts_of(c, {}))
 
     def _due(self, c: PodCheck, forced: bool) -> list[CacheEntry]:
         """The attachments this round CHECKs."""
@@ -229,7 +230,7 @@ class Verifier:
             )
         ]
 
-    async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
+    async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
         pod = c.pod
         if c.netns_gone:
             if self.ledger.running(pod.id):
@@ -237,13 +238,7 @@ class Verifier:
             return None  # the reaper's
         quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
         if quiet and not self.locks.busy(pod.id):
-            # nothing to run: no lock needed, and nothing awaited between this test and the write
-            if pod.id not in self.ledger.pods:
-                return None
-            self._retries.pop(pod.id, None)
-            if c.unreadable:
-                return self._unreadable(pod, c, verdicts_of(c, {}))
-            return self._ok(pod, verdicts_of(c, {}))
+            return self._intact(c)  # nothing to run: no lock needed, nothing awaited
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
@@ -258,15 +253,21 @@ class Verifier:
                 await self._inspect([c])
                 if c.netns_gone:
                     return self._netns_unreadable(pod, c.entries) if self.ledger.running(pod.id) else None
-            return await self._settle_locked(c, forced=forced, explicit=explicit)
+            return await self._settle_locked(c, forced=forced, explicit=explicit, nice=nice)
 
-    async def _settle_locked(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
+    async def _settle_locked(
+        self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0
+    ) -> PodHealth | None:
         pod = c.pod
         failed_checks: dict[Key, str] = {}
-        for entry in self._due(c, forced):
-            error = await self.plan.check_entry(entry, pod.netns)
-            if error:
-                failed_checks[key_of(entry)] = error
+        niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
+        try:
+            for entry in self._due(c, forced):
+                error = await self.plan.check_entry(entry, pod.netns)
+                if error:
+                    failed_checks[key_of(entry)] = error
+        finally:
+            PLUGIN_NICE.reset(niced)
         verdicts = verdicts_of(c, failed_checks)
         damaged = [
             e for e in c.entries if key_of(e) in {key_of(d) for d in c.damaged} or key_of(e) in failed_checks
@@ -335,14 +336,15 @@ class Verifier:
             damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
         retry.ips = {k: v for k, v in ips.items() if v}
         try:
-            await self.plan.repair(
-                pod,
-                selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
-                damaged=damaged,
-                ips=retry.ips,
-                wrong=wrong,
-                runtime_primary=self.mode.runtime_primary(pod),
-            )
+            async with self._repairing:  # one at a time, also when pods settle at once
+                await self.plan.repair(
+                    pod,
+                    selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
+                    damaged=damaged,
+                    ips=retry.ips,
+                    wrong=wrong,
+                    runtime_primary=self.mode.runtime_primary(pod),
+                )
         except IpTaken as exc:
             self._failed(retry)
             reason = f"{what}; {exc}: never taken from it; {ADMIN_ACTION}"

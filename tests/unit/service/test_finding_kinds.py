@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nri_cni.cli.findings import BROKEN_CODES, FINDINGS
 from nri_cni.node import FindingKind
-from nri_cni.service import verify
+from nri_cni.service import podcheck
 from nri_cni.service.podstate import BrokenCode
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[3]
 VERDICT_WORDS = {
     "check-failed",
     "missing",
-    verify.NO_RESULT,
-    verify.BAD_RESULT,
+    podcheck.NO_RESULT,
+    podcheck.BAD_RESULT,
     BrokenCode.NETNS_UNREADABLE.value,
 }
 
