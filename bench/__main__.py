@@ -305,7 +305,7 @@ def run_verify(size: dict) -> list[Row]:
     t = svc["median_s"]
     return [
         Row(
-            f"verify of {net['pods']} attached pods (PodService.verify: netlink round and verdicts)",
+            f"verify of {net['pods']} dual-stack pods (PodService.verify: netlink round and verdicts)",
             f"{t * 1e3:.0f} ms",
             f"a pyroute2 IPRoute per pod {one * 1e3:.0f} ms",
             f"{one / t:.1f}x as fast",
@@ -313,7 +313,8 @@ def run_verify(size: dict) -> list[Row]:
             _met(t < 1.0),
         ),
         Row(
-            f"verify of {net['pods']} pods with a route, a hostPort (portmap DNAT) and a lease each",
+            f"verify of {net['pods']} dual-stack pods with their routes, a hostPort's DNAT rules "
+            "(iptables and ip6tables) and leases (host-local) each",
             f"{host['median_s'] * 1e3:.0f} ms",
             f"the same without them {t * 1e3:.0f} ms",
             f"{host['median_s'] / t:.2f}x the time",
