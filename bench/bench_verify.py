@@ -56,6 +56,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import verify_service  # noqa: E402
+from bench.native_node import free_subnet6  # noqa: E402
 from nri_cni.cli.gctune import tune_gc  # noqa: E402
 from nri_cni.node import Expectation, NodeInspector  # noqa: E402
 from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, compare  # noqa: E402
@@ -103,17 +104,6 @@ def _ip_batch(lines: list[str], *, netns: str | None = None, force: bool = False
     p = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=300)
     if p.returncode != 0 and not force:
         raise RuntimeError(f"{' '.join(argv)} failed: {p.stderr.strip()[:500]}")
-
-
-def free_subnet6() -> ipaddress.IPv6Network:
-    """A random unique-local /64 (fd00::/8, 56 random bits) no host route overlaps."""
-    used = subprocess.run(
-        ["ip", "-6", "route", "show", "table", "all"], capture_output=True, text=True
-    ).stdout
-    while True:
-        net = ipaddress.IPv6Network(((0xFD << 120) | (random.getrandbits(56) << 64), 64))
-        if str(net).split("::")[0] not in used:
-            return net
 
 
 def make_pods(n: int, made: list[FakePod]) -> None:
