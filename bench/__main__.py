@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import traceback
@@ -254,9 +255,30 @@ def run_daemon(size: dict) -> list[Row]:
     rep = bench_daemon.measure(Namespace(parallel=8, chain="noop", **size))
     m, r = rep["memory"], rep["restart"]
     flat = abs(m["growth"]) <= 0.10
-    return [
+    rows = []
+    c = r.get("rounds")
+    if c:
+        mean, med = statistics.mean(c["seconds"]), statistics.median(c["seconds"])
+        netlink = statistics.median(c["netlink_s"])
+        rows.append(
+            Row(
+                f"the daemon's verify round over {r['pods']} real dual-stack pods (bridge + host-local + "
+                f"portmap), CHECK cadence on ({len(c['seconds'])} rounds: 1 in 10 attachments CHECKed a round)",
+                f"mean {mean * 1e3:.0f} ms (median {med * 1e3:.0f}, max {max(c['seconds']) * 1e3:.0f})",
+                f"netlink + host side {netlink * 1e3:.0f} ms",
+                f"{min(c['checks'])}-{max(c['checks'])} CHECKs a round",
+                "< 1 s",
+                _met(mean < 1.0),
+                why=f"netlink and the host side {netlink * 1e3:.0f} ms for every pod; the rest is the CNI "
+                f"CHECK of ~{statistics.mean(c['checks']):.0f} attachments (3 Go plugin processes each, "
+                "a couple per CPU at once, nice 10): the plugins' CPU",
+            )
+        )
+    return rows + [
         Row(
-            f"daemon restart with {r['pods']} pods attached, until ready and verified ({r['verified']})",
+            f"daemon restart with {r['pods']} dual-stack pods attached, until ready and verified ({r['verified']}"
+            + (f"; the round's CHECKs done at {r['checked_s']:.2f} s" if r.get("checked_s") else "")
+            + ")",
             f"ready {r['ready_s']:.2f} s, "
             + (
                 f"verified {r['verified_s']:.2f} s"
