@@ -13,15 +13,25 @@ One daemon (mode native) against the runtime-side NRI double, driven over NRI on
            start until `nri-cni status` says it is synchronized (polled every 50 ms), "settled"
            until its GC after Synchronize is done, "verified" until `nri-cni status` shows a
            verify round finished since that start (polled every 10 ms; docs/reliability.md
-           §10), with the pods' verdicts then. Goal: verified < 2 s. A daemon without verify
-           gets "not measured: no verify", never a number.
+           §10), with the pods' verdicts then, "checked" until that round's share of CHECKs
+           (which follows its verdicts) is done too. Goal: verified < 2 s. A daemon without
+           verify gets "not measured: no verify", never a number.
+  rounds   after the restart, --cadence-rounds (default 10, the default verify.check_every)
+           verify rounds one after another through `nri-cni verify` (all pods, no forced
+           CHECK): each is a round as the timer runs it, netlink and the host side for every
+           pod plus the CNI CHECK of the attachments whose turn it is (1 in check_every, by a
+           stable hash of the attachment), the client's time around it; over check_every
+           rounds every attachment is CHECKed once, so their mean is the round's amortized
+           cost. Goal < 1 s.
 
 The memory churn's chain is three copies of a static C no-op plugin (bench_cni.py builds it)
 unless --chain real (bridge + host-local + portmap): what is measured is the daemon's own
 memory, not the plugins; all pods share one netns (nothing is made in it). The restart's chain
 is real unless --restart-chain noop: verify compares each pod's netns with its records, so the
 pods must really have their interfaces (a netns each); with the no-op chain verify would find
-every pod damaged. Needs root. Run:
+every pod damaged. The real restart chain is dual-stack (an IPv4 and an IPv6 host-local range:
+every pod has an address of each) unless --ipv4-only. NRI carries no port mappings, so these
+pods have no hostPort (bench_verify's host-side row has them). Needs root. Run:
   python bench/bench_daemon.py [--churn 500] [--attached 500] [--parts memory,restart]
 """
 
@@ -31,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -123,7 +134,43 @@ async def until_verified(node: NativeNode, t0: float, timeout: float = 120) -> t
         await asyncio.sleep(0.01)
 
 
-async def restart(node: NativeNode, conflist: dict, nets, attached: int) -> dict:
+async def until_checked(node: NativeNode, t0: float, timeout: float = 300) -> float:
+    """Seconds from t0 until nothing runs in the background (the round after Synchronize,
+    its CHECKs included, is done)."""
+    deadline = time.monotonic() + timeout
+    while (await asyncio.to_thread(node.daemon.status))["tracked"]["background"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the round after the restart still runs {timeout} s later")
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - t0
+
+
+async def cadence_rounds(node: NativeNode, conflist: dict, rounds: int) -> dict:
+    """`rounds` verify rounds on demand, one after another: (client) seconds of each, the
+    netlink part (status lastRoundSeconds), the CHECKs each ran (the policy's hash)."""
+    from nri_cni.local import proto as localproto  # lazy: only this part asks
+    from nri_cni.node import VerifyPolicy
+
+    policy = VerifyPolicy(check_every=10)
+    keys = [f"{pid}/{conflist['name']}/eth0" for pid in node.pods]
+    body = json.dumps({"pod": None, "check": False}).encode()
+    out: dict = {"seconds": [], "netlink_s": [], "checks": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        status, payload = await asyncio.to_thread(
+            localproto.call, node.daemon.socket, {localproto.OP_KEY: "verify"}, body, timeout=300
+        )
+        out["seconds"].append(time.perf_counter() - t0)
+        verdicts = json.loads(payload or b"[]")
+        if status or len(verdicts) != len(keys) or any(v.get("state") != "ok" for v in verdicts):
+            raise RuntimeError(f"a verify round on demand judged intact pods: {str(verdicts)[:500]}")
+        st = (await asyncio.to_thread(node.daemon.status))["verify"]
+        out["netlink_s"].append(st["lastRoundSeconds"])
+        out["checks"].append(sum(policy.check_due(k, st["rounds"]) for k in keys))
+    return out
+
+
+async def restart(node: NativeNode, conflist: dict, nets, attached: int, cadence: int = 0) -> dict:
     sem = asyncio.Semaphore(8)
 
     async def one() -> None:
@@ -155,12 +202,15 @@ async def restart(node: NativeNode, conflist: dict, nets, attached: int) -> dict
             verified=f"verified in {verified:.2f} s (its round {rounds['lastRoundSeconds']:.3f} s; "
             + ", ".join(f"{n} {state}" for state, n in status.get("podStates", {}).items() if n)
             + ")",
+            checked_s=await until_checked(node, t0),
         )
     settled = await node.wait_log("gc: ", mark, timeout=120) - t0
     after = len(node.attached())
     if after != attached:
         raise RuntimeError(f"after the restart {after} pods are attached, not {attached}")
     out.update(settled_s=max(settled, ready), rss_kib=await idle_rss(node))
+    if verify and cadence:
+        out["rounds"] = await cadence_rounds(node, conflist, cadence)
     return out
 
 
@@ -175,9 +225,12 @@ def _noop_node(jan: Janitor, workdir: Path) -> tuple[NativeNode, dict, object]:
     return node, conflist, iter(lambda: shared, None)
 
 
-def _real_node(jan: Janitor, pods: int, name: str) -> tuple[NativeNode, dict, object]:
+def _real_node(
+    jan: Janitor, pods: int, name: str, dual_stack: bool = False
+) -> tuple[NativeNode, dict, object]:
     node = NativeNode(jan, [str(CNI_BIN)])
-    return node, node.bridge_list(name), iter([jan.netns().path for _ in range(pods)])
+    conflist = node.bridge_list(name, dual_stack=dual_stack)
+    return node, conflist, iter([jan.netns().path for _ in range(pods)])
 
 
 def measure(args) -> dict:
@@ -210,14 +263,16 @@ def measure(args) -> dict:
             rnode, rconflist, rnets = (
                 _noop_node(jan, workdir)
                 if restart_chain == "noop"
-                else _real_node(jan, args.attached, "nct-restart")
+                else _real_node(jan, args.attached, "nct-restart", not getattr(args, "ipv4_only", False))
             )
             nodes.append(rnode)
 
             async def run_restart() -> None:
                 try:
                     await rnode.start(rconflist)
-                    report["restart"] = await restart(rnode, rconflist, rnets, args.attached)
+                    report["restart"] = await restart(
+                        rnode, rconflist, rnets, args.attached, getattr(args, "cadence_rounds", 10)
+                    )
                 finally:
                     problems.extend(await rnode.drain())
 
@@ -242,7 +297,16 @@ def measure(args) -> dict:
             f"restart with {r['pods']} pods attached ({restart_chain} chain): ready in {r['ready_s']:.2f} s, "
             f"{r['verified']}, settled (GC after Synchronize done) in {r['settled_s']:.2f} s, "
             f"RSS {r['rss_kib'] / 1024:.1f} MiB (goal verified < 2 s)"
+            + (f"; its round's CHECKs done at {r['checked_s']:.2f} s" if r.get("checked_s") else "")
         )
+        if r.get("rounds"):
+            c = r["rounds"]
+            print(
+                f"{len(c['seconds'])} verify rounds on demand, one after another (CHECK cadence on): "
+                f"median {statistics.median(c['seconds']) * 1e3:.0f} ms, mean {statistics.mean(c['seconds']) * 1e3:.0f} ms, "
+                f"max {max(c['seconds']) * 1e3:.0f} ms; netlink and host side median "
+                f"{statistics.median(c['netlink_s']) * 1e3:.0f} ms; CHECKs per round {c['checks']} (goal < 1 s)"
+            )
     return report
 
 
@@ -261,6 +325,12 @@ def main(argv=None) -> int:
         help="the restart's pods' network (default real: verify needs real interfaces)",
     )
     ap.add_argument("--parts", default="memory,restart", help="memory, restart or both (default both)")
+    ap.add_argument(
+        "--ipv4-only", action="store_true", help="the restart's pods IPv4 only (default dual-stack)"
+    )
+    ap.add_argument(
+        "--cadence-rounds", type=int, default=10, help="verify rounds on demand after the restart (0: none)"
+    )
     ap.add_argument("--json", metavar="FILE", help="also write every figure here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:

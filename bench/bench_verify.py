@@ -2,9 +2,11 @@
 """Verify N attached pods by netlink: nri-cni's inspector against serial baselines, in one run.
 
 The bench makes N cheap "pods" (N=500 by default): each a netns of its own with one veth, `eth0`
-inside with one address, the host end up on the host (no bridge, no traffic), all names unique
-(`nct...`). Each pod's expectation names its netns, eth0, its address, its MAC and its host veth,
-as `expectation_from_result` builds them from a bridge plugin's result.
+inside with an IPv4 and an IPv6 address (dual-stack, the IPv6 one settled as the bridge plugin
+leaves it: no duplicate address detection pending) and a route of each family through eth0, the
+host end up on the host (no bridge, no traffic), all names unique (`nct...`). Each pod's
+expectation names its netns, eth0, both addresses, its MAC and its host veth, as
+`expectation_from_result` builds them from a bridge plugin's result.
 
 Then, alternating round by round so that drift of the machine hits all alike:
 
@@ -54,6 +56,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import verify_service  # noqa: E402
+from bench.native_node import free_subnet6  # noqa: E402
 from nri_cni.cli.gctune import tune_gc  # noqa: E402
 from nri_cni.node import Expectation, NodeInspector  # noqa: E402
 from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, compare  # noqa: E402
@@ -71,6 +74,12 @@ class FakePod:
     address: ipaddress.IPv4Interface
     mac: str
     route: str = ""  # a destination routed through eth0 (the host-side service round's result lists it)
+    address6: ipaddress.IPv6Interface | None = None
+    route6: str = ""  # the same for IPv6
+
+    @property
+    def addresses(self) -> tuple[ipaddress.IPv4Interface | ipaddress.IPv6Interface, ...]:
+        return (self.address,) + ((self.address6,) if self.address6 else ())
 
     @property
     def path(self) -> str:
@@ -81,7 +90,7 @@ class FakePod:
             key=self.netns,
             netns=self.path,
             ifname="eth0",
-            addresses=(self.address,),
+            addresses=self.addresses,
             mac=self.mac,
             host_ifnames=(self.host_veth,),
         )
@@ -102,12 +111,15 @@ def make_pods(n: int, made: list[FakePod]) -> None:
     tag = "".join(random.choice("0123456789abcdef") for _ in range(5))
     subnet = free_subnet(max(8, 32 - (n + 2).bit_length()))
     routed = str(free_subnet(24, exclude=[str(subnet)]))
-    hosts = subnet.hosts()
+    subnet6, routed6 = free_subnet6(), str(free_subnet6())
+    hosts, hosts6 = subnet.hosts(), subnet6.hosts()
+    next(hosts6)  # ::1, the gateway's on a bridge
     for i in range(n):
         name = f"nctvb{tag}{i:05d}"
         mac = "0a:58:%02x:%02x:%02x:%02x" % (random.randrange(256), i >> 16, (i >> 8) & 255, i & 255)
         address = ipaddress.ip_interface(f"{next(hosts)}/{subnet.prefixlen}")
-        made.append(FakePod(name, name, address, mac, routed))
+        address6 = ipaddress.IPv6Interface(f"{next(hosts6)}/64")
+        made.append(FakePod(name, name, address, mac, routed, address6, routed6))
     lines = []
     for pod in made:
         lines += [
@@ -123,6 +135,7 @@ def make_pods(n: int, made: list[FakePod]) -> None:
         assert p.stdin is not None
         p.stdin.write(
             f"link set lo up\nlink set eth0 up\naddr add {pod.address} dev eth0\nroute add {pod.route} dev eth0\n"
+            f"addr add {pod.address6} dev eth0 nodad\nroute add {pod.route6} dev eth0\n"
         )
         p.stdin.close()
         procs.append(p)
@@ -201,7 +214,7 @@ def serial_fork_round(exps: list[Expectation]) -> int:
 
 def fork_round_in_child(pods: list[FakePod]) -> tuple[float, int]:
     """serial_fork_round in a fresh single-threaded interpreter: (seconds, pods not ok)."""
-    spec = json.dumps([[p.netns, str(p.address), p.mac, p.host_veth] for p in pods])
+    spec = json.dumps([[p.netns, str(p.address), p.mac, p.host_veth, str(p.address6)] for p in pods])
     out = subprocess.run(
         [sys.executable, __file__, "--fork-round"], input=spec, capture_output=True, text=True, timeout=600
     )
@@ -212,7 +225,10 @@ def fork_round_in_child(pods: list[FakePod]) -> tuple[float, int]:
 
 
 def _fork_round_child() -> int:
-    pods = [FakePod(n, h, ipaddress.ip_interface(a), m) for n, a, m, h in json.load(sys.stdin)]
+    pods = [
+        FakePod(n, h, ipaddress.IPv4Interface(a), m, address6=ipaddress.IPv6Interface(a6))
+        for n, a, m, h, a6 in json.load(sys.stdin)
+    ]
     exps = [p.expectation() for p in pods]
     serial_fork_round(exps[:1])  # warm: pyroute2's import
     t0 = time.perf_counter()

@@ -14,8 +14,11 @@ bridge names are made before it starts (`bridge_list`, `Janitor.netns`).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import random
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -28,6 +31,17 @@ from tests.support.nri_runtime import NriRuntime
 
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
+
+
+def free_subnet6() -> ipaddress.IPv6Network:
+    """A random unique-local /64 (fd00::/8, 56 random bits) that no host route overlaps."""
+    used = subprocess.run(
+        ["ip", "-6", "route", "show", "table", "all"], capture_output=True, text=True
+    ).stdout
+    while True:
+        net = ipaddress.IPv6Network(((0xFD << 120) | (random.getrandbits(56) << 64), 64))
+        if str(net).split("::")[0] not in used:
+            return net
 
 
 def rss_kib(pid: int) -> int:
@@ -66,11 +80,15 @@ class NativeNode:
 
     # -- networks ------------------------------------------------------------------------------
 
-    def bridge_list(self, name: str) -> dict:
+    def bridge_list(self, name: str, *, dual_stack: bool = False) -> dict:
         """bridge + host-local + portmap on a bridge and subnet of its own (no masquerade, no
-        gateway: nothing leaves the node)."""
+        gateway: nothing leaves the node); `dual_stack`: an IPv6 range (a random unique-local
+        /64) beside the IPv4 one, every pod gets an address of each."""
         bridge = unique_name("bg")
         self.jan.track_link(bridge)
+        ranges = [[{"subnet": str(free_subnet(prefixlen=22))}]]
+        if dual_stack:
+            ranges.append([{"subnet": str(free_subnet6())}])
         return {
             "cniVersion": "1.1.0",
             "name": name,
@@ -82,7 +100,7 @@ class NativeNode:
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": str(free_subnet(prefixlen=22))}]],
+                        "ranges": ranges,
                         "dataDir": str(self.tmp / f"ipam-{name}"),
                     },
                 },

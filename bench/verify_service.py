@@ -7,16 +7,19 @@ its address and MAC, the host veth), and the runtime's pod list names it with it
 network's CHECK is off (`disableCheck`: the bench pods are no plugin's) and `repair` is
 verify-only, so a round only reads; a flushed pod must come out broken "repair-off".
 
-With `host_side` (issue 21, item 3) each pod's result also lists a route (in its netns), its
-chain has host-local (a lease file per pod, in a temp dataDir) and portmap with one hostPort
-per pod: portmap's rules are made as the iptables backend makes them, in the nat table, a
-CNI-DN-style chain per pod (named nct..., DNAT only to 127.0.0.254, which no traffic uses)
-reached from CNI-HOSTPORT-DNAT, and removed again, exactly those, afterwards.
+The pods are dual-stack (an IPv4 and an IPv6 address each: the result lists both). With
+`host_side` each pod's result also lists a route of each family (in its netns), its chain has
+host-local (a lease file per address, in a temp dataDir) and portmap with one hostPort per pod:
+portmap's rules are made as its iptables backend makes them for a dual-stack pod, in the nat
+table of iptables and of ip6tables, a CNI-DN-style chain per pod and family (named nct...,
+matching only 127.0.0.254 and, for IPv6, an address of a routed /64 of the bench that nothing
+uses) reached from CNI-HOSTPORT-DNAT, and removed again, exactly those, afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
 import statistics
 import subprocess
@@ -49,6 +52,12 @@ class BenchPod(Protocol):
     @property
     def address(self) -> Any: ...
 
+    @property
+    def addresses(self) -> tuple[Any, ...]: ...
+
+    route: str
+    route6: str
+
 
 def pod_id(pod: BenchPod) -> str:
     return pod.netns.encode().hex().ljust(64, "0")[:64]
@@ -62,31 +71,34 @@ class DnatRules:
     --noflush: only the bench's own chains are declared (declaring CNI-HOSTPORT-DNAT would
     flush the rules of everyone else's pods); its jumps go in with -A and out with -D."""
 
-    def __init__(self, pods: Sequence[BenchPod]) -> None:
+    def __init__(self, pods: Sequence[BenchPod], family: int = 4) -> None:
         tag = "".join(random.choice("0123456789abcdef") for _ in range(5))
+        self.family = family
+        self.tool = "iptables" if family == 4 else "ip6tables"
         self.chains = [f"NCTDN{tag}{i:05d}" for i in range(len(pods))]
         self.jumps = []
         self.rules = []
         for i, (pod, chain) in enumerate(zip(pods, self.chains, strict=True)):
             port = FIRST_PORT + i
             comment = f'"dnat name: \\"{NETWORK}\\" id: \\"{pod_id(pod)}\\""'
+            if family == 4:
+                dst, to = "127.0.0.254/32", f"{pod.address.ip}:80"
+            else:  # an address of the bench's own routed /64, which nothing sends to
+                dst, to = f"{ipaddress.ip_network(pod.route6)[254]}/128", f"[{pod.addresses[1].ip}]:80"
             self.jumps.append(
-                f"CNI-HOSTPORT-DNAT -d 127.0.0.254/32 -p tcp -m comment --comment {comment} "
+                f"CNI-HOSTPORT-DNAT -d {dst} -p tcp -m comment --comment {comment} "
                 f"-m multiport --dports {port} -j {chain}"
             )
-            self.rules.append(
-                f"{chain} -d 127.0.0.254/32 -p tcp -m tcp --dport {port} -j DNAT "
-                f"--to-destination {pod.address.ip}:80"
-            )
+            self.rules.append(f"{chain} -d {dst} -p tcp -m tcp --dport {port} -j DNAT --to-destination {to}")
         self.made_top = False
 
     def port(self, i: int) -> int:
         return FIRST_PORT + i
 
     def make(self) -> None:
-        top = subprocess.run(["iptables", "-t", "nat", "-S", "CNI-HOSTPORT-DNAT"], capture_output=True)
+        top = subprocess.run([self.tool, "-t", "nat", "-S", "CNI-HOSTPORT-DNAT"], capture_output=True)
         if top.returncode != 0:
-            subprocess.run(["iptables", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"], check=True)
+            subprocess.run([self.tool, "-t", "nat", "-N", "CNI-HOSTPORT-DNAT"], check=True)
             self.made_top = True
         lines = [f":{c} - [0:0]" for c in self.chains]
         lines += [f"-A {r}" for r in self.rules] + [f"-A {j}" for j in self.jumps]
@@ -96,12 +108,12 @@ class DnatRules:
         self._restore([f"-D {j}" for j in self.jumps], check=False)
         self._restore([f":{c} - [0:0]" for c in self.chains] + [f"-X {c}" for c in self.chains], check=False)
         if self.made_top:
-            subprocess.run(["iptables", "-t", "nat", "-X", "CNI-HOSTPORT-DNAT"], capture_output=True)
+            subprocess.run([self.tool, "-t", "nat", "-X", "CNI-HOSTPORT-DNAT"], capture_output=True)
 
-    @staticmethod
-    def _restore(lines: list[str], check: bool = True) -> None:
+    def _restore(self, lines: list[str], check: bool = True) -> None:
         text = "*nat\n" + "\n".join(lines) + "\nCOMMIT\n"
-        p = subprocess.run(["iptables-restore", "--noflush"], input=text, capture_output=True, text=True)
+        argv = [f"{self.tool}-restore", "--noflush"]
+        p = subprocess.run(argv, input=text, capture_output=True, text=True)
         if check and p.returncode != 0:
             raise RuntimeError(f"iptables-restore: {p.stderr.strip()[:500]}")
 
@@ -138,18 +150,25 @@ def build(pods: Sequence[BenchPod], tmp: Path, *, host_side: bool = False) -> Po
         result: dict[str, Any] = {
             "cniVersion": "1.1.0",
             "interfaces": [{"name": pod.host_veth}, {"name": "eth0", "mac": pod.mac, "sandbox": pod.path}],
-            "ips": [{"address": str(pod.address), "interface": 1}],
+            "ips": [{"address": str(a), "interface": 1} for a in pod.addresses],
         }
         pid = pod_id(pod)
         caps: dict[str, Any] = {}
         if host_side:
-            result["routes"] = [{"dst": pod.route}]
+            result["routes"] = [{"dst": pod.route}] + ([{"dst": pod.route6}] if pod.route6 else [])
             caps = {"portMappings": [{"hostPort": FIRST_PORT + i, "containerPort": 80, "protocol": "tcp"}]}
-            (leases / str(pod.address.ip)).write_text(f"{pid}\r\neth0")
+            for a in pod.addresses:
+                (leases / str(a.ip)).write_text(f"{pid}\r\neth0")
         entry = CacheEntry(pid, "eth0", NETWORK, config, pod.path, capability_args=caps, result=result)
         cache.write(entry, durable=False)
         listed.append(
-            PodInfo(pid, name=pod.netns, namespace="bench", netns=pod.path, ips=(str(pod.address.ip),))
+            PodInfo(
+                pid,
+                name=pod.netns,
+                namespace="bench",
+                netns=pod.path,
+                ips=tuple(str(a.ip) for a in pod.addresses),
+            )
         )
     cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, trust_files=False)
     svc = PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
@@ -160,7 +179,8 @@ def build(pods: Sequence[BenchPod], tmp: Path, *, host_side: bool = False) -> Po
 def _plugins(tmp: Path, host_side: bool) -> list[dict[str, Any]]:
     if not host_side:
         return [{"type": "bridge", "bridge": "nctbench0"}]
-    ipam = {"type": "host-local", "dataDir": str(tmp / "ipam"), "ranges": [[{"subnet": "10.0.0.0/8"}]]}
+    ranges = [[{"subnet": "10.0.0.0/8"}], [{"subnet": "fd00::/8"}]]
+    ipam = {"type": "host-local", "dataDir": str(tmp / "ipam"), "ranges": ranges}
     return [
         {"type": "bridge", "bridge": "nctbench0", "ipam": ipam},
         {"type": "portmap", "backend": "iptables", "capabilities": {"portMappings": True}},
@@ -169,15 +189,17 @@ def _plugins(tmp: Path, host_side: bool) -> list[dict[str, Any]]:
 
 def measure(pods: Sequence[BenchPod], rounds: int, *, host_side: bool = False) -> dict[str, Any]:
     """Median seconds of a full PodService.verify round over `pods` (after one warm-up round);
-    `host_side`: with a route, a hostPort's DNAT rules and a lease per pod."""
-    rules = DnatRules(pods) if host_side else None
+    `host_side`: with a route per family, a hostPort's DNAT rules (both families) and a lease
+    per address of each pod."""
+    families = sorted({a.version for p in pods for a in p.addresses}) if host_side else []
+    rules = [DnatRules(pods, f) for f in families]
     try:
-        if rules is not None:
-            rules.make()
+        for r in rules:
+            r.make()
         return _measure(pods, rounds, host_side)
     finally:
-        if rules is not None:
-            rules.remove()
+        for r in rules:
+            r.remove()
 
 
 def _measure(pods: Sequence[BenchPod], rounds: int, host_side: bool) -> dict[str, Any]:

@@ -246,6 +246,15 @@ class ResultCache:
             return  # no entry can have this name
         self._unlink(path)
 
+    def count(self) -> int:
+        """How many entries the cache holds, by their file names (none is opened: what
+        `nri-cni status` shows, asked often; a file `entries` would skip as unreadable counts)."""
+        try:
+            with os.scandir(self.results_dir) as it:
+                return sum(1 for d in it if not d.name.startswith(".") and d.is_file(follow_symlinks=False))
+        except OSError:
+            return 0
+
     def entries(self, container_id: str | None = None, network: str | None = None) -> list[CacheEntry]:
         """Valid entries, sorted by file name; unreadable or foreign files are skipped."""
         try:

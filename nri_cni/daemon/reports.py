@@ -39,7 +39,8 @@ class DaemonReports:
         self.started = time.time()
 
     def status(self) -> dict[str, Any]:
-        snap, stub = self.service.snapshot(), self.stub
+        # asked often (probes, benches): no cache entry is read, only counted
+        snap, stub = self.service.snapshot(attachments=False), self.stub
         cfg = snap.cfg
         # not ready: STATUS fails, or INIT failed (docs/lifecycle.md), or a pod is broken
         # (docs/reliability.md: its networks are wrong and an admin must act)
@@ -60,7 +61,7 @@ class DaemonReports:
                 for n in cfg.networks
             },
             "pods": len(snap.listed),
-            "attachments": len(snap.attachments),
+            "attachments": snap.attachment_count,
             "pendingRepair": sorted(snap.pending_repair),
             "pendingRollback": list(snap.pending_rollback),
             "unconfirmed": snap.unconfirmed,

@@ -88,6 +88,10 @@ class PodPlan:
     def cached(self, pod_id: str | None = None) -> list[CacheEntry]:
         return self.cni.cache.entries(container_id=pod_id)
 
+    def cached_count(self) -> int:
+        """How many entries the cache holds (their file names: nothing is read)."""
+        return self.cni.cache.count()
+
     def attached_pod_ids(self) -> set[str]:
         return {e.container_id for e in self.cached()}
 

@@ -353,8 +353,10 @@ class PodService:
 
     def snapshot(self, *, attachments: bool = True, runtime_attachments: bool = False) -> ServiceSnapshot:
         """What the reports show, taken at once. The caches are read only when asked for:
-        `attachments` (nri-cni's own), `runtime_attachments` (the runtime's, secondary mode)."""
+        `attachments` (nri-cni's own), `runtime_attachments` (the runtime's, secondary mode);
+        the count of nri-cni's entries always (their names, no file opened)."""
         book = self.health
+        held = tuple(self.attachments()) if attachments else ()
         return ServiceSnapshot(
             cfg=self.cfg,
             mode=self.mode.name,
@@ -367,7 +369,8 @@ class PodService:
             verdicts=tuple(book.all()),
             counts=book.counts(),
             rounds=Rounds(book.rounds, book.last_round, book.last_round_seconds),
-            attachments=tuple(self.attachments()) if attachments else (),
+            attachments=held,
+            attachment_count=len(held) if attachments else self.plan.cached_count(),
             runtime_attachments=tuple(self.mode.runtime_attachments()) if runtime_attachments else (),
         )
 

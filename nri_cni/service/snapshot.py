@@ -34,7 +34,8 @@ class ServiceSnapshot:
     verdicts: tuple[PodHealth, ...]  # each pod's verdict from the last verify
     counts: Mapping[str, int]  # pods by verdict
     rounds: Rounds
-    attachments: tuple[CacheEntry, ...]  # what nri-cni holds (its cache)
+    attachments: tuple[CacheEntry, ...]  # what nri-cni holds (its cache), read when asked for
+    attachment_count: int  # how many entries its cache holds (file names only: cheap)
     runtime_attachments: tuple[CacheEntry, ...]  # the runtime's own (secondary mode's eth0)
 
     def broken(self) -> list[PodHealth]:

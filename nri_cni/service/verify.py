@@ -5,23 +5,14 @@ inspector; the chain's CNI CHECK with the cached result on the policy's cadence,
 whenever netlink finds a difference). Then, per pod and under that pod's lock, the verdict goes
 to the health book and, per `repair`, the repair runs (nri_cni/pod/repair.py).
 
-What a difference leads to:
-
-- an attachment damaged (netlink or CHECK): DEL it, ADD it again asking for its IPs, FINALIZE;
-- a network the pod lacks: ADD it (shim mode: the primary asks for the runtime's IPs, the
-  containerd-restart case; secondary mode: the extra networks the runtime never reports);
-  native mode only when the runtime lists IPs that can only be that network's (_native_readd);
-  otherwise such a pod is broken "missed" (the runtime learns IPs only from RunPodSandbox);
-- shim mode, the runtime reports IPs eth0 does not have: the primary is made again with them;
-- an IP another pod holds is never taken: broken "ip-taken";
-- a repair that fails is retried with exponential backoff (after FIRST_RETRY, about a second, then
-  doubling: a kept pod whose cause goes away is attached at the next timer tick after that),
-  broken "repair-failed" after MAX_FAILURES; `repair: verify-only` (or `off`, on demand) marks
-  the pod broken "repair-off".
+What each difference leads to (a damaged attachment DELed and ADDed again with its IPs, a
+missing network ADDed, an IP another pod holds never taken, failed repairs retried after
+FIRST_RETRY with doubling, then broken): docs/reliability.md, per finding kind.
 
 A pod with an operation in flight is left for the next round; the netlink read of a round is
 done for all pods at once, outside any lock (it only reads); a pod whose records changed before
-its lock was taken is read again under the lock.
+its lock was taken is read again under the lock. The CHECKs of pods netlink found intact run
+a few at once (podcheck.check_parallel); repairs run one at a time.
 """
 
 from __future__ import annotations
@@ -33,25 +24,32 @@ import time
 from collections.abc import Callable, Sequence
 
 from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.plugin_process import PLUGIN_NICE
 from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.node import (
-    NodeInspector,
-    VerifyPolicy,
-)
+from nri_cni.node import NodeInspector, VerifyPolicy
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
-from nri_cni.pod.repair import (
-    IpsNotRequestable,
-    IpTaken,
-    repair_selection,
-    result_ips,
-)
+from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection, result_ips
+from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
-from nri_cni.service.podcheck import Key, PodCheck, Retry, expect, key_of, selected_key, verdicts_of
+from nri_cni.service.podcheck import (
+    Key,
+    PodCheck,
+    Retry,
+    at_once,
+    build_check,
+    check_parallel,
+    expect,
+    key_of,
+    netns_unreadable,
+    selected_key,
+    unreadable_reason,
+    verdicts_of,
+)
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
 from nri_cni.service.runtime_ips import (
     ip_mismatch,
@@ -62,6 +60,7 @@ from nri_cni.service.runtime_ips import (
 )
 
 log = logging.getLogger("nri_cni.daemon")
+
 
 MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
@@ -90,6 +89,7 @@ class Verifier:
         self._inspector = inspector
         self._retries: dict[str, Retry] = {}
         self._round = asyncio.Lock()  # rounds never overlap (timer, Synchronize, on demand)
+        self._repairing = asyncio.Lock()
         self.rounds = 0
         self.source = ConfigSource.of(cfg)
         self._mode = mode  # the pod service's: one mode object for every part
@@ -157,14 +157,31 @@ class Verifier:
             checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
             out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]
+            explicit = pod_id is not None
+            # pods netlink found intact whose only business is a CHECK: several at once, last
+            first: list[PodCheck] = []
+            later: list[PodCheck] = []
             for c in checks:
-                health = await self._settle(c, forced=check, explicit=pod_id is not None)
+                (later if self._check_only(c, check) else first).append(c)
+            for c in first:
+                health = await self._settle(c, forced=check, explicit=explicit)
                 if health is not None:
                     out.append(health)
-            if pod_id is None:
+            for c in later:  # their verdict from netlink and the host side, until CHECKed
+                if not self.locks.busy(c.pod.id):
+                    self._intact(c)
+            if pod_id is None:  # every pod compared with the node: the round is done ...
                 self.health.round_done(started, time.time())
                 self.retain(set(self.ledger.pods))
-            return out
+            # ... and its CHECKs of intact pods follow, check_parallel() at once, each under its
+            # pod's lock, their plugins at GC's nice value (pod operations first); a CHECK that
+            # fails leads to the repair as above
+            done = await at_once(
+                later,
+                lambda c: self._settle(c, forced=check, explicit=explicit, nice=GC_PLUGIN_NICE),
+                check_parallel(),
+            )
+            return out + [h for h in done if h is not None]
 
     def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
         try:
@@ -172,9 +189,7 @@ class Verifier:
         except NriCniError as exc:  # refused now (a reload): what it has is checked, nothing added
             log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
             selected = []
-        check = PodCheck(pod, attach_order(entries), selected)
-        expect(check)
-        return check
+        return build_check(pod, attach_order(entries), selected)
 
     async def node_shows(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
         """Whether netlink shows each of `entries` as its result says (the pod's links up with
@@ -195,7 +210,21 @@ class Verifier:
         for c in checks:
             c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
 
+    def _check_only(self, c: PodCheck, forced: bool) -> bool:
+        return not (c.netns_gone or c.damaged or c.missing or ip_mismatch(self.mode, c)) and bool(
+            self._due(c, forced)
+        )
+
     # -- one pod -----------------------------------------------------------------------------
+
+    def _intact(self, c: PodCheck) -> PodHealth | None:
+        """The verdict of a pod netlink found as recorded (unreadable parts are not ok)."""
+        if c.pod.id not in self.ledger.pods:
+            return None
+        self._retries.pop(c.pod.id, None)
+        if c.unreadable:
+            return self._unreadable(c.pod, c, verdicts_of(c, {}))
+        return self._ok(c.pod, verdicts_of(c, {}))
 
     def _due(self, c: PodCheck, forced: bool) -> list[CacheEntry]:
         """The attachments this round CHECKs."""
@@ -211,7 +240,7 @@ class Verifier:
             )
         ]
 
-    async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
+    async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
         pod = c.pod
         if c.netns_gone:
             if self.ledger.running(pod.id):
@@ -223,13 +252,7 @@ class Verifier:
             return self._broken(pod, BrokenCode.TORN_DOWN, f"{lost}; {ADMIN_ACTION}", verdicts_of(c, {}))
         quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
         if quiet and not self.locks.busy(pod.id):
-            # nothing to run: no lock needed, and nothing awaited between this test and the write
-            if pod.id not in self.ledger.pods:
-                return None
-            self._retries.pop(pod.id, None)
-            if c.unreadable:
-                return self._unreadable(pod, c, verdicts_of(c, {}))
-            return self._ok(pod, verdicts_of(c, {}))
+            return self._intact(c)  # nothing to run: no lock needed, nothing awaited
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
@@ -244,15 +267,21 @@ class Verifier:
                 await self._inspect([c])
                 if c.netns_gone:
                     return self._netns_unreadable(pod, c.entries) if self.ledger.running(pod.id) else None
-            return await self._settle_locked(c, forced=forced, explicit=explicit)
+            return await self._settle_locked(c, forced=forced, explicit=explicit, nice=nice)
 
-    async def _settle_locked(self, c: PodCheck, *, forced: bool, explicit: bool) -> PodHealth | None:
+    async def _settle_locked(
+        self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0
+    ) -> PodHealth | None:
         pod = c.pod
         failed_checks: dict[Key, str] = {}
-        for entry in self._due(c, forced):
-            error = await self.plan.check_entry(entry, pod.netns)
-            if error:
-                failed_checks[key_of(entry)] = error
+        niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
+        try:
+            for entry in self._due(c, forced):
+                error = await self.plan.check_entry(entry, pod.netns)
+                if error:
+                    failed_checks[key_of(entry)] = error
+        finally:
+            PLUGIN_NICE.reset(niced)
         verdicts = verdicts_of(c, failed_checks)
         damaged = [
             e for e in c.entries if key_of(e) in {key_of(d) for d in c.damaged} or key_of(e) in failed_checks
@@ -321,14 +350,15 @@ class Verifier:
             damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
         retry.ips = {k: v for k, v in ips.items() if v}
         try:
-            await self.plan.repair(
-                pod,
-                selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
-                damaged=damaged,
-                ips=retry.ips,
-                wrong=wrong,
-                runtime_primary=self.mode.runtime_primary(pod),
-            )
+            async with self._repairing:  # one at a time, also when pods settle at once
+                await self.plan.repair(
+                    pod,
+                    selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
+                    damaged=damaged,
+                    ips=retry.ips,
+                    wrong=wrong,
+                    runtime_primary=self.mode.runtime_primary(pod),
+                )
         except IpTaken as exc:
             self._failed(retry)
             reason = f"{what}; {exc}: never taken from it; {ADMIN_ACTION}"
@@ -350,27 +380,13 @@ class Verifier:
         return self.health.repaired(pod.id, what, verdicts_of(after, {}))
 
     def _unreadable(self, pod: PodInfo, c: PodCheck, verdicts: list[AttachmentVerdict]) -> PodHealth:
-        """Something the pod needs could not be read: unknown is not ok. Nothing is changed on
-        a guess; the next round reads again (a passing netlink error clears by itself)."""
-        reason = (
-            "; ".join(c.unreadable) + ": not verified, nothing was changed; read again every round "
-            "(if it stays: nri-cni pods and the daemon log say what failed; a cache entry without a "
-            f"usable result cannot be repaired: {ADMIN_ACTION})"
-        )
-        return self._broken(pod, BrokenCode.UNREADABLE, reason, verdicts)
+        """Something the pod needs could not be read: unknown is not ok, nothing is changed."""
+        return self._broken(pod, BrokenCode.UNREADABLE, unreadable_reason(c, ADMIN_ACTION), verdicts)
 
     def _netns_unreadable(self, pod: PodInfo, entries: list[CacheEntry]) -> PodHealth:
-        """The runtime lists the pod and its pause process runs, but its netns path is gone or
-        no network namespace: nothing can be read or repaired through that path, and nothing
-        is released (the pod may still work); reported by name until the runtime drops it."""
+        """The runtime lists the pod, its pause process runs, its netns path is no netns."""
         self._retries.pop(pod.id, None)
-        why = (
-            f"its netns path {pod.netns} is gone or is no network namespace, while its pause "
-            f"process {pod.pid} runs and the runtime lists it: nri-cni can neither read nor "
-            "repair its networks and keeps its IPs held"
-        )
-        verdicts = [AttachmentVerdict(e.network_name, e.ifname, BrokenCode.NETNS_UNREADABLE.value, why)
-                    for e in attach_order(entries)]  # fmt: skip
+        why, verdicts = netns_unreadable(pod, attach_order(entries))
         return self._broken(pod, BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", verdicts)
 
     def _failed(self, retry: Retry) -> None:
