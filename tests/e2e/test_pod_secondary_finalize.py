@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from tests.e2e.test_pod_secondary import NAMESPACE, _remove, make_node  # noqa: F401 (a fixture)
-from tests.support.netns import host_local_reservations
+from tests.support.hostlocal import host_local_reservations
 
 pytestmark = pytest.mark.e2e
 

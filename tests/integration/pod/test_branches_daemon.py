@@ -27,7 +27,7 @@ from nri_cni.daemon.app import build_daemon
 from nri_cni.errors import RPCError
 from tests.e2e.nricni import NriCni
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
-from tests.support.netns import unique_name
+from tests.support.names import unique_name
 from tests.support.nri_runtime import NriRuntime
 
 pytestmark = pytest.mark.netns
