@@ -1,4 +1,4 @@
-"""What the docs tell an admin (issue #13) stays true: the things that were missing or wrong."""
+"""What the docs tell an admin stays true: the things that were missing or wrong."""
 
 from __future__ import annotations
 

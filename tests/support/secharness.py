@@ -1,4 +1,4 @@
-"""Shared pieces of the security tests (issue 15): a shim-mode daemon in-process with the fake
+"""Shared pieces of the security tests: a shim-mode daemon in-process with the fake
 plugin, and the shim exec'd exactly as a runtime execs a CNI plugin (only CNI_* variables and
 PATH in its environment, the network config on stdin), in both builds."""
 
