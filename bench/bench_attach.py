@@ -46,7 +46,8 @@ from nri_cni.pod.model import PodInfo  # noqa: E402
 from nri_cni.pod.plan import PodPlan  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
 from nri_cni.service.service import PodService  # noqa: E402
-from tests.support.netns import Janitor, free_subnet, unique_name  # noqa: E402
+from tests.support.janitor import Janitor  # noqa: E402
+from tests.support.names import free_subnet, unique_name  # noqa: E402
 
 NETS = ("benchnet-a", "benchnet-b", "benchnet-c")
 

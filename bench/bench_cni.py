@@ -51,14 +51,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from nri_cni.cli.gctune import tune_gc  # noqa: E402
-from tests.support.netns import (  # noqa: E402  (netns/bridge helpers with cleanup)
-    Janitor,
-    free_subnet,
-    host_local_reservations,
-    iptables_lines,
-    remove_cni_scaffolding,
-    unique_name,
-)
+from tests.support.firewall import iptables_lines, remove_cni_scaffolding  # noqa: E402
+from tests.support.hostlocal import host_local_reservations  # noqa: E402
+from tests.support.janitor import Janitor  # noqa: E402  (netns/bridge helpers with cleanup)
+from tests.support.names import free_subnet, unique_name  # noqa: E402
 
 CNI_VERSION = "1.1.0"
 CHAINS = ("real", "real-tmpfs", "noop", "noop-tmpfs")

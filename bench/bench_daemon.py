@@ -53,7 +53,7 @@ if str(REPO) not in sys.path:
 
 from bench.bench_cni import build_noop  # noqa: E402
 from bench.native_node import CNI_BIN, NativeNode, rss_kib  # noqa: E402
-from tests.support.netns import Janitor  # noqa: E402
+from tests.support.janitor import Janitor  # noqa: E402
 
 NO_VERIFY = "not measured: no verify"
 PROBE_POD = "bench-probe/no-such-pod"  # asks whether the daemon has verify without running one

@@ -43,7 +43,8 @@ if str(REPO) not in sys.path:
 from bench import golibcni  # noqa: E402
 from bench.bench_cni import Floor  # noqa: E402
 from bench.native_node import CNI_BIN, NativeNode  # noqa: E402
-from tests.support.netns import Janitor, host_local_reservations  # noqa: E402
+from tests.support.hostlocal import host_local_reservations  # noqa: E402
+from tests.support.janitor import Janitor  # noqa: E402
 
 GO_ARGS = [("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "nct-bench"), ("K8S_POD_NAME", "gc")]
 

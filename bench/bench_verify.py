@@ -60,7 +60,7 @@ from bench.native_node import free_subnet6  # noqa: E402
 from nri_cni.cli.gctune import tune_gc  # noqa: E402
 from nri_cni.node import Expectation, NodeInspector  # noqa: E402
 from nri_cni.node.model import AddressState, HostLink, LinkState, NetnsView, compare  # noqa: E402
-from tests.support.netns import free_subnet  # noqa: E402  (a subnet nothing on the host uses)
+from tests.support.names import free_subnet  # noqa: E402  (a subnet nothing on the host uses)
 
 NETNS_DIR = "/var/run/netns"
 CLONE_NEWNET = 0x40000000

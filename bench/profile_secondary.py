@@ -50,7 +50,8 @@ from nri_cni.pod.model import PodInfo  # noqa: E402
 from nri_cni.pod.plan import PodPlan  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
 from nri_cni.service.service import PodService  # noqa: E402
-from tests.support.netns import Janitor, free_subnet  # noqa: E402
+from tests.support.janitor import Janitor  # noqa: E402
+from tests.support.names import free_subnet  # noqa: E402
 
 STEPS = (
     "runtime cache read",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import iptables_lines, pod_chains, remove_chains, remove_cni_scaffolding
+from tests.support.firewall import iptables_lines, pod_chains, remove_chains, remove_cni_scaffolding
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 

@@ -181,9 +181,9 @@ def cmd_check_config(args) -> int:
 
 def _ask(args, op: str):
     # lazy: the local protocol's asyncio (~25 ms) only for the commands that ask the daemon
-    from nri_cni.local import proto as localproto
+    from nri_cni.local import proto
 
-    status, payload = localproto.call(args.socket, {localproto.OP_KEY: op})
+    status, payload = proto.call(args.socket, {proto.OP_KEY: op})
     data = json.loads(payload or b"null")
     if status != 0:
         print(f"nri-cni: {data.get('error', data)}", file=sys.stderr)
@@ -230,10 +230,10 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 def _ping(args) -> int:
-    from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
+    from nri_cni.local import proto  # lazy: the local protocol's asyncio (~25 ms)
 
     try:
-        status, _ = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
+        status, _ = proto.call(args.socket, {proto.OP_KEY: "status"}, timeout=10.0)
     except (NriCniError, OSError) as exc:
         if not _unreachable(exc):
             raise
@@ -249,10 +249,10 @@ def health_name(code: int) -> str:
 
 def _status_once(args, quiet: bool = False) -> tuple[int, str]:
     """(exit code, what to print). Unreachable is `not ready` for a probe: exit 2."""
-    from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
+    from nri_cni.local import proto  # lazy: the local protocol's asyncio (~25 ms)
 
     try:
-        status, payload = localproto.call(args.socket, {localproto.OP_KEY: "status"}, timeout=10.0)
+        status, payload = proto.call(args.socket, {proto.OP_KEY: "status"}, timeout=10.0)
         data = json.loads(payload or b"null")
         if status != 0:
             raise Unavailable(str(data.get("error", data)))
@@ -345,11 +345,11 @@ def cmd_verify(args) -> int:
 
         print(kinds_table())
         return 0
-    from nri_cni.local import proto as localproto  # lazy: the local protocol's asyncio (~25 ms)
+    from nri_cni.local import proto  # lazy: the local protocol's asyncio (~25 ms)
 
     body = json.dumps({"pod": args.pod, "check": args.check}).encode()
     try:
-        status, payload = localproto.call(args.socket, {localproto.OP_KEY: "verify"}, body)
+        status, payload = proto.call(args.socket, {proto.OP_KEY: "verify"}, body)
         data = json.loads(payload or b"null")
     except (NriCniError, OSError, ValueError) as exc:
         print(f"nri-cni: {exc}", file=sys.stderr)

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nri_cni.errors import CniCode, CNIError, ConfigError
-from nri_cni.safety import files as safefs
-from nri_cni.safety import jsonlimits
+from nri_cni.safety import files, jsonlimits
 from nri_cni.safety.files import AtomicFile, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -152,8 +151,8 @@ class ResultCache:
             if not part or "/" in part or "\0" in part:
                 raise ConfigError(f"cannot name a cache file after {part!r}", location=self.results_dir)
         try:
-            return safefs.child(self.results_dir, f"{network}-{container_id}-{ifname}")
-        except safefs.UnsafePath as exc:
+            return files.child(self.results_dir, f"{network}-{container_id}-{ifname}")
+        except files.UnsafePath as exc:
             raise ConfigError(str(exc), location=self.results_dir) from None
 
     def write(self, entry: CacheEntry, *, durable: bool = True) -> None:
@@ -175,8 +174,8 @@ class ResultCache:
         try:
             return AtomicFile(path)
         except FileNotFoundError:  # the first entry, or the directory was removed
-            safefs.private_dir(self.cache_dir)  # 0700 whatever the umask (issue 15)
-            safefs.private_dir(self.results_dir)
+            files.private_dir(self.cache_dir)  # 0700 whatever the umask (issue 15)
+            files.private_dir(self.results_dir)
             return AtomicFile(path)
 
     def sync_later(self, network: str, container_id: str, ifname: str) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from nri_cni.cni.exec_errors import excerpt, failure
 from nri_cni.cni.plugin_process import STDERR_TAIL, ChildRun
 from nri_cni.errors import PluginNotRun, PluginRef, PluginTimeout
-from nri_cni.safety import files as safefs
+from nri_cni.safety import files
 
 # re-exported: callers and tests import these from here
 __all__ = ["STDERR_TAIL", "PluginExecutor", "PluginOutput", "excerpt"]
@@ -45,7 +45,7 @@ class PluginExecutor:
     """Finds and runs plugin binaries. Stateless; one instance serves many calls at once.
 
     trust_files: a binary (or its directory) another user can write, or owns, is refused
-    (safefs.trust_problem); False only warns (files.trust: warn)."""
+    (files.trust_problem); False only warns (files.trust: warn)."""
 
     def __init__(self, *, trust_files: bool = True) -> None:
         self.trust_files = trust_files
@@ -74,11 +74,11 @@ class PluginExecutor:
                 continue
             if seen is not None and self._trusted.get(path) == seen:
                 return path
-            if not safefs.trust_problem(path, executable=True):
+            if not files.trust_problem(path, executable=True):
                 if seen is not None:
                     self._trusted[path] = seen
                 return path
-            problem = safefs.check_trusted(path, enforce=self.trust_files, what="plugin", executable=True)
+            problem = files.check_trusted(path, enforce=self.trust_files, what="plugin", executable=True)
             if problem:
                 raise PluginNotRun(
                     f"cannot run plugin {plugin_type!r}: not trusted: {problem} (files.trust: warn allows it)",

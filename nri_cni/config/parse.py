@@ -41,8 +41,7 @@ from nri_cni.config.model import (
 from nri_cni.config.reader import _join, _kind, _Reader
 from nri_cni.errors import ConfigError
 from nri_cni.lifecycle.spec import validate_list
-from nri_cni.safety import files as safefs
-from nri_cni.safety import jsonlimits
+from nri_cni.safety import files, jsonlimits
 
 _TOP_KEYS = {
     "mode",
@@ -341,7 +340,7 @@ def _load_network_list(
         return None
     if source != "conflist":
         # read as root and run: a list (or its dir) another user can write is refused
-        problem = safefs.check_trusted(lst.source, enforce=r.trust_files, what="network list")
+        problem = files.check_trusted(lst.source, enforce=r.trust_files, what="network list")
         if problem:
             r.fail(_join(where, source), f"not trusted: {problem} (files.trust: warn allows it)")
             return None

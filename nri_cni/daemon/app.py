@@ -33,7 +33,7 @@ from nri_cni.metrics.limits import BackgroundValue
 from nri_cni.node import NodeInspector
 from nri_cni.nri.stub import Stub
 from nri_cni.pod.plan import PodPlan
-from nri_cni.safety import files as safefs
+from nri_cni.safety import files
 from nri_cni.service.podstate import HealthBook
 from nri_cni.service.readiness import NetworkReadiness
 from nri_cni.service.service import PodService
@@ -91,7 +91,7 @@ class Daemon:
         handle_signals=False: asyncio's signal wakeup fd is inherited by anything the process
         forks (pyroute2 forks for netns queries), and such a child's own SIGTERM would read
         as ours."""
-        safefs.restrict_umask()  # before any dir, file or socket is made (issue 15)
+        files.restrict_umask()  # before any dir, file or socket is made (issue 15)
         if handle_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,11 +20,9 @@ from typing import Any
 from nri_cni.config import Config
 from nri_cni.daemon.reports import DaemonReports
 from nri_cni.errors import ConfigError, Kind, NriCniError
-from nri_cni.local import guard as peercred
-from nri_cni.local import proto as localproto
+from nri_cni.local import guard, proto
 from nri_cni.pod.model import AttachRequest, PodInfo
-from nri_cni.safety import files as safefs
-from nri_cni.safety import jsonlimits, validate
+from nri_cni.safety import files, jsonlimits, validate
 from nri_cni.service.readiness import NetworkReadiness
 from nri_cni.service.service import PodService
 
@@ -52,11 +50,11 @@ class LocalServer:
         self.reports = reports
         self.path = path
         self._server: asyncio.base_events.Server | None = None
-        # peer credentials, connection cap, read timeout, size cap (nri_cni/peercred.py)
-        self.guard = peercred.LocalGuard(lambda: _guard_settings(self.pods.cfg))
+        # peer credentials, connection cap, read timeout, size cap (nri_cni/local/guard.py)
+        self.guard = guard.LocalGuard(lambda: _guard_settings(self.pods.cfg))
 
     async def start(self) -> None:
-        safefs.restrict_umask()  # the socket is created 0700 by bind: no window before the chmod
+        files.restrict_umask()  # the socket is created 0700 by bind: no window before the chmod
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
         try:
             os.unlink(self.path)  # left by a previous run
@@ -64,7 +62,7 @@ class LocalServer:
             pass
         self._server = await asyncio.start_unix_server(self._serve, path=self.path)
         # root only (the shim runs as root inside the runtime), or the allowed group
-        peercred.grant_socket(self.path, self.pods.cfg.local.allowed_gids)
+        guard.grant_socket(self.path, self.pods.cfg.local.allowed_gids)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -82,10 +80,10 @@ class LocalServer:
         try:
             try:
                 header, body = await self.guard.read(reader)
-            except localproto.LocalProtocolError as exc:
+            except proto.LocalProtocolError as exc:
                 self.guard.refusals("malformed", "local socket: malformed request: %s", exc)
                 return
-            op = header.get(localproto.OP_KEY)
+            op = header.get(proto.OP_KEY)
             if op is None:
                 t0 = time.perf_counter()
                 try:
@@ -95,7 +93,7 @@ class LocalServer:
                         self.observe_shim(str(header.get("CNI_COMMAND", "")), time.perf_counter() - t0)
             else:
                 status, payload = await self._cli_call(op, body)
-            writer.write(localproto.encode_response(status, payload))
+            writer.write(proto.encode_response(status, payload))
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the shim was killed (runtime timeout); the work itself is finished regardless
@@ -226,9 +224,9 @@ def _cni_error(exc: NriCniError, version: str) -> dict[str, Any]:
     return out
 
 
-def _guard_settings(cfg: Config) -> peercred.GuardSettings:
+def _guard_settings(cfg: Config) -> guard.GuardSettings:
     local = cfg.local
-    return peercred.GuardSettings(
+    return guard.GuardSettings(
         allowed_uids=local.allowed_uids,
         allowed_gids=local.allowed_gids,
         max_connections=local.max_connections,

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nri_cni.local import proto as localproto
+from nri_cni.local import proto
 from nri_cni.safety.ratelog import RateLimitedLog
 
 log = logging.getLogger("nri_cni.local")
@@ -72,7 +72,7 @@ class GuardSettings:
     allowed_gids: tuple[int, ...] = ()
     max_connections: int = 128
     read_timeout: float = 10.0
-    max_request_bytes: int = localproto.MAX_HEADER + localproto.MAX_BODY
+    max_request_bytes: int = proto.MAX_HEADER + proto.MAX_BODY
 
 
 class LocalGuard:
@@ -106,9 +106,9 @@ class LocalGuard:
         s = self.settings()
         try:
             return await asyncio.wait_for(
-                localproto.read_request(reader, max_bytes=s.max_request_bytes), s.read_timeout or None
+                proto.read_request(reader, max_bytes=s.max_request_bytes), s.read_timeout or None
             )
         except TimeoutError:
-            raise localproto.LocalProtocolError(
+            raise proto.LocalProtocolError(
                 f"no whole request within {s.read_timeout:g}s (daemon.read_timeout)"
             ) from None

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.safety import files as safefs
-from nri_cni.safety import jsonlimits, validate
+from nri_cni.safety import files, jsonlimits, validate
 from nri_cni.safety.files import fsync_dir, is_temporary, write_atomic
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ class IntentStore:
 
     def write(self, intent: Intent, *, durable: bool = True) -> None:
         """Atomic; durable (fsynced) unless `durable=False`, then sync() makes it so."""
-        safefs.private_dir(self.dir)
+        files.private_dir(self.dir)
         doc = {
             "podId": intent.pod_id,
             "netns": intent.netns,

@@ -1,6 +1,6 @@
 """What the containerd fault tests share (no tests in here): a churn of pod creations and removals
 that runs while the test kills containerd, a slow second NRI plugin, and the acceptance check
-after nri-cni's reconnect (issue 17): every pod containerd lists READY has exactly its networks
+after nri-cni's reconnect: every pod containerd lists READY has exactly its networks
 with the IPs containerd reports, or nri-cni reports it broken by name for a listed reason; pods
 reach each other.
 """
@@ -20,7 +20,7 @@ from tests.e2e.stubthread import Recorder
 from tests.e2e.test_recovery_node import RecoveryNode
 from tests.support.podtruth import RuntimePod, reaches, whole_problems
 
-# issue 17: the node is true again soon after nri-cni's reconnect (about 5 s on a quiet machine:
+# the node is true again soon after nri-cni's reconnect (about 5 s on a quiet machine:
 # the seconds are printed, and measured side by side in bench/); a test waits for that event
 # with a generous deadline, never asserting the seconds
 SETTLE = 120.0
@@ -140,7 +140,7 @@ BROKEN_LINE = re.compile(r" id=([0-9a-f]+) is broken \(([a-z-]+)\): ")
 def broken_by_name(daemon: NriCni) -> dict[str, str]:
     """pod id -> the code of its "broken" verdict: what `nri-cni status` names ("broken"), or,
     from a daemon whose status does not carry that field, the one log line the verify writes
-    as a pod enters the state (issue 17: a log line naming the pod and the reason)."""
+    as a pod enters the state (a log line naming the pod and the reason)."""
     st = daemon.status()
     if "broken" in st:
         return {b["pod"]: b["code"] for b in st["broken"]}

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from tests.e2e.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
-from tests.support.netns import unique_name
+from tests.support.names import unique_name
 from tests.support.podtruth import whole_problems
 
 pytestmark = pytest.mark.e2e

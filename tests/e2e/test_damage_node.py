@@ -1,4 +1,4 @@
-"""Every kind of damage of issue 21 on one node of real containerd with >= 20 dual-stack pods
+"""Ten kinds of damage at once on one node of real containerd with >= 20 dual-stack pods
 (shim mode; the bridge plugin, host-local with an IPv4 and an IPv6 range and a route of each
 family, portmap; pod 0 has a hostPort). One pod for each kind, all damaged at once: a route of
 the result deleted in its netns, eth0 set down, its DNAT rules (both families) flushed, its host-local lease

@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from tests.e2e.nricni import NriCni, ShimSetup
-from tests.support.netns import Janitor, host_local_reservations, unique_name
+from tests.support.hostlocal import host_local_reservations
+from tests.support.janitor import Janitor
+from tests.support.names import unique_name
 
 pytestmark = pytest.mark.e2e
 

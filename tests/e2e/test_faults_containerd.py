@@ -1,4 +1,4 @@
-"""containerd faults on a real containerd 2.1.9, shim mode (issue 17, item 5): kill -9 of
+"""containerd faults on a real containerd 2.1.9, shim mode: kill -9 of
 containerd in the middle of a churn of pod creations and removals, several rounds in one test,
 with and without a slow second NRI plugin; and containerd killed between the shim's ADD and the
 end of RunPodSandbox (held by a plugin after the shim in containerd's own CNI list, or by the
@@ -119,7 +119,7 @@ def _cut(rnode: RecoveryNode, stub, blocked, fault: str) -> None:
         return
     with ThreadPoolExecutor(1) as pool:
         stopping = pool.submit(ctd.stop)
-        time.sleep(0.2)  # (issue 17: stopped 150-300 ms after the shim's ADD)
+        time.sleep(0.2)  # (stopped 150-300 ms after the shim's ADD)
         _release(rnode, stub, blocked)
         stopping.result(30)
 

@@ -1,4 +1,4 @@
-"""External damage on a real containerd, shim and secondary mode (issue 17, item 5): the CNI
+"""External damage on a real containerd, shim and secondary mode: the CNI
 bridge deleted, a pod's host veth deleted, its interface deleted, its address flushed. Within one
 verify period (a short `verify.interval`, netlink and CNI CHECK every round) plus the repair's own
 time, every damaged pod has its interfaces back with the same IPs (netlink, containerd's IPs

@@ -30,7 +30,10 @@ import yaml
 from tests.e2e.hostnet import netns_addrs
 from tests.support import daemonset
 from tests.support.containerd import NRI, Containerd
-from tests.support.netns import LeakChecker, delete_link, free_subnet, host_local_reservations, link_exists
+from tests.support.hostlocal import host_local_reservations
+from tests.support.leaks import LeakChecker
+from tests.support.names import free_subnet
+from tests.support.netns import delete_link, link_exists
 
 # the first test builds the image when the store has none yet (a minute or two; .ci/run builds first)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]

@@ -1,4 +1,4 @@
-"""NetworkAttachmentDefinition files through real containerd 2.1.9 (issue #13): a NAD in
+"""NetworkAttachmentDefinition files through real containerd 2.1.9: a NAD in
 `nad_dir` is a network pods of its namespace ask for with the Multus annotation; a NAD file
 added while nri-cni runs is picked up by hot reload; `nri-cni pods` names it namespace/name."""
 

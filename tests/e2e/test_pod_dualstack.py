@@ -14,7 +14,7 @@ import pytest
 
 from nri_cni.local import proto as localproto
 from tests.e2e.test_pod_shim import shim_node  # noqa: F401  (the fixture)
-from tests.support.netns import host_local_reservations
+from tests.support.hostlocal import host_local_reservations
 
 pytestmark = pytest.mark.e2e
 

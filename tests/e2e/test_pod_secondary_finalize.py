@@ -1,6 +1,6 @@
 """Secondary mode through real containerd 2.1.9: the FINALIZE of containerd's own eth0 runs once
-for every pod, with an operation record, whether or not the pod has a network of nri-cni's
-(issue #17, item 4), and never again for a pod already finalized: not on nri-cni's restart and
+for every pod, with an operation record, whether or not the pod has a network of nri-cni's,
+and never again for a pod already finalized: not on nri-cni's restart and
 the repair after its Synchronize.
 
 The FINALIZE plugin is the test's own probe drop-in (test_pod_secondary.PROBE): one line per call.
@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from tests.e2e.test_pod_secondary import NAMESPACE, _remove, make_node  # noqa: F401 (a fixture)
-from tests.support.netns import host_local_reservations
+from tests.support.hostlocal import host_local_reservations
 
 pytestmark = pytest.mark.e2e
 

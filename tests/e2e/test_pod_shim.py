@@ -12,7 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.nricni import NriCni, ShimSetup
-from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+from tests.support.hostlocal import host_local_reservations
+from tests.support.janitor import Janitor
+from tests.support.leaks import LeakChecker
+from tests.support.names import unique_name
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ named broken for a listed reason; at the end the node holds exactly the attachme
 containerd has, and after they are removed, nothing at all.
 
 No call is retried and no READY pod is excused: a creation the restart cut fails on the client's
-side and is counted; whatever containerd lists afterwards is judged as it is (issue 17: a pod
+side and is counted; whatever containerd lists afterwards is judged as it is (a pod
 that comes back READY without its network is a failure, not a known limit).
 """
 

@@ -34,8 +34,11 @@ from nri_cni.local import proto as localproto
 from tests.e2e.nricni import NriCni, ShimSetup
 from tests.plugins.block_plugin import BlockControl
 from tests.plugins.block_plugin import install as install_block
+from tests.support.hostlocal import host_local_reservations
+from tests.support.janitor import Janitor
 from tests.support.jsonlines import read_json_lines
-from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+from tests.support.leaks import LeakChecker
+from tests.support.names import unique_name
 from tests.support.podtruth import RuntimePod, whole_problems
 
 CTL_PLUGIN = r"""

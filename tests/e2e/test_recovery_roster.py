@@ -1,4 +1,4 @@
-"""The runtime's list is the roster (issue 21, item 4), on a real containerd 2.1.9, shim mode:
+"""The runtime's list is the roster, on a real containerd 2.1.9, shim mode:
 
 - containerd restarted and killed (-9) during a churn of pod creations and removals: afterwards
   `nri-cni pods` lists exactly the pods containerd lists, plus only pods nri-cni still holds an

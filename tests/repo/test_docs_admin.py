@@ -1,4 +1,4 @@
-"""What the docs tell an admin (issue #13) stays true: the things that were missing or wrong."""
+"""What the docs tell an admin stays true: the things that were missing or wrong."""
 
 from __future__ import annotations
 
@@ -75,3 +75,14 @@ def test_quoted_messages_are_the_codes():
 def test_status_exit_codes_are_documented_alike():
     assert "exit 0 ready, 1 degraded, 2 not ready or unreachable" in README
     assert "exits 0 (ready) or 1 (degraded" in DEPLOY and "status --ping" in DEPLOY
+
+
+def readme_commands() -> list[str]:
+    block = README.split("```sh", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
+
+
+def test_readme_commands_need_no_sudo():
+    """A root shell on a node often has no sudo: the two commands run as they are written."""
+    assert readme_commands() == ["bash config/local/up.sh", "bash .ci/run"]
+    assert "sudo " not in README

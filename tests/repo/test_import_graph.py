@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "nri_cni"
 LAZY = re.compile(r"#\s*lazy:\s*\S")
 
-# Settled by the app-layer branch (issue 14): its files are restructured there, and these go
+# Settled by the app-layer branch: its files are restructured there, and these go
 # away with it. The coordinator empties both lists after the merge; an entry that no longer
 # occurs fails the test, so the lists only shrink.
 KNOWN_CYCLES_UNTIL_APP_MERGE: set[frozenset[str]] = set()
@@ -265,7 +265,7 @@ def test_the_package_root_holds_only_init_main_and_errors():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "errors.py"]
 
 
-MAX_MODULE_LINES = 420  # "about 400" (issue 22): a module past it is split by job
+MAX_MODULE_LINES = 420  # "about 400": a module past it is split by job
 
 
 def test_no_module_is_over_about_400_lines():

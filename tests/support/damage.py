@@ -12,7 +12,7 @@ import subprocess
 from pyroute2 import IPRoute
 
 from nri_cni.node.hostside import parse_iptables_dnat
-from tests.support.netns import LinkInfo, _netns_name, delete_link, get_link, list_links
+from tests.support.netns import LinkInfo, delete_link, get_link, list_links, netns_name
 from tests.support.podtruth import RuntimePod, pod_interfaces
 
 KINDS = ["bridge-deleted", "host-veth-deleted", "pod-link-deleted", "address-flushed"]
@@ -27,7 +27,7 @@ def host_peer(netns: str, ifname: str) -> LinkInfo | None:
 
 
 def flush_addresses(netns: str, ifname: str) -> None:
-    with IPRoute(netns=_netns_name(netns)) as ipr:
+    with IPRoute(netns=netns_name(netns)) as ipr:
         [idx] = ipr.link_lookup(ifname=ifname)
         for msg in ipr.get_addr(index=idx):
             ipr.addr("del", index=idx, address=msg.get_attr("IFA_ADDRESS"), prefixlen=msg["prefixlen"])

@@ -20,8 +20,11 @@ import pytest
 from nri_cni.api import nri_pb2
 from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon, build_daemon
+from tests.support.hostlocal import host_local_reservations
+from tests.support.janitor import Janitor
 from tests.support.jsonlines import read_json_lines
-from tests.support.netns import Janitor, LeakChecker, host_local_reservations, unique_name
+from tests.support.leaks import LeakChecker
+from tests.support.names import unique_name
 from tests.support.nri_runtime import NriRuntime
 
 DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")

@@ -104,7 +104,7 @@ def world(tmp_path) -> LcWorld:
 def lnode(tmp_path):
     """The daemon harness's Node (tests/support/harness.py), plus the lifecycle plugins and a spy log of the real plugins' verbs."""
     from tests.support.harness import Node
-    from tests.support.netns import Janitor
+    from tests.support.janitor import Janitor
 
     jan = Janitor()
     node = Node(tmp_path, jan)

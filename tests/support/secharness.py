@@ -1,4 +1,4 @@
-"""Shared pieces of the security tests (issue 15): a shim-mode daemon in-process with the fake
+"""Shared pieces of the security tests: a shim-mode daemon in-process with the fake
 plugin, and the shim exec'd exactly as a runtime execs a CNI plugin (only CNI_* variables and
 PATH in its environment, the network config on stdin), in both builds."""
 
@@ -16,6 +16,18 @@ from tests.support.harness import DaemonHarness, Node
 
 BUILDS = pytest.mark.parametrize("compiled", [True, False], ids=["c", "script"])
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+# a YAML alias bomb: 9**9 strings once its aliases are expanded
+BOMB = """a: &a ["x","x","x","x","x","x","x","x","x"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
 
 
 def fake_net(node: Node, name: str = "podnet", *, default: bool = True, **extra) -> dict:

@@ -1,4 +1,4 @@
-"""`nri-cni pods` in Multus's network-status shape and `nri-cni status` for probes (issue #13)."""
+"""`nri-cni pods` in Multus's network-status shape and `nri-cni status` for probes."""
 
 from __future__ import annotations
 

@@ -23,13 +23,10 @@ if str(REPO) not in sys.path:  # `tests.support` is imported as a package from t
     sys.path.insert(0, str(REPO))
 
 from tests.integration.cni.helpers import CniEnv, DirectCNI, run  # noqa: E402
-from tests.support.netns import (  # noqa: E402
-    Janitor,
-    free_subnet,
-    host_local_reservations,
-    purge_firewall_rules,
-    unique_name,
-)
+from tests.support.firewall import purge_firewall_rules  # noqa: E402
+from tests.support.hostlocal import host_local_reservations  # noqa: E402
+from tests.support.janitor import Janitor  # noqa: E402
+from tests.support.names import free_subnet, unique_name  # noqa: E402
 
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"

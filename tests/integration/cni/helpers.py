@@ -15,7 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.netns import Janitor, LeakChecker, Netns, get_link
+from tests.support.janitor import Janitor
+from tests.support.leaks import LeakChecker
+from tests.support.netns import Netns, get_link
 
 CNI_VERSION = "1.1.0"
 

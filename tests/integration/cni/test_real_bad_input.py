@@ -10,7 +10,8 @@ import stat
 import pytest
 
 from tests.integration.cni.helpers import CniEnv, run
-from tests.support.netns import host_local_reservations, unique_name
+from tests.support.hostlocal import host_local_reservations
+from tests.support.names import unique_name
 
 pytestmark = pytest.mark.netns
 

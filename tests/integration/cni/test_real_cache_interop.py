@@ -19,7 +19,9 @@ import stat
 import pytest
 
 from tests.integration.cni.helpers import CACHE_FIELDS, CniEnv, libcni_cache_bytes, random_port, run
-from tests.support.netns import host_local_reservations, iptables_lines, unique_name
+from tests.support.firewall import iptables_lines
+from tests.support.hostlocal import host_local_reservations
+from tests.support.names import unique_name
 
 pytestmark = pytest.mark.netns
 

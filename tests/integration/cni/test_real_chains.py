@@ -18,13 +18,10 @@ from tests.integration.cni.helpers import (
     random_port,
     run,
 )
-from tests.support.netns import (
-    delete_link,
-    get_link,
-    host_local_reservations,
-    iptables_lines,
-    unique_name,
-)
+from tests.support.firewall import iptables_lines
+from tests.support.hostlocal import host_local_reservations
+from tests.support.names import unique_name
+from tests.support.netns import delete_link, get_link
 
 pytestmark = pytest.mark.netns
 

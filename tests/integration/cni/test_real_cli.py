@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from tests.integration.cni.helpers import CniEnv, random_port
-from tests.support.netns import host_local_reservations, unique_name
+from tests.support.hostlocal import host_local_reservations
+from tests.support.names import unique_name
 
 pytestmark = pytest.mark.netns
 

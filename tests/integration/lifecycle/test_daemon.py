@@ -14,7 +14,8 @@ from nri_cni.errors import CniCode, CNIError, RPCError
 from nri_cni.lifecycle import generation_id
 from nri_cni.local import proto as localproto
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
-from tests.support.netns import get_link, unique_name
+from tests.support.names import unique_name
+from tests.support.netns import get_link
 
 pytestmark = pytest.mark.netns
 

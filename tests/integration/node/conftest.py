@@ -16,7 +16,10 @@ import pytest
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.node import Expectation, NodeInspector, expectation_from_result
-from tests.support.netns import Janitor, Netns, free_subnet, purge_firewall_rules, unique_name
+from tests.support.firewall import purge_firewall_rules
+from tests.support.janitor import Janitor
+from tests.support.names import free_subnet, unique_name
+from tests.support.netns import Netns
 
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"

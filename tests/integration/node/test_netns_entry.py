@@ -14,7 +14,7 @@ import pytest
 from nri_cni.cni.result import Interface, Result
 from nri_cni.node.netlink import fill_interface_details
 from nri_cni.node.workers import NetnsGone, socket_in_netns
-from tests.support.netns import Janitor
+from tests.support.janitor import Janitor
 
 pytestmark = pytest.mark.netns
 

@@ -7,7 +7,7 @@ NRI test double (and, for SIGHUP, `nri-cni run` as a process):
 - host-network pods (no netns): nothing attached, no plugin run, reported as such, not broken;
 - a plugin past `cni.plugin_timeout` inside a pod's ADD: killed, the ADD rolled back, an error
   that says so;
-- SIGHUP reloads the configuration (the file watch off). (issue #17 item 6)"""
+- SIGHUP reloads the configuration (the file watch off)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from nri_cni.daemon.app import build_daemon
 from nri_cni.errors import RPCError
 from tests.e2e.nricni import NriCni
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
-from tests.support.netns import unique_name
+from tests.support.names import unique_name
 from tests.support.nri_runtime import NriRuntime
 
 pytestmark = pytest.mark.netns

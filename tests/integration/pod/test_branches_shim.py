@@ -1,6 +1,6 @@
 """The shim's CHECK and GC: the shim exec'd as a runtime execs a CNI plugin
 (only CNI_* and PATH, the config on stdin), real bridge + host-local + portmap behind it, and the
-CNI version rule of CHECK (a list below 0.4.0 has no CHECK) through the same path. (issue #17 item 6)"""
+CNI version rule of CHECK (a list below 0.4.0 has no CHECK) through the same path."""
 
 from __future__ import annotations
 

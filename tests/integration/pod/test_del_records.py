@@ -1,4 +1,4 @@
-"""One stop + remove is one `"op":"del"` record (issue #13): NRI StopPodSandbox, the runtime's
+"""One stop + remove is one `"op":"del"` record: NRI StopPodSandbox, the runtime's
 CNI DEL through the shim and NRI RemovePodSandbox all reach nri-cni; only the first finds
 something to detach, and only it is logged."""
 

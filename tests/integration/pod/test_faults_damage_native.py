@@ -1,4 +1,4 @@
-"""External damage in NRI-native mode (issue 17, item 5): nri-cni as a real process against the
+"""External damage in NRI-native mode: nri-cni as a real process against the
 runtime-side NRI double; the CNI bridge deleted, a pod's host veth deleted, its eth0 deleted, its
 address flushed. Within one verify period (a short `verify.interval`, netlink and CNI CHECK every
 round) plus the repair's own time, every damaged pod has eth0 back with the IP the runtime took

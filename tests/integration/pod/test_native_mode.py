@@ -177,7 +177,8 @@ def test_synchronize_collects_attachments_of_pods_the_runtime_lost(node):
 
 
 def test_a_pod_that_started_while_nri_cni_was_down_is_reported_missed_not_attached(node):
-    """Issue 17: the runtime learns a pod's IPs only from the RunPodSandbox answer; attaching the
+    """A pod that started while nri-cni was down is missed, not attached: the runtime learns a
+    pod's IPs only from the RunPodSandbox answer; attaching the
     pod after the fact would give it networks the runtime never reports. It is reported broken
     "missed", with what the admin does, and nothing is attached."""
     ns = node.jan.netns()

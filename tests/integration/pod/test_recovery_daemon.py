@@ -38,7 +38,7 @@ def _podnet(node, subnet, **finalize):
 def test_a_native_answer_past_the_runtime_deadline_is_a_missed_pod(node):
     """The runtime gives up on RunPodSandbox (and creates the pod without its IPs): the attach
     finishes (nothing is cut halfway), then is released at once, and the pod is reported by
-    name as missed, with what an admin does (issue 21, item 5)."""
+    name as missed, with what an admin does."""
     ns = node.jan.netns()
     cfg = node.config("native", _podnet(node, "10.244.72.0/24", FINALIZE={"sleep": 1.0}))
     cfg["nri"]["request_timeout"] = "5s"

@@ -171,7 +171,7 @@ async def _created_anyway(scene: NativeScene, victim) -> None:
         await creation
     scene.runtime.pods.append(victim)  # running, no IP
     await scene.start_daemon()
-    deadline = asyncio.get_running_loop().time() + 5  # issue 17: within 5 s of the reconnect
+    deadline = asyncio.get_running_loop().time() + 5  # within 5 s of the reconnect
     while (broken := await asyncio.to_thread(broken_by_name, scene.daemon)) != {victim.id: "missed"}:
         assert asyncio.get_running_loop().time() < deadline, (broken, scene.daemon.log_tail())
         await asyncio.sleep(0.05)

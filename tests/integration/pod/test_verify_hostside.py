@@ -1,4 +1,4 @@
-"""Verify sees what a pod needs besides its interface (issue 21, item 3), with the real bridge,
+"""Verify sees what a pod needs besides its interface, with the real bridge,
 host-local and portmap plugins in namespaces the test made, shim mode: a route of the result
 deleted in the pod's netns, the pod's portmap DNAT rules flushed, its host-local lease file
 deleted: each is noticed by the next verify round (netlink and the host's rules and leases, no

@@ -1,4 +1,4 @@
-"""Verify and repair through the pod service (issue 17), with the real bridge + host-local
+"""Verify and repair through the pod service, with the real bridge + host-local
 plugins in namespaces the test made: each kind of external damage is found and repaired with
 the same IP; a pod whose IP another pod holds, a repair that keeps failing, `repair:
 verify-only` and native mode's missed pods are reported broken, with the reason, untouched."""

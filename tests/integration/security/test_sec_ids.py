@@ -1,7 +1,7 @@
 """Ids and paths: what the runtime's CNI environment carries (container id, CNI_ARGS,
 CNI_IFNAME) and what a GC names is validated before it reaches a file, a plugin or a log. Each
 test drives the shim exec'd as a runtime execs a plugin, against a running daemon, and checks
-that the daemon still serves a normal ADD/DEL afterwards. (issue 15)"""
+that the daemon still serves a normal ADD/DEL afterwards."""
 
 from __future__ import annotations
 

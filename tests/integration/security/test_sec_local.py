@@ -1,7 +1,7 @@
 """Sockets and dirs: what the daemon creates is private whatever umask it inherited;
 the local socket checks its peer's credentials (SO_PEERCRED), closes a connection that does
 not send a whole request in time, caps its connections and the request size; the daemon keeps
-serving normal ADD/DELs through all of it. (issue 15)"""
+serving normal ADD/DELs through all of it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 test double starts it with the runtime's connection on fd 3, as containerd does), from a
 directory of its own, with a secret in its environment and one more inheritable descriptor.
 The plugin it runs sees only PATH, the CNI variables and what `cni.plugin_env` names, no
-descriptor besides its stdio, and "/" as its working directory. (issue 15)"""
+descriptor besides its stdio, and "/" as its working directory."""
 
 from __future__ import annotations
 

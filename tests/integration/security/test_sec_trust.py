@@ -1,6 +1,6 @@
 """Trust of files: a plugin binary, or a network list, in a directory other users can
 write (or owned by another user) is refused with an error naming the path and its mode;
-`files.trust: warn` turns that into a warning for development. (issue 15)"""
+`files.trust: warn` turns that into a warning for development."""
 
 from __future__ import annotations
 

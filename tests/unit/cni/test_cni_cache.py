@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.errors import CniCode, CNIError, ConfigError
+from nri_cni.errors import ConfigError
 
 GOLDEN = (Path(__file__).parent / "golden" / "libcni-cache-v1.json").read_bytes()
 GOLDEN_CONFIG = b'{"cniVersion":"1.0.0","name":"nct-golden","plugins":[{"type":"fake-a"},{"type":"fake-b"}]}'
@@ -152,44 +151,6 @@ def test_entries_filters(tmp_path):
     ]
     assert all(e.path.startswith(str(results)) for e in cache.entries())
     assert ResultCache(str(tmp_path / "none")).entries() == []
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "nct-tiny", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
-@pytest.mark.netns
-def test_full_filesystem_fails_cleanly(tiny_tmpfs):
-    cache = ResultCache(str(tiny_tmpfs))
-    old = golden_entry()
-    cache.write(old)
-    path = Path(cache.path("nct-golden", "c0ffee", "eth0"))
-    # fill the filesystem to the last byte
-    with open(tiny_tmpfs / "filler", "wb", buffering=0) as f:
-        with pytest.raises(OSError):
-            while True:
-                f.write(b"\0" * 4096)
-    new = golden_entry()
-    new.capability_args = {"big": "x" * 20000}
-    with pytest.raises(CNIError) as err:
-        cache.write(new)
-    assert err.value.code == CniCode.IO_FAILURE
-    assert str(path) in str(err.value)
-    assert os.listdir(path.parent) == [path.name]  # no temp file
-    assert path.read_bytes() == GOLDEN  # the old entry is intact
-    fresh = CacheEntry(container_id="c2", ifname="eth0", network_name="n", config=b"x" * 20000)
-    for durable in (True, False):
-        with pytest.raises(CNIError) as err:
-            cache.write(fresh, durable=durable)
-        assert err.value.code == CniCode.IO_FAILURE
-        assert os.listdir(path.parent) == [path.name]
 
 
 def test_deferred_durability(tmp_path):

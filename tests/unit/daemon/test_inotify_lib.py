@@ -1,4 +1,4 @@
-"""The directory watcher runs on asyncinotify (issue #13: a maintained library, not nri-cni's
+"""The directory watcher runs on asyncinotify (a maintained library, not nri-cni's
 own ctypes binding), and closing it gives its file descriptor back."""
 
 from __future__ import annotations

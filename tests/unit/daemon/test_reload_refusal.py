@@ -1,4 +1,4 @@
-"""A refused config change as an admin meets it (issue #13): one log line with time and level,
+"""A refused config change as an admin meets it: one log line with time and level,
 and the refusal goes once the files say what runs again, even when nothing is applied."""
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def test_serve_on_localhost_tcp():
     run(scenario(), timeout=60)
 
 
-# The families dashboards read (issue #13: the names stay when the exposition moves to
+# The families dashboards read (the names stay when the exposition moves to
 # prometheus_client).
 STABLE_FAMILIES = {
     "nri_cni_build_info": "gauge",

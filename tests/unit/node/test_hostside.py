@@ -1,4 +1,4 @@
-"""The host side verify reads once a round (issue 21, item 3), without root: portmap's DNAT rules
+"""The host side verify reads once a round, without root: portmap's DNAT rules
 as iptables-save and nft print them, what an attachment needs from its conflist and capability
 args, and the comparison: a route, a DNAT rule or a lease missing is a finding, what could not be
 read is `unreadable`, never ok."""

@@ -8,7 +8,7 @@ import os
 
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.model import PodInfo
-from tests.unit.pod.test_recovery_units import _networker
+from tests.unit.pod.test_recovery_rules import _networker
 
 LISTED, UNLISTED, NETNS_GONE = ("a" * 64, "b" * 64, "c" * 64)
 

@@ -1,6 +1,6 @@
 """Every finding verify can give, and every broken code, is listed once in the catalogue
 (`nri-cni verify --kinds`) and in docs/reliability.md, with how soon it is noticed, what repair
-does and what an admin does (issue 21, item 7)."""
+does and what an admin does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime's list is the roster (issue 21, item 4), without root, runtime or plugins: a
+"""The runtime's list is the roster, without root, runtime or plugins: a
 Synchronize (or a GC) that does not list a pod drops its verdict, its repair retry and its
 ledger entries, and `nri-cni pods` shows it no more; a pod nri-cni still holds something of
 shows as not listed. The reaper and GC keep a listed pod whose pause process runs, whatever

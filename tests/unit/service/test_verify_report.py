@@ -4,7 +4,7 @@ and the metrics.
 The verify engine itself (PodService.verify: netlink, CHECK, repair) has its own tests; here the
 daemon is real and its pod service's `verify` is a double that writes verdicts into the health
 book as the engine does, so what is tested is the path from the book (and the call) to what an
-admin reads: the local socket op, the CLI's tables, JSON and exit codes. (issue #17)"""
+admin reads: the local socket op, the CLI's tables, JSON and exit codes."""
 
 from __future__ import annotations
 

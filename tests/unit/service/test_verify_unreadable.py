@@ -1,4 +1,4 @@
-"""Verify never calls a pod ok when something it needs cannot be read (issue 21, item 7), without
+"""Verify never calls a pod ok when something it needs cannot be read, without
 root: the node inspector is a fake that answers what a real one answers when netlink fails (the
 pod's netns, or the host's links), and the cache entries are real files. Each such pod is
 reported by name, broken "unreadable", with the attachment's own verdict; nothing is repaired

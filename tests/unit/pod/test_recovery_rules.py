@@ -1,6 +1,7 @@
-"""Unit tests of the recovery rules, without plugins or namespaces: which failed ADD counts as
-"nothing created", how a DEL is cut around a doomed plugin, the intent record of a rollback that
-failed, the hooks' bookkeeping, and when a netns counts as gone."""
+"""The recovery rules, without plugins or namespaces: which failed ADD counts as "nothing
+created", how a DEL is cut around a doomed plugin, the intent record of a rollback that failed,
+the failed plugin's position on its error and the timings its observer gets, each operation's
+own plugin calls in its record, and when a netns counts as gone."""
 
 from __future__ import annotations
 

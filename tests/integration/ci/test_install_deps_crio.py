@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 
 # runs the system's apt-get only when a package is missing: a machine with the deps installed

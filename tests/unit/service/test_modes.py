@@ -1,0 +1,105 @@
+"""The modes, each built once from the config: the questions each answers (who owns eth0, the
+primary network, where the runtime's primary result is read in secondary mode), and no mode name
+compared anywhere but in the modes and config parsing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from nri_cni.cni.cache import CacheEntry, ResultCache
+from nri_cni.config import parse_config
+from nri_cni.pod.model import PodInfo, PrimaryNetwork
+from nri_cni.service.modes import NativeMode, SecondaryMode, ShimMode, mode_for
+
+ROOT = Path(__file__).resolve().parents[3]
+NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "bridge"}]}
+
+
+def _cfg(tmp_path: Path, mode: str, **extra) -> object:
+    doc = {
+        "mode": mode,
+        "state_dir": str(tmp_path / "state"),
+        "nri": {"socket": str(tmp_path / "nri.sock")},
+        "daemon": {"socket": str(tmp_path / "daemon.sock")},
+        "cni": {"cache_dir": str(tmp_path / "cache"), "runtime_cache_dir": str(tmp_path / "runtime")},
+        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
+        "gc": {"interval": 0},
+        "status": {"interval": 0},
+        **extra,
+    }
+    return parse_config(doc, str(tmp_path / "config.yaml"))
+
+
+def test_each_mode_answers_the_questions_once(tmp_path):
+    shim = mode_for(_cfg(tmp_path, "shim"))
+    native = mode_for(_cfg(tmp_path, "native", primary_network="podnet"))
+    secondary = mode_for(_cfg(tmp_path, "secondary", primary_network="cbr0"))
+    assert (
+        isinstance(shim, ShimMode) and isinstance(native, NativeMode) and isinstance(secondary, SecondaryMode)
+    )
+    flags = [
+        (
+            m.attaches_on_run,
+            m.answers_run_pod,
+            m.primary.ours,
+            m.runtime_reports_our_ips,
+            m.adds_behind_runtime,
+        )
+        for m in (shim, native, secondary)
+    ]
+    assert flags == [
+        (False, False, True, True, True),
+        (True, True, True, True, False),
+        (True, False, False, False, True),
+    ]
+    assert native.primary == PrimaryNetwork("podnet", ours=True)
+    pod = PodInfo("p" * 64, netns="/run/netns/x")
+    assert shim.runtime_primary(pod) is None and native.runtime_primary(pod) is None
+
+
+def test_secondary_mode_reads_the_runtime_primary_from_the_runtimes_cache(tmp_path):
+    mode = mode_for(_cfg(tmp_path, "secondary", primary_network="cbr0"))
+    pod = PodInfo("p" * 64, netns="/run/netns/x")
+    assert mode.runtime_primary(pod) is not None
+    assert mode.runtime_primary(pod).entry is None  # nothing cached yet: FINALIZE skips it
+    ResultCache(str(tmp_path / "runtime")).write(
+        CacheEntry(
+            container_id=pod.id,
+            ifname="eth0",
+            network_name="cbr0",
+            config=b"{}",
+            result={"cniVersion": "1.1.0"},
+        )
+    )
+    found = mode.runtime_primary(pod)
+    assert found is not None and found.network == "cbr0" and found.entry is not None
+
+
+MODE_NAMES = {"shim", "native", "secondary"}
+
+
+def test_no_mode_name_is_compared_outside_the_modes_and_config_parsing():
+    allowed = {
+        ROOT / "nri_cni" / "service" / "modes.py",
+        ROOT / "nri_cni" / "config" / "parse.py",
+        ROOT / "nri_cni" / "config" / "model.py",
+    }
+    found = []
+    for path in sorted((ROOT / "nri_cni").rglob("*.py")):
+        if path in allowed or "api" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                parts = [node.left, *node.comparators]
+                consts = [p for p in parts if isinstance(p, ast.Constant) and p.value in MODE_NAMES]
+                consts += [
+                    e
+                    for p in parts
+                    if isinstance(p, (ast.Tuple, ast.List, ast.Set))
+                    for e in p.elts
+                    if isinstance(e, ast.Constant) and e.value in MODE_NAMES
+                ]
+                if consts:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
