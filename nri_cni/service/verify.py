@@ -27,7 +27,6 @@ its lock was taken is read again under the lock.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -41,7 +40,7 @@ from nri_cni.node import (
     NodeInspector,
     VerifyPolicy,
     expectation_from_result,
-    host_side_wants,
+    with_host_side,
 )
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
@@ -189,11 +188,9 @@ class Verifier:
                 check.unknown[key_of(entry)] = (BAD_RESULT, why)
                 continue
             try:
-                # the host side the chain made: portmap's DNAT, host-local's leases (read once a round)
-                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
-                exp = dataclasses.replace(
-                    exp, container_id=entry.container_id, host_ports=ports, leases=leases
-                )
+                # the host side the chain made: portmap's DNAT, the plugin's masquerade,
+                # host-local's leases (read once a round)
+                exp = with_host_side(exp, entry.config, entry.capability_args, entry.container_id)
             except (
                 ValueError,
                 TypeError,
