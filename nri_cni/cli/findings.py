@@ -39,11 +39,14 @@ FINDINGS = (
                REPAIR_SAME_IPS, DELETE_POD),
     FindingDoc("dnat-missing", "portmap's DNAT rule for a hostPort is gone (iptables or nft; a firewall reload)",
                ROUND + " (the rules are read once a round for every pod)", REPAIR_SAME_IPS, DELETE_POD),
+    FindingDoc("masq-missing", "the masquerade rule the bridge (or ptp) plugin made for an address with ipMasq is "
+               "gone (iptables or nft; a firewall reload)", ROUND + " (the rules are read once a round for every pod)",
+               REPAIR_SAME_IPS, DELETE_POD),
     FindingDoc("lease-missing", "host-local's lease file of an address is gone, or names another container (the "
                "address could be handed out twice)", ROUND + " (the leases are read once a round)",
                REPAIR_SAME_IPS + "; if another pod holds the address: broken ip-taken", DELETE_POD),
-    FindingDoc("unreadable", "the pod's netns, its routes, the host's links, DNAT rules or leases could not be "
-               "read: not verified, never ok",
+    FindingDoc("unreadable", "the pod's netns, its routes, the host's links, DNAT or masquerade rules or leases could "
+               "not be read: not verified, never ok",
                ROUND + "; read again every round", "nothing (never on a guess); the pod: broken unreadable",
                "if it stays: the daemon log says what failed; delete the pod"),
     FindingDoc("no-result", "nri-cni's cache entry holds no result: nothing to compare with", ROUND,

@@ -8,7 +8,7 @@ Netlink is spoken over plain sockets (rtnl.py): pyroute2, ~155 ms and ~10 MiB to
 loaded by the daemon (tests check the encoding against it).
 """
 
-from nri_cni.node.hostside import host_side_wants
+from nri_cni.node.hostside import host_side_wants, with_host_side
 from nri_cni.node.inspector import NodeInspector
 from nri_cni.node.model import Difference, Expectation, Finding, FindingKind, expectation_from_result
 from nri_cni.node.policy import VerifyPolicy
@@ -22,4 +22,5 @@ __all__ = [
     "VerifyPolicy",
     "expectation_from_result",
     "host_side_wants",
+    "with_host_side",
 ]

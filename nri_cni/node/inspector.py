@@ -8,6 +8,7 @@ import concurrent.futures
 from collections.abc import Iterable, Sequence
 
 from nri_cni.node import rtnl
+from nri_cni.node.hostmodel import HostSide
 from nri_cni.node.hostside import read_host_side
 from nri_cni.node.model import (
     Difference,
@@ -15,7 +16,6 @@ from nri_cni.node.model import (
     Finding,
     FindingKind,
     HostLink,
-    HostSide,
     NetnsView,
     compare,
 )
@@ -113,8 +113,10 @@ class NodeInspector:
         paths = collections.deque((path, ifnames, routes.get(path, 0)) for path, ifnames in wanted.items())
         names = list(dict.fromkeys(n for e in expectations for n in e.host_ifnames))
         host = self._pool.submit(_host_links, names) if names else None
-        # the host's rules and leases: once a round for every pod, beside the netns reads
-        tables = list(dict.fromkeys(p.table for e in expectations for p in e.host_ports))
+        # the host's rules (DNAT, masquerade) and leases: once a round for every pod, beside the
+        # netns reads
+        tables = [p.table for e in expectations for p in e.host_ports]
+        tables = list(dict.fromkeys([*tables, *(m.table for e in expectations for m in e.masq)]))
         leases = [lease.path for e in expectations for lease in e.leases]
         side = self._pool.submit(read_host_side, tables, leases) if tables or leases else None
         jobs = min(self._pool.size, len(paths))
@@ -146,7 +148,7 @@ class NodeInspector:
             if isinstance(host_links, BaseException) and exp.host_ifnames:
                 # the pod's side was read; the host's could not be
                 extra.append(Difference(FindingKind.UNREADABLE, f"cannot read host links: {host_links}"))
-            if isinstance(host_side, BaseException) and (exp.host_ports or exp.leases):
+            if isinstance(host_side, BaseException) and (exp.host_ports or exp.masq or exp.leases):
                 extra.append(
                     Difference(FindingKind.UNREADABLE, f"cannot read host rules and leases: {host_side}")
                 )

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from nri_cni.node.hostmodel import HostPort, HostSide, Lease, Masq
+
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
 
@@ -25,6 +27,7 @@ class FindingKind(Enum):
     ADDRESS_EXTRA = "address-extra"  # a static global address nobody expected
     ROUTE_MISSING = "route-missing"  # a route of the result is not in the pod's netns
     DNAT_MISSING = "dnat-missing"  # portmap's DNAT rules for a hostPort are gone (a firewall reload)
+    MASQ_MISSING = "masq-missing"  # the plugin's masquerade of an address is gone (ipMasq: a reload)
     LEASE_MISSING = "lease-missing"  # the IPAM's lease of an address is gone, or another's
     UNREADABLE = "unreadable"  # the node could not be read (not damage: nothing is known)
 
@@ -53,29 +56,6 @@ class RouteWant:
 
 
 @dataclass(frozen=True)
-class HostPort:
-    """A hostPort portmap must DNAT: IP family (4 or 6), protocol, port, portmap's backend."""
-
-    family: int
-    proto: str
-    port: int
-    backend: str = "iptables"  # or "nftables"
-
-    @property
-    def table(self) -> str:
-        """Where its rules are read (hostside.py): "iptables4", "nftables6"..."""
-        return f"{self.backend}{self.family}"
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A host-local lease: the file naming the address, which must hold the container's id."""
-
-    path: str
-    ip: str
-
-
-@dataclass(frozen=True)
 class Expectation:
     """One attachment as its owner recorded it.
 
@@ -88,6 +68,7 @@ class Expectation:
     routes        the result's routes, in the pod's netns through `ifname`
     container_id  the attachment's container id (what portmap's rules and host-local's leases name)
     host_ports    the hostPorts portmap must DNAT to the pod (read once a round: hostside.py)
+    masq          the addresses its plugin masquerades (ipMasq; read once a round: hostside.py)
     leases        host-local's lease files of the pod's addresses
     """
 
@@ -100,6 +81,7 @@ class Expectation:
     routes: tuple[RouteWant, ...] = ()
     container_id: str = ""
     host_ports: tuple[HostPort, ...] = ()
+    masq: tuple[Masq, ...] = ()
     leases: tuple[Lease, ...] = ()
 
     def __post_init__(self) -> None:
@@ -195,17 +177,6 @@ class RouteState:
     gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     oif: int | None
     table: int
-
-
-@dataclass
-class HostSide:
-    """The host-side state of a round, read once for every pod: portmap's DNAT rules per
-    backend and IP family (HostPort.table -> container id -> {(proto, port)}), and host-local's
-    lease files (path -> the container id it names). What could not be read is in `errors`."""
-
-    dnat: dict[str, dict[str, set[tuple[str, int]]]] = field(default_factory=dict)
-    leases: dict[str, str] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)  # a HostPort.table or a lease path -> why
 
 
 @dataclass
@@ -307,6 +278,14 @@ def _rule_and_lease_differences(exp: Expectation, host: HostSide) -> list[Differ
         elif (hp.proto, hp.port) not in host.dnat.get(hp.table, {}).get(exp.container_id, set()):
             why = f"no IPv{hp.family} DNAT rule of portmap ({hp.backend}) for hostPort {hp.proto}/{hp.port}"
             diffs.append(Difference(FindingKind.DNAT_MISSING, why))
+    for m in exp.masq:
+        err = host.errors.get(m.table)
+        if err:
+            why = f"cannot read the IPv{m.family} masquerade rules ({m.backend}): {err}"
+            diffs.append(Difference(FindingKind.UNREADABLE, why))
+        elif m.ip not in host.masq.get(m.table, {}).get(m.owner, set()):
+            why = f"no IPv{m.family} masquerade rule ({m.backend}, ipMasq) for {m.ip}"
+            diffs.append(Difference(FindingKind.MASQ_MISSING, why))
     for lease in exp.leases:
         if lease.path in host.errors:
             why = f"cannot read the lease {lease.path}: {host.errors[lease.path]}"

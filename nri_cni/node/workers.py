@@ -118,6 +118,16 @@ def enter(netns: str, home: int, make: Callable[[], T]) -> T:
         os.close(target)
 
 
+def is_netns(path: str) -> bool:
+    """`path` is a namespace file (a netns bind mount, /proc/<pid>/ns/net): on nsfs, like this
+    process's own. A file an unmounted netns left behind (or a runtime killed before it mounted
+    one) is not: a plugin given it fails ("unknown FS magic")."""
+    try:
+        return os.stat(path).st_dev == os.stat("/proc/self/ns/net").st_dev
+    except OSError:
+        return False
+
+
 def socket_in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
     """From any thread: `make()` run inside `netns` (`enter`) on a thread started for it, which
     ends after this one job (setns moves only the calling thread: the caller's stays home)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
 from nri_cni.cni.cache import CacheEntry
@@ -19,6 +18,7 @@ from nri_cni.cni.config import NetworkConfigList, parse_conflist
 from nri_cni.cni.prev_result import conf_of, entry_of
 from nri_cni.cni.runtime import CNIRuntime, PluginObserver, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, Kind, NriCniError
+from nri_cni.node.workers import is_netns
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.oprecord import NetworkFailure, OpRecord
 
@@ -120,11 +120,12 @@ class Rollback:
         doomed: set[int] | frozenset[int] = frozenset(),
         observe: PluginObserver | None = None,
     ) -> None:
-        # The runtime removes the netns after its DEL; a DEL with the netns gone still runs
+        # The runtime removes the netns after its DEL; a DEL with the netns gone (the path
+        # missing, or a file that is no netns any more: a plugin given it fails) still runs
         # with an empty CNI_NETNS so that IPAM releases the address.
-        if netns and not os.path.exists(netns):
+        if netns and not is_netns(netns):
             netns = ""
-        elif not netns and entry.netns and os.path.exists(entry.netns):
+        elif not netns and entry.netns and is_netns(entry.netns):
             netns = entry.netns
         entry = dataclasses.replace(entry, netns=netns)
         if not doomed:

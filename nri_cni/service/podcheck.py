@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.node import Expectation, Finding, FindingKind, expectation_from_result, host_side_wants
+from nri_cni.node import Expectation, Finding, FindingKind, expectation_from_result, with_host_side
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.select import Selected
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode
@@ -75,7 +75,7 @@ class PodCheck:
 def expect(check: PodCheck, *, host_side: bool = True) -> None:
     """What the node should show for each of the check's entries, from its cached result:
     `check.expectations`, or `check.unknown` for an entry nothing can be compared with.
-    `host_side`: also portmap's DNAT and host-local's leases (read once a round by verify)."""
+    `host_side`: also portmap's DNAT, the masquerade and host-local's leases (read once a round by verify)."""
     pod = check.pod
     for entry in check.entries:
         if entry.result is None:  # nothing recorded to compare with: unknown, never ok
@@ -94,8 +94,8 @@ def expect(check: PodCheck, *, host_side: bool = True) -> None:
         exp = dataclasses.replace(exp, container_id=entry.container_id)
         if host_side:
             try:
-                ports, leases = host_side_wants(entry.config, entry.capability_args, map(str, exp.addresses))
-                exp = dataclasses.replace(exp, host_ports=ports, leases=leases)
+                # portmap's DNAT, the plugin's masquerade, host-local's leases
+                exp = with_host_side(exp, entry.config, entry.capability_args, entry.container_id)
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 # the pod's side is still checked
                 why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"

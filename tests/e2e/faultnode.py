@@ -18,6 +18,7 @@ import uuid
 from tests.e2e.nricni import NriCni
 from tests.e2e.stubthread import Recorder
 from tests.e2e.test_recovery_node import RecoveryNode
+from tests.support.cutcalls import CutCalls
 from tests.support.podtruth import RuntimePod, reaches, whole_problems
 
 # the node is true again soon after nri-cni's reconnect (about 5 s on a quiet machine:
@@ -28,8 +29,11 @@ SETTLE = 120.0
 
 class Churn:
     """`workers` threads creating pods and removing two of three, each call once: a call that
-    meets a dead containerd fails and is counted, never retried (the end state is what the test
-    judges, not how many calls got through)."""
+    meets a dead runtime fails and is counted, never retried (the end state is what the test
+    judges, not how many calls got through). Each failed call is put down to its cause
+    (tests/support/cutcalls.py): the runtime down or restarting is expected, anything else
+    (an error of nri-cni's while the runtime was up) fails the test when the churn stops; the
+    counts are printed."""
 
     def __init__(self, rnode: RecoveryNode, workers: int = 4, keep_at_most: int = 8) -> None:
         self.rnode = rnode
@@ -38,6 +42,7 @@ class Churn:
         self.created: list[str] = []
         self.kept: list[str] = []
         self.failed: list[str] = []
+        self.cut = CutCalls(lambda: getattr(self.rnode.ctd, "pid", None))
         self.keep_at_most = keep_at_most
         self.threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)]
 
@@ -51,7 +56,7 @@ class Churn:
         while not self.stopping.is_set():
             name = f"churn-{worker}-{uuid.uuid4().hex[:6]}"
             try:
-                pod = self.rnode.run_pod(name, ports=rng.random() < 0.5)
+                pod = self.cut.call(f"run {name}", self.rnode.run_pod, name, ports=rng.random() < 0.5)
             except Exception as exc:
                 self._failed(f"run {name}: {exc}")
                 continue
@@ -62,7 +67,7 @@ class Churn:
                     self.kept.append(pod)
             if not keep:
                 try:
-                    self.rnode.remove_pod(pod)
+                    self.cut.call(f"remove {pod[:12]}", self.rnode.remove_pod, pod)
                 except Exception as exc:
                     self._failed(f"remove {pod[:12]}: {exc}")
 
@@ -78,10 +83,12 @@ class Churn:
             time.sleep(0.02)
 
     def stop(self) -> None:
+        """Ends the churn; then every failed call must be one the runtime's fault cut."""
         self.stopping.set()
         for t in self.threads:
             t.join(120)
             assert not t.is_alive(), "a churn worker hangs"
+        self.cut.assert_no_failures()
 
 
 class SlowNri(Recorder):

@@ -78,13 +78,18 @@ def _zombie_children(pid: int) -> list[int]:
     return found
 
 
+def _children(parent: int) -> list[str]:
+    """The parent's children, zombies included (a zombie stays its parent's until reaped)."""
+    try:
+        return Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+
+
 def _pid_in_children(parent: int, timeout: float = 60.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            kids = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except FileNotFoundError:
-            kids = []
+        kids = _children(parent)
         if kids:
             return int(kids[0])
         time.sleep(0.01)
@@ -112,8 +117,12 @@ def test_pause_reaps_orphans_and_exits_on_signal(tmp_path, sig):
             check=True,
             timeout=10,
         )
-        time.sleep(0.6)
-        assert _zombie_children(pause_pid) == []
+        # the orphan is pause's child by now (its parent shell has exited): once it exits, pause
+        # must reap it; unreaped, it stays pause's child (a zombie) and the wait runs out
+        deadline = time.monotonic() + 60
+        while _children(pause_pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _zombie_children(pause_pid) == [] and _children(pause_pid) == []
         assert outer.poll() is None  # still running until signalled
         os.kill(pause_pid, sig)
         assert outer.wait(5) == 0

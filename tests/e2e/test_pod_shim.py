@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.cutcalls import cri_refused
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.leaks import LeakChecker
@@ -175,9 +176,8 @@ def test_daemon_down_fails_the_pod_cleanly(shim_node):
     node = shim_node
     node.start()
     node.daemon.stop()
-    with pytest.raises(Exception) as err:
-        _run_pod(node.ctd, f"down-{uuid.uuid4().hex[:6]}")
-    assert "nri-cni daemon is not reachable" in str(err.value)
+    refused = cri_refused(_run_pod, node.ctd, f"down-{uuid.uuid4().hex[:6]}")
+    assert "nri-cni daemon is not reachable" in str(refused)
     # containerd tears the failed sandbox down; nothing of nri-cni's exists
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert node.leaks.leaks() == []
@@ -188,9 +188,7 @@ def test_second_network_failure_in_shim_mode_is_clear_and_leaves_nothing(shim_no
     nets = node.networks(net1_default=True)
     nets[1]["conflist"]["plugins"][0]["master"] = "nctnomaster9"
     node.start(nets)
-    with pytest.raises(Exception) as err:
-        _run_pod(node.ctd, f"bad-{uuid.uuid4().hex[:6]}")
-    msg = str(err.value)
+    msg = str(cri_refused(_run_pod, node.ctd, f"bad-{uuid.uuid4().hex[:6]}"))
     assert "fastnet" in msg and "macvlan" in msg, msg
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert node.leaks.leaks() == []
@@ -200,9 +198,10 @@ def test_annotation_outside_the_allow_list_refuses_the_pod(shim_node):
     node = shim_node
     node.start()
     for value in ("kube-system/fastnet", "../../etc/cni/net.d/evil", "nosuchnet"):
-        with pytest.raises(Exception) as err:
-            _run_pod(node.ctd, f"ann-{uuid.uuid4().hex[:6]}", {"k8s.v1.cni.cncf.io/networks": value})
-        assert "k8s.v1.cni.cncf.io/networks" in str(err.value)
+        refused = cri_refused(
+            _run_pod, node.ctd, f"ann-{uuid.uuid4().hex[:6]}", {"k8s.v1.cni.cncf.io/networks": value}
+        )
+        assert "k8s.v1.cni.cncf.io/networks" in str(refused)
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert node.leaks.leaks() == []
 

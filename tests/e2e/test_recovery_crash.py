@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import pytest
 
+from nri_cni.local.codec import LocalProtocolError
 from tests.e2e.test_recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
 from tests.plugins.block_plugin import Blocked
 from tests.support.damage import damage_left
@@ -163,7 +164,7 @@ def test_kill9_while_a_gc_plugin_runs(rnode):
     collecting = scene.in_background(rnode.daemon.ask, "gc")
     blocked = rnode.block.wait_blocked("GC")
     scene.kill_while_blocked(blocked)
-    with pytest.raises(Exception):
+    with pytest.raises(LocalProtocolError, match="closed the connection"):  # not a timeout
         collecting.result(60)
     scene.restarted()
     scene.assert_truth("no-such-pod")

@@ -16,6 +16,8 @@ import signal
 import pytest
 
 from nri_cni.api import nri_pb2
+from nri_cni.errors import Unavailable
+from nri_cni.local.codec import LocalProtocolError
 from tests.e2e.faultnode import broken_by_name
 from tests.e2e.nricni import NriCni
 from tests.e2e.test_recovery_node import install_ctl, wait_settled
@@ -155,7 +157,7 @@ async def _creation_cut(scene: NativeScene, command: str, victim, ns_victim) -> 
     assert [p.name for p in (scene.node.state_dir / "intents").iterdir()] == [victim.id]
     await asyncio.to_thread(scene.checker.learn)
     await scene.kill_while_blocked(blocked)
-    with pytest.raises(Exception):
+    with pytest.raises(Unavailable, match="connection lost"):  # not a deadline: the kill cut it
         await creation
     await asyncio.to_thread(delete_netns, ns_victim)
 
@@ -167,7 +169,7 @@ async def _created_anyway(scene: NativeScene, victim) -> None:
     scene.block.arm()
     creation = asyncio.create_task(scene.runtime.run_pod_sandbox(victim))
     await scene.kill_while_blocked(await scene.wait_blocked("ADD", victim.id))
-    with pytest.raises(Exception):
+    with pytest.raises(Unavailable, match="connection lost"):
         await creation
     scene.runtime.pods.append(victim)  # running, no IP
     await scene.start_daemon()
@@ -247,7 +249,7 @@ def test_kill9_of_nri_cni_while_a_plugin_runs_native(node, kind):
                 scene.block.arm()
                 stopping = asyncio.create_task(scene.runtime.stop_pod_sandbox(victim))
                 await scene.kill_while_blocked(await scene.wait_blocked("DEL", victim.id))
-                with pytest.raises(Exception):
+                with pytest.raises(Unavailable, match="connection lost"):
                     await stopping
                 # the runtime stops the pod without us: its netns goes, then the pod
                 await asyncio.to_thread(delete_netns, ns_victim)
@@ -256,7 +258,7 @@ def test_kill9_of_nri_cni_while_a_plugin_runs_native(node, kind):
                 scene.block.arm()
                 collecting = asyncio.create_task(asyncio.to_thread(scene.daemon.ask, "gc"))
                 await scene.kill_while_blocked(await scene.wait_blocked("GC"))
-                with pytest.raises(Exception):
+                with pytest.raises(LocalProtocolError, match="closed the connection"):
                     await collecting
             elif kind == "recovery":
                 scene.block.arm()
@@ -265,7 +267,7 @@ def test_kill9_of_nri_cni_while_a_plugin_runs_native(node, kind):
                 await asyncio.to_thread(scene.checker.learn)
                 await asyncio.to_thread(scene.daemon.kill9)
                 scene.block.release(blocked)  # still armed: the recovery's DEL blocks
-                with pytest.raises(Exception):
+                with pytest.raises(Unavailable, match="connection lost"):
                     await creation
                 await asyncio.to_thread(delete_netns, ns_victim)
                 scene.connections += 1  # (the start below registers only after recovery)

@@ -6,6 +6,7 @@ own plugin calls in its record, and when a netns counts as gone."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 
 import pytest
@@ -257,3 +258,23 @@ def test_each_operation_records_its_own_plugin_calls(tmp_path):
     assert [(p["plugin"], p["command"]) for p in check.plugins] == [
         (t, "CHECK") for t in ("bridge", "tuning", "ctl", "portmap")
     ]
+
+
+def test_a_del_given_a_netns_path_that_is_no_netns_runs_with_an_empty_cni_netns(tmp_path):
+    """A path a runtime's unmount (or its kill before the mount) left as a plain file is not
+    handed to the plugins (they fail on it: "unknown FS magic"): the DEL runs without a netns,
+    as for a path that is gone; a live netns path is kept."""
+    seen = []
+
+    async def recording(entry, *, observe=None):
+        seen.append(entry.netns)
+
+    plan = _networker(tmp_path, fail=set())
+    plan.cni.delete_cached = recording
+    left_file = tmp_path / "cni-left-behind"
+    left_file.write_text("")
+    for netns in (str(left_file), str(tmp_path / "gone"), "/proc/self/ns/net"):
+        asyncio.run(plan.rollback.delete_entry(_entry(), netns=netns))
+    # from the cache entry when the caller has none
+    asyncio.run(plan.rollback.delete_entry(dataclasses.replace(_entry(), netns=str(left_file))))
+    assert seen == ["", "", "/proc/self/ns/net", ""]
