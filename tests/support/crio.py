@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -53,6 +54,8 @@ SHIPPED_SHIM_CONFLIST = REPO_ROOT / "config" / "crio" / "net.d" / "10-nri-cni.co
 RUNC = Path("/usr/sbin/runc")
 
 _live: weakref.WeakSet[Crio] = weakref.WeakSet()
+# crio's warning on a CNI DEL that failed; the pod sandbox's id closes its name
+_FAILED_TEARDOWN = re.compile(r"Failed to destroy network for pod sandbox \S*\(([0-9a-f]{64})\)")
 
 
 def bin_dir() -> Path:
@@ -385,6 +388,19 @@ class Crio(RuntimeProcess):
     def cni_cache_entries(self, pod_id: str) -> list[Path]:
         """libcni's cache entries CRI-O wrote for the pod (/var/lib/cni/results)."""
         return sorted(CNI_RESULTS_DIR.glob(f"*-{pod_id}-*"))
+
+    def failed_teardowns(self) -> set[str]:
+        """The pods whose CNI DEL CRI-O logged as failed. CRI-O then drops its libcni cache
+        entry and marks the pod's network stopped all the same (server/sandbox_network.go,
+        networkStop), so it never runs that DEL again: whatever the plugins still held for the
+        pod (its eth0's lease) is CRI-O's leak. Seen when a SIGTERM cancels a stop in flight
+        ("context canceled")."""
+        found = set()
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            match = _FAILED_TEARDOWN.search(line)
+            if match:
+                found.add(match.group(1))
+        return found
 
     def netns_pins(self) -> list[str]:
         """The network namespace pins of this instance's pods that exist now."""
