@@ -1,4 +1,4 @@
-"""`python -m bench`: every bench with short defaults, then ONE table (issue #16's rows):
+"""`python -m bench`: every bench with short defaults, then ONE table of its rows:
 figure, nri-cni, anchor, ratio, goal, met. Each ratio comes from one bench that measured both
 sides side by side in this run; the load average is read before and after each bench and
 printed next to its rows (a 2-CPU machine shared with other jobs moves every figure).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where one pod's RunPodSandbox goes in secondary mode, step by step (issue #16).
+"""Where one pod's RunPodSandbox goes in secondary mode, step by step.
 
 The pod service of nri-cni, in this process, in secondary mode: the runtime's primary is a
 libcni cache entry of a bridge list written here (containerd's, in a real node), nri-cni's

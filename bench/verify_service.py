@@ -1,5 +1,5 @@
 """bench_verify's "service" method: the same pods verified the way the daemon does it, through
-PodService.verify (issue 17): every listed pod's cache entries read, its expectations built, one
+PodService.verify: every listed pod's cache entries read, its expectations built, one
 netlink round, the verdicts written to the health book.
 
 Each bench pod gets a cache entry as the bridge plugin would have left it (eth0 in the pod with

@@ -139,7 +139,7 @@ def cmd_run(args) -> int:
 
     cfg = load(args)
     setup_logging(cfg.log_level, cfg.log_format)
-    # plugins start in "/" whatever directory the daemon was started from (issue 15); the
+    # plugins start in "/" whatever directory the daemon was started from; the
     # config's relative paths were resolved against its own directory already
     os.chdir("/")
     daemon = build_daemon(cfg)

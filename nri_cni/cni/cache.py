@@ -174,7 +174,7 @@ class ResultCache:
         try:
             return AtomicFile(path)
         except FileNotFoundError:  # the first entry, or the directory was removed
-            files.private_dir(self.cache_dir)  # 0700 whatever the umask (issue 15)
+            files.private_dir(self.cache_dir)  # 0700 whatever the umask
             files.private_dir(self.results_dir)
             return AtomicFile(path)
 

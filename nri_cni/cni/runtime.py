@@ -87,7 +87,7 @@ class CNIRuntime:
         self.executor: Executor = executor or PluginExecutor(trust_files=trust_files)
         self.hooks = hooks if hooks is not None else RuntimeHooks()  # (PluginHooks has a len)
         # A plugin gets PATH (it execs iptables etc.), the CNI variables and the variables the
-        # config names (cni.plugin_env), nothing else of the daemon's environment (issue 15).
+        # config names (cni.plugin_env), nothing else of the daemon's environment.
         self.pass_env = tuple(pass_env)
         self._base_env = {"PATH": os.environ.get("PATH") or _DEFAULT_PATH}
         for name in pass_env:

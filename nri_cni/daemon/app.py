@@ -91,7 +91,7 @@ class Daemon:
         handle_signals=False: asyncio's signal wakeup fd is inherited by anything the process
         forks (pyroute2 forks for netns queries), and such a child's own SIGTERM would read
         as ours."""
-        files.restrict_umask()  # before any dir, file or socket is made (issue 15)
+        files.restrict_umask()  # before any dir, file or socket is made
         if handle_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -203,7 +203,7 @@ def build_daemon(cfg: Config) -> Daemon:
         trust_files=cfg.trust_files,
     )
     # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
-    # the count reads every cache file: refreshed off the loop, not per scrape (issue 15)
+    # the count reads every cache file: refreshed off the loop, not per scrape
     metrics = Metrics(
         attachments=BackgroundValue(lambda: len(cni.cache.entries())),
         pod_states=health.counts,  # nri_cni_pods{state}, read at every scrape

@@ -165,7 +165,7 @@ class ConfigReloader:
             except ConfigError as exc:
                 self._refused(exc, reason)
                 return False
-            except Exception as exc:  # no input may stop hot reload (issue 15)
+            except Exception as exc:  # no input may stop hot reload
                 self._refused(ConfigError(f"cannot read the configuration: {exc!r}"[:500]), reason)
                 return False
             old = self.cfg

@@ -1,6 +1,6 @@
 """What a pod needs on the host besides links, read once a round for every pod: portmap's DNAT
 rules for its hostPorts, its plugin's masquerade of its addresses (ipMasq) and host-local's
-leases of its addresses (issue 21, item 3).
+leases of its addresses.
 
 - DNAT: portmap's iptables backend makes, in the nat table, a rule in CNI-HOSTPORT-DNAT per
   protocol commented `dnat name: "<net>" id: "<container id>"` that jumps to the pod's own

@@ -85,7 +85,7 @@ class Stub:
         except ValueError:
             raise ConfigError(f"invalid {SOCKET_ENV}={fd!r}: a file descriptor expected") from None
         if self._launch_fd is not None:
-            # the runtime's connection must never reach a CNI plugin (issue 15): fd 3 came
+            # the runtime's connection must never reach a CNI plugin: fd 3 came
             # inheritable, as every exec'd child would get it
             try:
                 os.set_inheritable(self._launch_fd, False)

@@ -1,7 +1,7 @@
 """Secondary mode: which pods have had the FINALIZE of the runtime's own primary network.
 
 The runtime's eth0 is not nri-cni's attachment, so nri-cni's cache says nothing about it. Its
-FINALIZE runs once per pod (issue #17, item 4), with or without extra networks: a repeated
+FINALIZE runs once per pod, with or without extra networks: a repeated
 RunPodSandbox, a repair after Synchronize or after a restart of nri-cni must not run it again.
 One small file per pod, `<state_dir>/finalized/<pod id>`, holds the pod's netns path; it goes
 when the pod is detached, and GC drops the marks of pods the runtime no longer lists or whose

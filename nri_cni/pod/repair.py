@@ -1,4 +1,4 @@
-"""repair: make one pod's damaged attachments true again, with the same IPs (issue 17).
+"""repair: make one pod's damaged attachments true again, with the same IPs.
 
 A verb of the pod plan (PodPlan.repair). The caller (the pod service's verify,
 nri_cni/service/verify.py) holds the pod's lock and has decided

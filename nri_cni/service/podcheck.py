@@ -58,7 +58,7 @@ class PodCheck:
     @property
     def unreadable(self) -> list[str]:
         """What could not be read or compared, one line per attachment ([] when everything
-        was): never "ok" (issue 21, item 7)."""
+        was): never "ok"."""
         out = [f"{n}/{i}: {why}" for (n, i), (_, why) in self.unknown.items()]
         for (n, i), f in self.findings.items():
             out += [f"{n}/{i}: {d.reason}" for d in f.differences if d.kind is FindingKind.UNREADABLE]

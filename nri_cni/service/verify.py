@@ -1,4 +1,4 @@
-"""verify: the node is the truth (issue 17). One round compares, for every pod the runtime lists
+"""verify: the node is the truth. One round compares, for every pod the runtime lists
 running with a netns, three things: the networks it should have (config + annotation), what
 nri-cni recorded (its cache entries), and what the node shows (netlink through the node
 inspector; the chain's CNI CHECK with the cached result on the policy's cadence, when forced, and

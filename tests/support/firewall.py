@@ -122,17 +122,7 @@ def remove_cni_scaffolding(baseline: Iterable[str]) -> list[str]:
                 rules.append(ln)
         if in_use:
             continue
-        script = (
-            [f"*{table}"]
-            + ["-D " + r[3:] for r in rules]
-            + [f"-X {c}" for c in sorted(new_chains)]
-            + ["COMMIT", ""]
-        )
-        tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
-        p = subprocess.run(
-            [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
-        )
-        if p.returncode == 0:
+        if _restore(fam, table, rules, (), new_chains).returncode == 0:
             removed += [f"{fam} {table} {c}" for c in sorted(new_chains)]
     return removed
 
@@ -164,17 +154,7 @@ def remove_chains(chains: Iterable[tuple[str, str, str]]) -> list[str]:
             r for r in rules if set(IPT_TARGET.findall(" " + r)) & names and r.split(" ", 2)[1] not in names
         ]
         own = [r for r in rules if r.split(" ", 2)[1] in names]
-        script = (
-            [f"*{table}"]
-            + ["-D " + r[3:] for r in jumps]
-            + [f"-F {c}" for c in sorted(names)]
-            + [f"-X {c}" for c in sorted(names)]
-            + ["COMMIT", ""]
-        )
-        tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
-        subprocess.run(
-            [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
-        )
+        _restore(fam, table, jumps, names, names)
         report += [f"{fam} {table} {r}" for r in jumps + own]
     return report
 
@@ -207,17 +187,26 @@ def purge_firewall_rules(markers: Iterable[str]) -> list[str]:
         rules = [ln for ln in lines if ln.startswith("-A ") and (rx.search(ln) or (crx and crx.search(ln)))]
         if not rules and not chains:
             continue
-        script = (
-            [f"*{table}"]
-            + ["-D " + r[3:] for r in rules]
-            + [f"-X {c}" for c in sorted(chains)]
-            + ["COMMIT", ""]
-        )
-        tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
-        p = subprocess.run(
-            [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
-        )
+        p = _restore(fam, table, rules, (), chains)
         if p.returncode != 0:
-            raise NetTestError(f"{tool} could not purge {rules}: {p.stderr.strip()}")
+            raise NetTestError(f"{p.args[0]} could not purge {rules}: {p.stderr.strip()}")
         deleted += [f"{fam} {table} {r}" for r in rules]
     return deleted
+
+
+def _restore(
+    fam: str, table: str, rules: Iterable[str], flush: Iterable[str], delete: Iterable[str]
+) -> subprocess.CompletedProcess[str]:
+    """One atomic `iptables-restore --noflush` (ip6tables- for v6) of `table`: deletes `rules`
+    (as iptables-save lists them, "-A chain ..."), then flushes and deletes the chains named."""
+    script = (
+        [f"*{table}"]
+        + ["-D " + r[3:] for r in rules]
+        + [f"-F {c}" for c in sorted(flush)]
+        + [f"-X {c}" for c in sorted(delete)]
+        + ["COMMIT", ""]
+    )
+    tool = "iptables-restore" if fam == "v4" else "ip6tables-restore"
+    return subprocess.run(
+        [tool, "--noflush"], input="\n".join(script), capture_output=True, text=True, timeout=30
+    )

@@ -306,7 +306,7 @@ STABLE_FAMILIES = {
     "nri_cni_gc_deleted_attachments": "counter",
     "nri_cni_gc_errors": "counter",
     "nri_cni_pod_repairs": "counter",
-    # what the runtime waits for (#24): per NRI method, per shim verb, per plugin and verb
+    # what the runtime waits for: per NRI method, per shim verb, per plugin and verb
     "nri_cni_nri_request_duration_seconds": "histogram",
     "nri_cni_shim_request_duration_seconds": "histogram",
     "nri_cni_plugin_duration_seconds": "histogram",
