@@ -198,6 +198,8 @@ class StopProfile(CrioBench):
                 if op is None:
                     continue
                 plugins = ev.children(m.daemon.proc.pid, op["start"], op["end"])
+                if not plugins or shim not in ev.exe:
+                    continue  # a process the listener missed (its buffer overran): no split
                 row["the shim: spawned -> exec'd"] = ev.exe[shim][0] - ev.forked[shim]
                 row["the shim: exec'd -> nri-cni's DEL begins"] = op["start"] - ev.exe[shim][0]
                 row["nri-cni: DEL begins -> 1st plugin spawned"] = ev.forked[plugins[0]] - op["start"]
