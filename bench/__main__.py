@@ -300,7 +300,7 @@ def run_crio(size: dict) -> list[Row]:
             f"{c1['stop_remove_median_ratio']:.3f}",
             "<= 1.03",
             _met(c1["stop_remove_median_ratio"] <= 1.03),
-            why="the shim's DEL: its exec and socket round trip, then nri-cni's DEL of the cached list",
+            why=bench_crio.describe_split(p1["stop_remove_split"]),
         ),
         Row(
             "CRI-O: secondary mode, cost of one extra network (RunPodSandbox over CRI-O with eth0 only)",

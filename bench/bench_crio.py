@@ -21,7 +21,11 @@ private CRI-O instances (tests/support/crio.py) in containerd's place:
 
 Output as bench_pods.py's: per mode medians and p90 (ms), crio-shim/crio ratios of
 RunPodSandbox and of StopPodSandbox + RemovePodSandbox, and the extra network's cost in
-crio-sec over crio-base. Subnets 10.246.169.0/24 .. 10.246.173.0/24. Everything made is removed
+crio-sec over crio-base. Part 1 also splits the stop+remove difference into what was measured
+of it: the stop's and the remove's differences (medians), nri-cni's DEL of the cached list
+(its op lines: plugins and nri-cni itself), the shim's DEL request as nri-cni served it and
+nri-cni's answers to NRI StopPodSandbox and RemovePodSandbox (means of the daemon's own
+duration metrics, read from its metrics socket at the end; warm-up pods included). Subnets 10.246.169.0/24 .. 10.246.173.0/24. Everything made is removed
 at the end, also on failure, Ctrl-C or SIGTERM. Needs root, the parts from .ci/install-deps and
 CRI-O (tests/support/crio.py: available()).
 Run:  sudo ./.venv/bin/python bench/bench_crio.py [--pods 40] [--part 1|2|all]
@@ -33,7 +37,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -77,6 +83,8 @@ class CrioBench(Bench):
         cfg = setup.config(
             crio.nri_socket, [{"name": shim_net.name, "default": True, "conflist": shim_net.conflist}]
         )
+        metrics_socket = str(setup.sock_dir / "metrics.sock")
+        cfg["metrics"] = {"listen": metrics_socket}
         daemon = self.nri_cni(daemons, setup, cfg)
         shim = Mode("crio-shim", crio, shim_net, ipam_dirs=[shim_net.ipam_dir], daemon=daemon)  # type: ignore[arg-type]
         print(
@@ -90,6 +98,8 @@ class CrioBench(Bench):
         print(
             f"  CRI-O's CHECK after ADD: {out['checks_from_records']} of {len(checks)} answered from the records"
         )
+        text = scrape_metrics(metrics_socket)
+        out["stop_remove_split"] = stop_remove_split(out, text)
         return out
 
     def part_secondary(self) -> dict:
@@ -121,6 +131,69 @@ class CrioBench(Bench):
             f"{out['compare']['stop_remove_median_diff_ms']:+.1f} ms stop+remove (over crio-base medians)"
         )
         return out
+
+
+def scrape_metrics(path: str) -> str:
+    """The daemon's metrics text, over its unix socket (HTTP/1.0)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _mean_ms(text: str, family: str, label: str, value: str) -> float | None:
+    """A histogram child's mean (sum / count), ms; None when it saw nothing."""
+    found = {}
+    for part in ("sum", "count"):
+        m = re.search(rf'^{family}_{part}{{{label}="{value}"}} (\S+)$', text, re.M)
+        found[part] = float(m.group(1)) if m else 0.0
+    return found["sum"] / found["count"] * 1000 if found["count"] else None
+
+
+def stop_remove_split(out: dict, metrics: str) -> dict:
+    """What was measured of crio-shim's stop+remove over crio's; printed, and returned for the
+    bench's "why" line."""
+    shim, own = out["modes"]["crio-shim"], out["modes"]["crio"]
+    dele = shim.get("nri_cni_ops", {}).get("del", {})
+    split = {
+        "stop_diff_ms": round(shim["stop"]["median"] - own["stop"]["median"], 2),
+        "remove_diff_ms": round(shim["remove"]["median"] - own["remove"]["median"], 2),
+        "del_median_ms": dele.get("median_ms"),
+        "del_plugins_median_ms": dele.get("plugins_median_ms"),
+        "del_own_median_ms": dele.get("own_median_ms"),
+        "shim_del_mean_ms": _mean_ms(metrics, "nri_cni_shim_request_duration_seconds", "verb", "DEL"),
+        "nri_stop_mean_ms": _mean_ms(
+            metrics, "nri_cni_nri_request_duration_seconds", "method", "StopPodSandbox"
+        ),
+        "nri_remove_mean_ms": _mean_ms(
+            metrics, "nri_cni_nri_request_duration_seconds", "method", "RemovePodSandbox"
+        ),
+    }
+    print(f"  stop+remove split: {describe_split(split)}")
+    return split
+
+
+def describe_split(split: dict) -> str:
+    """The split as one sentence (the bench's "why" line for the stop+remove row)."""
+
+    def ms(key: str) -> str:
+        value = split.get(key)
+        return "?" if value is None else f"{value:.1f}"
+
+    return (
+        f"stop {split['stop_diff_ms']:+.1f} ms, remove {split['remove_diff_ms']:+.1f} ms over CRI-O's own "
+        f"(medians); in the stop, nri-cni's DEL of the cached list {ms('del_median_ms')} ms, of which the "
+        f"plugins (the bridge and portmap DELs CRI-O runs itself) {ms('del_plugins_median_ms')} ms and "
+        f"nri-cni itself {ms('del_own_median_ms')} ms; the shim's DEL request as nri-cni served it "
+        f"{ms('shim_del_mean_ms')} ms; nri-cni's answers to NRI StopPodSandbox {ms('nri_stop_mean_ms')} ms "
+        f"and RemovePodSandbox {ms('nri_remove_mean_ms')} ms (means); the rest is the shim (its exec, "
+        "its socket round trip: one more process to wake on the stop's path) and the machine's noise; "
+        "bench/profile_crio_stop.py splits the stop step by step"
+    )
 
 
 def measure(args) -> dict:
