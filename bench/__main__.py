@@ -430,8 +430,8 @@ def run_attach(size: dict) -> list[Row]:
             "<= 1.0",
             _met(cmp["run_median_ratio"] <= 1.0),
             why=f"nri-cni's ADD of the three networks at once {add.get('median_ms', float('nan')):.1f} ms; the "
-            "rest is the shim's exec (a Python program, ~9 ms against ~3 ms for a Go binary) and its "
-            "socket round trip, where containerd calls go-cni in its own process",
+            "rest is the compiled shim's exec and socket round trip and the NRI events, where containerd "
+            "calls go-cni in its own process",
         ),
         Row(
             "pod ADD of 3 networks (bridge + host-local each) at once vs its slowest chain alone",
