@@ -8,6 +8,8 @@ printed next to its rows (a 2-CPU machine shared with other jobs moves every fig
   --only      a comma-separated subset: cni, gc, pods, crio, daemon, verify, attach, ttrpc
   --markdown FILE / --json FILE   the table (and every figure) written out as well
 
+Each bench holds the machine's lock while it runs (tests/support/machine.py): no integration
+test or bench of another run on this machine goes on beside it, either way.
 A bench that fails is reported as FAILED in its rows, the others still run, and the exit
 status is 1. Goals missed do not change the exit status (only --strict makes them).
 Needs root and .ci/install-deps; libcni's driver is built by bench/go-toolchain.sh.
@@ -30,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from tests.support.machine import machine_turn  # noqa: E402
 
 SIZES = {
     "smoke": {
@@ -554,7 +558,8 @@ def main(argv=None) -> int:
         before = _load()
         t0 = time.monotonic()
         try:
-            got = RUNNERS[name](SIZES[which][name])
+            with machine_turn(f"bench {name}"):  # no test or bench of another run beside it
+                got = RUNNERS[name](SIZES[which][name])
         except BaseException as exc:  # every bench runs; the failure is loud in the table and the exit status
             if isinstance(exc, KeyboardInterrupt):
                 raise

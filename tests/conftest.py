@@ -13,22 +13,19 @@ at its end the chains it brought (only while nothing else uses them) and puts ip
 as it was; each test that runs real plugins must leave no per-pod chain behind.
 
 Several test runs may share one machine (developers, CI). Their integration tests take turns:
-each holds a machine-wide lock (MACHINE_LOCK) from its setup to its teardown, so the checks
+each holds a machine-wide lock (tests/support/machine.py) from its setup to its teardown, so the checks
 above, which compare host state before and after a test, only ever see one test's doing.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.support.firewall import iptables_lines, pod_chains, remove_chains, remove_cni_scaffolding
+from tests.support.machine import machine_turn
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
@@ -38,7 +35,6 @@ INTEGRATION_DIRS = {"e2e", "integration"}
 # markers that imply integration
 INTEGRATION_MARKERS = {"e2e", "netns"}
 TESTS = Path(__file__).resolve().parent
-MACHINE_LOCK = Path("/run/lock/nri-cni-tests.lock")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -47,20 +43,6 @@ def pytest_collection_modifyitems(config, items):
         in_dir = Path(str(item.path)).resolve().relative_to(TESTS).parts[0] in INTEGRATION_DIRS
         if in_dir or any(item.get_closest_marker(m) for m in INTEGRATION_MARKERS):
             item.add_marker(pytest.mark.integration)
-
-
-@contextmanager
-def _machine_turn() -> Iterator[None]:
-    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"\n[waiting for {MACHINE_LOCK}: another test run's integration test]", file=sys.stderr)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -73,7 +55,7 @@ def pytest_runtest_protocol(item, nextitem):
     if os.geteuid() != 0 and item.get_closest_marker("integration") is None:
         yield  # the unit subset as nobody: its last test tears down no host state
         return
-    with _machine_turn():
+    with machine_turn():
         yield
 
 

@@ -178,8 +178,22 @@ def assert_true_within_settle(rnode: RecoveryNode, interfaces=("eth0",), allowed
         if not problems:
             return time.monotonic() - t0
         if time.monotonic() - t0 > SETTLE:
-            raise AssertionError(f"still after {SETTLE} s: {problems}\n{rnode.daemon.log_tail(80)}")
+            raise AssertionError(f"still after {SETTLE} s: {problems}\n{_history(rnode, problems)}")
         time.sleep(0.1)
+
+
+def _history(rnode: RecoveryNode, problems: list[str], per_log: int = 60) -> str:
+    """Every line nri-cni's log and the runtime's log have of the pods named in `problems` (the
+    last `per_log` of each): what happened to them since they were created, not only lately."""
+    pods = set(re.findall(r"pod ([0-9a-f]{12})", " ".join(problems)))
+    out = []
+    for name, path in (("nri-cni", rnode.daemon.log_path), ("runtime", rnode.ctd.log_path)):
+        try:
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if any(p in ln for p in pods)]
+        except OSError as exc:
+            lines = [f"(unreadable: {exc})"]
+        out.append(f"---- {name} log, lines of {sorted(pods)} ({path}):\n" + "\n".join(lines[-per_log:]))
+    return "\n".join(out)
 
 
 def assert_pods_reach_each_other(rnode: RecoveryNode, whole: list[RuntimePod]) -> None:

@@ -104,7 +104,12 @@ def test_pods_lists_the_runtimes_pods_after_restarts_and_kills_during_a_churn(rn
 
 
 def _unmount_netns_path(path: str) -> None:
-    subprocess.run(["umount", path], check=True, capture_output=True)
+    done = subprocess.run(["umount", path], capture_output=True, text=True)
+    if done.returncode != 0:
+        mounts = subprocess.run(["findmnt", "-n", path], capture_output=True, text=True).stdout.strip()
+        raise AssertionError(
+            f"umount {path}: exit {done.returncode}: {done.stderr.strip()}; mounted: {mounts!r}"
+        )
     os.unlink(path)
 
 
