@@ -112,6 +112,17 @@ class PodLedger:
             self.pods[pod_id] = dataclasses.replace(pod, ips=())
         self.relisted.discard(pod_id)
 
+    @property
+    def lists(self) -> int:
+        """How many pod lists (Synchronizes) have come: an event's age, told at its arrival."""
+        return self._syncs
+
+    def listed_since(self, pod_id: str, lists: int) -> bool:
+        """A pod list newer than `lists` has the pod: the runtime's newest word, which an older
+        event of the pod (a stop or remove sent before a runtime restart that kept the pod,
+        handled after the new runtime's list) must not undo."""
+        return self._syncs > lists and pod_id in self.pods
+
     def needs_repair(self, pod: PodInfo) -> None:
         self.repair[pod.id] = pod
 

@@ -128,20 +128,25 @@ class PodService:
     async def detach(self, pod: PodInfo, *, stop_event: bool = False) -> None:
         """NRI StopPodSandbox (`stop_event`), the shim's DEL: the first does the work, the
         second finds nothing. A pod whose stop event came gets its remove event too."""
+        lists = self.ledger.lists
         if stop_event:
             self.ledger.stop_events.add(pod.id)
-        await _detached(self._detach(pod))
+        await _detached(self._detach(pod, lists if stop_event else None))
 
     async def remove(self, pod: PodInfo) -> None:
         """NRI RemovePodSandbox: detach again if needed, then forget the pod (but for a DEL
-        that failed: the pod stays reported, broken "del-failed", until GC's DEL succeeds)."""
+        that failed: the pod stays reported, broken "del-failed", until GC's DEL succeeds).
+        An event older than the runtime's newest pod list, which has the pod, changes nothing."""
+        lists = self.ledger.lists
+        kept = False
         try:
-            await _detached(self._detach(pod))
+            kept = not await _detached(self._detach(pod, lists))
         finally:
-            self.ledger.gone(pod.id)
-            self.verifier.forget(pod.id)
-            if not self._del_failed(pod.id):
-                self.health.forget(pod.id)
+            if not kept:
+                self.ledger.gone(pod.id)
+                self.verifier.forget(pod.id)
+                if not self._del_failed(pod.id):
+                    self.health.forget(pod.id)
 
     async def missed(self, pod: PodInfo, why: str) -> None:
         """Native mode: the RunPodSandbox answer for `pod` missed the runtime's deadline, so
@@ -163,8 +168,19 @@ class PodService:
         except NriCniError:
             log.debug("pod %s: removed before its verdict", pod.id)  # no longer listed: nothing to report
 
-    async def _detach(self, pod: PodInfo) -> None:
+    async def _detach(self, pod: PodInfo, lists: int | None = None) -> bool:
+        """Detaches the pod; False (nothing done) for an NRI event older than the runtime's
+        newest pod list when that list has the pod: containerd stopped in a RunPodSandbox sends
+        its stop and remove, then, restarted, lists it READY with its IP (verify makes it true)."""
         async with self.locks.pod(pod.id):
+            if lists is not None and self.ledger.listed_since(pod.id, lists):
+                log.warning(
+                    "pod %s id=%s: its stop or remove came before the runtime's newest pod list, "
+                    "which has it: kept",
+                    pod.label(),
+                    pod.id,
+                )
+                return False
             # under the lock: a verify waiting for it must see the runtime tore the pod down
             self.ledger.detached(pod.id)
             try:
@@ -181,6 +197,7 @@ class PodService:
             # a timer, not a task: nothing waits for it, and `background()` stays what runs
             handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
             self._timers.add(handle)
+        return True
 
     def _never_broken(self, pod_id: str) -> bool:
         health = self.health.get(pod_id)

@@ -104,7 +104,9 @@ def test_pods_lists_the_runtimes_pods_after_restarts_and_kills_during_a_churn(rn
 
 
 def _unmount_netns_path(path: str) -> None:
-    done = subprocess.run(["umount", path], capture_output=True, text=True)
+    # detached (MNT_DETACH), as `ip netns delete` and containerd remove a netns: a plain umount
+    # is refused (EBUSY) while anyone has the path open, nri-cni's verify reading it included
+    done = subprocess.run(["umount", "--lazy", path], capture_output=True, text=True)
     if done.returncode != 0:
         mounts = subprocess.run(["findmnt", "-n", path], capture_output=True, text=True).stdout.strip()
         raise AssertionError(

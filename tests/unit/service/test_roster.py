@@ -240,3 +240,31 @@ def test_a_teardown_no_removal_follows_asks_the_runtime_for_a_fresh_list(tmp_pat
 
     assert asyncio.run(scenario("shim")) == (True, True)
     assert asyncio.run(scenario("native")) == (True, False)
+
+
+def test_a_stop_or_remove_older_than_the_newest_pod_list_that_has_the_pod_changes_nothing(tmp_path):
+    """containerd stopped in the middle of a RunPodSandbox sends the pod's NRI stop and remove
+    as it goes and, restarted, lists the pod READY with its IP. Events that arrived before that
+    list, handled after it (they wait for the pod's lock), neither detach nor forget the pod:
+    the list is the runtime's newest word, and verify makes it true. The same events with no
+    newer list do as always."""
+    daemon = daemon_for(tmp_path, mode="shim")
+    kept, removed = _pod(GONE, "kept", ips=("10.0.0.2",)), _pod(KEPT, "removed")
+
+    async def scenario() -> None:
+        svc = daemon.pods
+        svc.synchronized([kept, removed])
+        await svc.close()
+        for pod in (kept, removed):
+            async with svc.locks.pod(pod.id):  # an operation in flight: the events wait for it
+                stop = asyncio.create_task(svc.detach(pod, stop_event=True))
+                remove = asyncio.create_task(svc.remove(pod))
+                await asyncio.sleep(0.01)  # both arrived
+                if pod is kept:
+                    svc.synchronized([kept])  # the restarted runtime's list, before they run
+            await asyncio.gather(stop, remove)
+        await svc.close()
+
+    asyncio.run(scenario())
+    assert _known(daemon, kept.id) == ["ledger.pods", "report"]  # listed, not stopped: verify's
+    assert _known(daemon, removed.id) == []
