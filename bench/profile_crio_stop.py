@@ -33,7 +33,6 @@ import struct
 import sys
 import threading
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -141,35 +140,18 @@ class StopProfile(CrioBench):
     def crio(self, name, conf_dir, bin_dirs, **kw):
         return super().crio(name, conf_dir, bin_dirs, log_level="debug", **kw)
 
+    clock = staticmethod(time.time)  # lined up with the kernel's and CRI-O's stamps
+
+    def stopped(self, mode: bench_pods.Mode, pod: str, t0: float, t1: float, t2: float) -> None:
+        self.stops.append((mode, pod, t0, t1, t2))
+
     def run(self, modes: list[bench_pods.Mode]) -> None:
+        """bench_pods' alternation, every measured stop kept with its wall-clock stamps."""
         self.procs = ProcEvents()
-        stops: list[tuple[bench_pods.Mode, str, float, float, float]] = []
-        for i in range(self.args.warmup + self.args.pods):
-            order = modes[i % len(modes) :] + modes[: i % len(modes)]
-            measured = i >= self.args.warmup
-            pods = {}
-            for m in order:
-                t0 = time.perf_counter()
-                pods[m.name] = m.ctd.cri.run_pod(
-                    f"{m.name}-{i}-{uuid.uuid4().hex[:6]}", bench_pods.NAMESPACE, str(uuid.uuid4())
-                )
-                if measured:
-                    m.run_ms.append((time.perf_counter() - t0) * 1000)
-                    m.measured_pods.add(pods[m.name])
-            for m in order:
-                m.check(pods[m.name])
-            for m in order:
-                t0 = time.time()
-                m.ctd.cri.stop_pod(pods[m.name])
-                t1 = time.time()
-                m.ctd.cri.remove_pod(pods[m.name])
-                t2 = time.time()
-                if measured:
-                    m.stop_ms.append((t1 - t0) * 1000)
-                    m.remove_ms.append((t2 - t1) * 1000)
-                    stops.append((m, pods[m.name], t0, t1, t2))
+        self.stops: list[tuple[bench_pods.Mode, str, float, float, float]] = []
+        super().run(modes)
         time.sleep(0.2)  # the last events
-        self.steps = self.split(stops)
+        self.steps = self.split(self.stops)
 
     def split(self, stops) -> dict[str, dict[str, list[float]]]:
         modes = list({s[0].name: s[0] for s in stops}.values())
