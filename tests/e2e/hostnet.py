@@ -104,6 +104,13 @@ class BridgeNetwork:
         self.conf_dir = self.tmpdir / "net.d"
         self.ipam_dir = self.tmpdir / "host-local"
         self.conf_dir.mkdir(parents=True)
+        # made here with an address of its own: a bridge the plugin makes takes its ports' lowest
+        # MAC, which changes while the first pods are added at once, and the bridge plugin's
+        # CHECK (CRI-O runs one after every ADD) fails "Bridge interface ... Mac doesn't match"
+        # for a pod whose result still has the old one. A set address never changes.
+        run("ip", "link", "add", "name", self.bridge, "type", "bridge")
+        mac = "02:" + ":".join(secrets.token_hex(1) for _ in range(5))
+        run("ip", "link", "set", self.bridge, "address", mac, "up")
         self._before_nat = nat_lines()
         self._before_nft = nft_tables()
         self._ip_forward = IP_FORWARD.read_text().strip()
