@@ -19,7 +19,6 @@ above, which compare host state before and after a test, only ever see one test'
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -45,16 +44,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
+_ran_integration = False  # this session set up an integration test: its teardown touches the host
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Integration tests take turns with other runs' (setup, call and teardown, the session's
-    own teardown included when it comes last). Unit tests run as any user and need no turn."""
-    if item.get_closest_marker("integration") is None and nextitem is not None:
+    own teardown included when it comes last and an integration test ran before it). Unit tests
+    run as any user and need no turn."""
+    global _ran_integration
+    if item.get_closest_marker("integration") is None and (nextitem is not None or not _ran_integration):
         yield
         return
-    if os.geteuid() != 0 and item.get_closest_marker("integration") is None:
-        yield  # the unit subset as nobody: its last test tears down no host state
-        return
+    _ran_integration = True
     with machine_turn():
         yield
 

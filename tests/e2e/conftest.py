@@ -7,9 +7,11 @@
   plugins, ``start=False`` returns it unstarted). Every instance is cleaned up after the test;
   when the test failed, the tail of its log is printed.
 - ``make_crio(**kwargs)``: the same for a private CRI-O (tests/support/crio.py). Its tests,
-  ``test_crio_*.py``, are collected only where CRI-O is installed; with
-  ``NRI_CNI_CRIO_REPORT=FILE`` the run writes how many of them passed, failed, were skipped or
-  deselected there (.ci/run fails on none run or any skipped).
+  ``test_crio_*.py`` and the ``[crio]`` cases of tests written for both runtimes, are always
+  collected: without CRI-O they fail, unless ``NRI_CNI_NO_CRIO=1`` leaves them out (the run
+  ends with their count). With ``NRI_CNI_CRIO_REPORT=FILE`` the run writes how many each file
+  collected and how many passed, failed, were skipped, deselected or left out (.ci/run fails
+  unless every collected one passed, or they were left out on purpose).
 - ``make_bridge_network(**kwargs)`` / ``bridge_network``: a bridge + host-local + portmap CNI
   conf dir (nctbr0, 10.246.0.0/24 by default) whose host-side traces are removed afterwards.
   Request it BEFORE ``make_containerd`` so that containerd's pods are gone first.
@@ -34,15 +36,23 @@ from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
 from tests.support.cri import CriModules, compile_cri  # noqa: E402
 from tests.support.pause.image import PauseImage, build_pause_image  # noqa: E402
 
-if not crio_support.available():
-    collect_ignore_glob = ["test_crio_*.py"]
 _crio_tally = crio_support.Tally()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if crio_support.is_crio_test(item.nodeid):
             item.add_marker(pytest.mark.crio)
+    out = _crio_tally.collected(items)
+    if out:
+        items[:] = [i for i in items if i not in out]
+        config.hook.pytest_deselected(items=out)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    line = _crio_tally.summary()
+    if line:
+        terminalreporter.write_line(line, yellow=True)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

@@ -2,8 +2,10 @@
 
 The binaries (crio, pinns, copyimg) come from ``$NRI_CNI_DEPS/crio/bin``, where
 .ci/install-deps unpacks them from ``$NRI_CNI_CRIO_DIR`` (default ``../shared/crio``); conmon
-and runc from the system. ``available()`` says whether they are there: the CRI-O tests are
-collected only then.
+and runc from the system. ``available()`` says whether they are there. The CRI-O tests are
+always collected: without CRI-O they fail (``Crio.start`` says why), unless the caller leaves
+them out on purpose with ``NRI_CNI_NO_CRIO=1`` (``left_out()``), and then the run says how
+many it left out.
 
 One instance has everything under its temp dir: config, storage (vfs: no mounts), run dirs,
 namespace pins, NRI plugin dirs, logs; its sockets in a short private dir. The config is a
@@ -73,6 +75,13 @@ def available() -> bool:
     )
 
 
+OPT_OUT = "NRI_CNI_NO_CRIO"  # =1: the caller leaves the CRI-O tests out (a machine without CRI-O)
+
+
+def left_out() -> bool:
+    return os.environ.get(OPT_OUT) == "1"
+
+
 def is_crio_test(nodeid: str) -> bool:
     """test_crio_*.py, and the CRI-O cases of a test written for both runtimes ("[crio]")."""
     return Path(nodeid.split("::", 1)[0]).name.startswith("test_crio_") or "[crio" in nodeid
@@ -80,13 +89,31 @@ def is_crio_test(nodeid: str) -> bool:
 
 class Tally:
     """How the CRI-O tests of a run ended, for .ci/run: written to $NRI_CNI_CRIO_REPORT as
-    JSON (passed, failed, skipped, deselected) when that variable is set."""
+    JSON when that variable is set: whether CRI-O is there, how many CRI-O tests each file
+    collected, how many passed, failed, were skipped or deselected (by -m or -k), and how many
+    the caller left out (NRI_CNI_NO_CRIO=1)."""
 
     def __init__(self) -> None:
-        self.counts = {"passed": 0, "failed": 0, "skipped": 0, "deselected": 0}
+        self.counts = {"passed": 0, "failed": 0, "skipped": 0, "deselected": 0, "left_out": 0}
+        self.files: dict[str, int] = {}
+        self._left_out: set[str] = set()
+
+    def collected(self, items: Any) -> list[Any]:
+        """Counts the CRI-O tests among `items`; returns those the caller leaves out."""
+        crio = [i for i in items if is_crio_test(i.nodeid)]
+        for item in crio:
+            name = Path(item.nodeid.split("::", 1)[0]).name
+            self.files[name] = self.files.get(name, 0) + 1
+        if not left_out():
+            return []
+        self._left_out = {i.nodeid for i in crio}
+        self.counts["left_out"] = len(crio)
+        return crio
 
     def deselected(self, items: Any) -> None:
-        self.counts["deselected"] += sum(1 for i in items if is_crio_test(i.nodeid))
+        self.counts["deselected"] += sum(
+            1 for i in items if is_crio_test(i.nodeid) and i.nodeid not in self._left_out
+        )
 
     def report(self, report: Any) -> None:
         if not is_crio_test(report.nodeid):
@@ -98,10 +125,17 @@ class Tally:
         elif report.when == "call":
             self.counts["passed"] += 1
 
+    def summary(self) -> str | None:
+        """The line a run that left the CRI-O tests out ends with."""
+        if not self.counts["left_out"]:
+            return None
+        return f"{OPT_OUT}=1: {self.counts['left_out']} CRI-O test(s) left out, not run"
+
     def write(self) -> None:
         path = os.environ.get("NRI_CNI_CRIO_REPORT")
         if path:
-            Path(path).write_text(json.dumps({"available": available(), **self.counts}) + "\n")
+            report = {"available": available(), "collected": sum(self.files.values()), "files": self.files}
+            Path(path).write_text(json.dumps({**report, **self.counts}) + "\n")
 
 
 def install_shim_conflist(conf_dir: Path, daemon_socket: str) -> None:
@@ -334,7 +368,10 @@ class Crio(RuntimeProcess):
         if self.running:
             raise CrioError("already running")
         if not available():
-            raise CrioError(f"no CRI-O in {bin_dir()} (or no conmon): run .ci/install-deps")
+            raise CrioError(
+                f"no CRI-O in {bin_dir()} (or no conmon): run .ci/install-deps with CRI-O in "
+                f"$NRI_CNI_CRIO_DIR (default ../shared/crio), or set {OPT_OUT}=1 to leave the CRI-O tests out"
+            )
         self.write_config()
         if not self._image_imported:
             self.import_pause()

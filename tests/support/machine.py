@@ -21,6 +21,7 @@ MACHINE_LOCK = Path("/run/lock/nri-cni-tests.lock")
 @contextmanager
 def machine_turn(who: str = "test") -> Iterator[None]:
     """Holds the machine-wide lock; says once on stderr when it has to wait for it."""
+    MACHINE_LOCK.parent.mkdir(parents=True, exist_ok=True)  # a fresh /run has no lock dir yet
     fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

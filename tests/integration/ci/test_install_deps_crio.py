@@ -1,6 +1,7 @@
 """.ci/install-deps and CRI-O: the three binaries from $NRI_CNI_CRIO_DIR, unpacked into the deps
 prefix only when their checksums match SHA256SUMS; a folder without SHA256SUMS named on purpose
-is an error, none at the default place means no CRI-O (its tests are not collected)."""
+is an error, and so is none at the default place, unless NRI_CNI_NO_CRIO=1 leaves the CRI-O
+tests out on purpose."""
 
 from __future__ import annotations
 
@@ -72,8 +73,10 @@ def test_a_named_folder_without_checksums_is_an_error(tmp_path):
     assert out.returncode == 1 and "has no SHA256SUMS" in out.stderr
 
 
-def test_no_crio_at_the_default_place_is_said_in_one_line(tmp_path):
-    """A checkout whose ../shared/crio does not exist: no CRI-O, said once, and no failure."""
+@pytest.mark.parametrize("opt_out", [False, True])
+def test_no_crio_at_the_default_place_fails_unless_left_out_on_purpose(tmp_path, opt_out):
+    """A checkout whose ../shared/crio does not exist: a failure that says what to do; with
+    NRI_CNI_NO_CRIO=1 (the control case) no failure, and one line saying the tests are left out."""
     ci = tmp_path / "repo" / ".ci"
     ci.mkdir(parents=True)
     for name in ("install-deps", "apt-archive-uri"):
@@ -83,10 +86,19 @@ def test_no_crio_at_the_default_place_is_said_in_one_line(tmp_path):
     (prefix / "root").symlink_to(DEPS / "root")
     (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NRI_CNI_DEPS": str(prefix)}
+    if opt_out:
+        env["NRI_CNI_NO_CRIO"] = "1"
     out = subprocess.run(
         ["bash", str(ci / "install-deps")], env=env, capture_output=True, text=True, timeout=120
     )
+    if not opt_out:
+        assert out.returncode == 1, out.stdout
+        assert out.stderr.strip().splitlines()[-1] == (
+            f"install-deps: no CRI-O: {tmp_path / 'repo'}/../shared/crio has no SHA256SUMS "
+            "(set NRI_CNI_CRIO_DIR, or NRI_CNI_NO_CRIO=1 to leave the CRI-O tests out)"
+        )
+        return
     assert out.returncode == 0, out.stderr
     assert [ln for ln in out.stdout.splitlines() if "crio" in ln] == [
-        f"  crio: none ({tmp_path / 'repo'}/../shared/crio has no SHA256SUMS): the CRI-O tests are not collected"
+        "  crio: none (NRI_CNI_NO_CRIO=1): the CRI-O tests are left out"
     ]

@@ -41,12 +41,17 @@ def node(tmp_path, monkeypatch):
 
 @pytest.fixture
 def stand_in():
-    """Processes whose command line looks like containerd's or nri-cni's (what pid_of checks)."""
+    """Processes whose command line looks like containerd's or nri-cni's (what pid_of checks).
+    A stand-in is handed out once it runs its own code: Popen returns as soon as the exec began,
+    and until the kernel has laid out the new program's arguments its /proc cmdline is empty."""
     procs = []
 
     def start(*marker: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *marker])
+        code = "import os, time; os.write(1, b'up'); os.close(1); time.sleep(60)"
+        proc = subprocess.Popen([sys.executable, "-c", code, *marker], stdout=subprocess.PIPE)
         procs.append(proc)
+        assert proc.stdout.read() == b"up"  # its own words, then EOF: it runs its own code
+        proc.stdout.close()
         return proc
 
     yield start

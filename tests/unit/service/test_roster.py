@@ -10,6 +10,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon, build_daemon
@@ -42,7 +44,8 @@ def daemon_for(tmp_path: Path, **extra) -> Daemon:
 
 
 def _pod(pod_id: str, name: str, **kw) -> PodInfo:
-    return PodInfo(pod_id, name=name, namespace="ncver", netns=f"/run/netns/ncver-{name}", **kw)
+    kw.setdefault("netns", f"/run/netns/ncver-{name}")
+    return PodInfo(pod_id, name=name, namespace="ncver", **kw)
 
 
 def _known(daemon: Daemon, pod_id: str) -> list[str]:
@@ -97,9 +100,17 @@ def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
     asyncio.run(scenario())
 
 
-def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_holds(tmp_path):
+@pytest.mark.parametrize("netns", ["gone", "there"])
+def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_holds(tmp_path, netns):
+    """An attached pod the runtime does not list: while the netns path the runtime gave still
+    exists it is held (valid within the grace: the control case), once that path is gone GC
+    DELs it. Both paths lie in a directory of the test's own, so that `netns_gone` can tell,
+    whatever the machine has under /run/netns."""
     daemon = daemon_for(tmp_path)
-    kept, held = _pod(KEPT, "kept"), _pod(HELD, "held")
+    (tmp_path / "netns").mkdir()
+    if netns == "there":
+        (tmp_path / "netns" / "held").write_text("")
+    kept, held = _pod(KEPT, "kept"), _pod(HELD, "held", netns=str(tmp_path / "netns" / "held"))
 
     async def scenario():
         svc = daemon.pods
@@ -109,7 +120,7 @@ def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_h
         svc.ledger.seen(held)
         svc.health.broken(held.id, BrokenCode.REPAIR_FAILED, "ADD failed 3 times")
         svc.ledger.pods.pop(held.id)
-        # an attachment of a pod the runtime does not list, its netns still there: held
+        # an attachment of a pod the runtime does not list (its cached netns exists)
         svc.plan.cni.cache.write(
             CacheEntry(
                 container_id=held.id,
@@ -120,16 +131,19 @@ def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_h
                 cni_args=held.cni_args(),
             )
         )
-        svc.ledger.attached(held)  # not listed yet: GC leaves it (ledger.py)
+        svc.ledger.attached(held)  # not listed yet: valid while its netns path exists (ledger.py)
         report = await svc.gc("test")
         assert report["deleted"] == [], report
-        # its stale verdict (repair-failed) is gone; what GC could not DEL of it (the cached
-        # config is no list) is named instead, with the error: del-failed
         health = svc.health.get(held.id)
-        assert health is not None and health.code is BrokenCode.DEL_FAILED, health
-        assert "config list has no string 'name'" in health.reason
         rows = {p["id"]: (p["state"], p["listed"], p["name"]) for p in daemon.reports.pods()}
         assert rows == {kept.id: ("ready", True, "kept"), held.id: ("unlisted", False, "held")}
+        # its stale verdict (repair-failed) is gone either way
+        if netns == "there":
+            assert health is None, health  # held: GC tried no DEL
+            return
+        # what GC could not DEL of it (the cached config is no list) is named, with the error
+        assert health is not None and health.code is BrokenCode.DEL_FAILED, health
+        assert "config list has no string 'name'" in health.reason
 
     asyncio.run(scenario())
 
