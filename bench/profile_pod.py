@@ -52,31 +52,56 @@ from nri_cni.ttrpc import framing  # noqa: E402
 from tests.support.crio import available as crio_available  # noqa: E402
 
 POD_ID = re.compile(rb"[0-9a-f]{64}")
-NRI_METHODS = (b"RunPodSandbox", b"StopPodSandbox", b"RemovePodSandbox", b"StateChange")
+REQUEST, RESPONSE = 1, 2  # ttrpc message types
 
 
-def nri_request(chunk: bytes) -> str:
-    """The pod event an NRI request carries ("RunPodSandbox", or StateChange's event by name,
-    as containerd 2.1 and CRI-O send them): the mux frame, ttrpc's, then its Request."""
-    with contextlib.suppress(Exception):  # not one whole request: named by the bytes below
-        _conn, length = mux.HEADER.unpack_from(chunk)
-        body = chunk[mux.HEADER.size : mux.HEADER.size + length]
-        req = ttrpc_pb2.Request.FromString(body[framing.HEADER_SIZE :])
-        if req.method != "StateChange":
-            return req.method
-        event = nri_pb2.StateChangeEvent.FromString(req.payload).event
-        return "".join(w.capitalize() for w in nri_pb2.Event.Name(event).split("_"))
-    return next((m.decode() for m in NRI_METHODS if m in chunk), "")
+def nri_request(body: bytes) -> str:
+    """The pod event a ttrpc Request carries: its method, or a StateChange's event by name (as
+    containerd 2.1 sends them), e.g. "RunPodSandbox"."""
+    req = ttrpc_pb2.Request.FromString(body)
+    if req.method != "StateChange":
+        return req.method
+    event = nri_pb2.StateChangeEvent.FromString(req.payload).event
+    return "".join(w.capitalize() for w in nri_pb2.Event.Name(event).split("_"))
+
+
+class Frames:
+    """One direction of the NRI socket: its mux chunks, and in each mux connection its ttrpc
+    messages, whole (header: length, stream id, type, flags)."""
+
+    def __init__(self) -> None:
+        self.raw = b""
+        self.conns: dict[int, bytes] = {}
+
+    def feed(self, chunk: bytes) -> list[tuple[int, int, int, bytes]]:
+        """The whole messages `chunk` completes: (mux conn, stream id, type, body)."""
+        self.raw += chunk
+        out = []
+        while len(self.raw) >= mux.HEADER_SIZE:
+            conn, length = mux.HEADER.unpack_from(self.raw)
+            if len(self.raw) < mux.HEADER_SIZE + length:
+                break
+            data = self.conns.get(conn, b"") + self.raw[mux.HEADER_SIZE : mux.HEADER_SIZE + length]
+            self.raw = self.raw[mux.HEADER_SIZE + length :]
+            while len(data) >= framing.HEADER_SIZE:
+                size, stream, kind, _flags = framing.HEADER.unpack_from(data)
+                if len(data) < framing.HEADER_SIZE + size:
+                    break
+                out.append((conn, stream, kind, data[framing.HEADER_SIZE : framing.HEADER_SIZE + size]))
+                data = data[framing.HEADER_SIZE + size :]
+            self.conns[conn] = data
+        return out
 
 
 class NriTap:
     """A unix socket in front of the runtime's NRI socket: every connection is passed on; each
-    chunk the runtime sends that names a pod is stamped with the next chunk sent back."""
+    request of the runtime's that names a pod is stamped when it passed, and so is nri-cni's
+    response of the same mux connection and ttrpc stream."""
 
     def __init__(self, upstream: str, path: str) -> None:
         self.upstream, self.path = upstream, path
         self.events: list[tuple[float, float, str, set[str]]] = []  # (sent, answered, method, pods)
-        self._open: list[tuple[float, str, set[str]]] = []
+        self._open: dict[tuple[int, int, int], tuple[float, str, set[str]]] = {}
         self._lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(path)
@@ -84,35 +109,41 @@ class NriTap:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
+        n = 0
         while True:
             try:
                 down, _ = self.server.accept()
             except OSError:
                 return  # closed
+            n += 1
             up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             up.connect(self.upstream)
-            threading.Thread(target=self._pump, args=(up, down, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(down, up, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down, n, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(down, up, n, False), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, from_runtime: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: int, from_runtime: bool) -> None:
+        frames = Frames()
         with contextlib.suppress(OSError):
             while chunk := src.recv(1 << 16):
                 now = time.time()
                 dst.sendall(chunk)
-                self._seen(now, chunk, from_runtime)
+                for conn, stream, kind, body in frames.feed(chunk):
+                    self._seen(now, (link, conn, stream), kind, body, from_runtime)
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
-    def _seen(self, now: float, chunk: bytes, from_runtime: bool) -> None:
+    def _seen(
+        self, now: float, key: tuple[int, int, int], kind: int, body: bytes, from_runtime: bool
+    ) -> None:
         with self._lock:
-            if from_runtime:
-                pods = {p.decode() for p in POD_ID.findall(chunk)}
-                method = nri_request(chunk) if pods else ""
-                if pods and method:
-                    self._open.append((now, method, pods))
-            elif self._open:
-                sent, method, pods = self._open.pop(0)
+            if from_runtime and kind == REQUEST:
+                pods = {p.decode() for p in POD_ID.findall(body)}
+                if pods:
+                    with contextlib.suppress(Exception):  # not a request of NRI's: not a pod event
+                        self._open[key] = (now, nri_request(body), pods)
+            elif not from_runtime and kind == RESPONSE and key in self._open:
+                sent, method, pods = self._open.pop(key)
                 self.events.append((sent, now, method, pods))
 
     def close(self) -> None:
