@@ -265,7 +265,7 @@ def run_pods(size: dict) -> list[Row]:
             )
         )
     native = p1["modes"]["native"]["run"]["median"]
-    why = f"{own(p1['modes']['shim'])}; the rest is the shim's exec and socket round trip"
+    why = f"{own(p1['modes']['shim'])}; bench/profile_pod.py's timeline names the steps of the rest"
     rows.append(
         Row(
             "pod creation, shim vs containerd's own CNI (RunPodSandbox median)",
