@@ -114,6 +114,7 @@ class Mode:
     ipam_dirs: list[Path] = field(default_factory=list)
     daemon: NriCni | None = None  # the nri-cni daemon of this instance, if any
     measured_pods: set[str] = field(default_factory=set)
+    run_order: list[str] = field(default_factory=list)  # the measured pods, as run_ms has them
 
     def check(self, pod: str) -> None:
         st = self.ctd.cri.pod_status(pod)
@@ -228,12 +229,18 @@ class Bench:
         if daemon.pods():
             raise RuntimeError(f"nri-cni still lists pods: {daemon.pods()}")
 
-    # the stop and remove stamps' clock; a profile that lines them up with other witnesses
-    # (the kernel's process events, runtime logs) uses the wall clock
+    # the CRI calls' stamps' clock; a profile that lines them up with other witnesses (the
+    # kernel's process events, runtime logs) uses the wall clock
     clock = staticmethod(time.perf_counter)
+
+    def ran(self, mode: Mode, pod: str, t0: float, t1: float) -> None:
+        """A measured pod's RunPodSandbox ran from t0 to t1."""
 
     def stopped(self, mode: Mode, pod: str, t0: float, t1: float, t2: float) -> None:
         """A measured pod's StopPodSandbox ran from t0 to t1 and its RemovePodSandbox to t2."""
+
+    def created(self, mode: Mode, pod: str, measured: bool) -> None:
+        """A pod was created and checked (outside the timing), before any pod is stopped."""
 
     def run(self, modes: list[Mode]) -> None:
         n = self.args.warmup + self.args.pods
@@ -253,13 +260,17 @@ class Bench:
                         }
                     ]
                 name = f"{m.name}-{i}-{uuid.uuid4().hex[:6]}"
-                t0 = time.perf_counter()
+                t0 = self.clock()
                 pods[m.name] = m.ctd.cri.run_pod(name, NAMESPACE, str(uuid.uuid4()), port_mappings=ports)
+                t1 = self.clock()
                 if measured:
-                    m.run_ms.append((time.perf_counter() - t0) * 1000)
+                    m.run_ms.append((t1 - t0) * 1000)
+                    self.ran(m, pods[m.name], t0, t1)
                     m.measured_pods.add(pods[m.name])
+                    m.run_order.append(pods[m.name])
             for m in order:
                 m.check(pods[m.name])
+                self.created(m, pods[m.name], measured)
             for m in order:
                 t0 = self.clock()
                 m.ctd.cri.stop_pod(pods[m.name])

@@ -48,6 +48,7 @@ NETLINK_CONNECTOR, CN_IDX_PROC, PROC_CN_MCAST_LISTEN = 11, 1, 1
 FORK, EXEC, EXIT = 0x1, 0x2, 0x80000000
 STOP_REQUEST = re.compile(r'StopPodSandboxRequest: pod_sandbox_id:\\"([0-9a-f]{64})')
 REQUEST_ID = re.compile(r" id=([0-9a-f-]{36}) ")
+CNI_COMMAND = re.compile(rb"(?:^|\0)CNI_COMMAND=([A-Z]+)")
 
 
 class ProcEvents:
@@ -63,6 +64,7 @@ class ProcEvents:
         self.parent: dict[int, int] = {}
         self.forked: dict[int, float] = {}
         self.exe: dict[int, tuple[float, str]] = {}
+        self.cni_command: dict[int, str] = {}  # a CNI plugin's CNI_COMMAND (ADD, CHECK, DEL)
         self.leader_exit: dict[int, float] = {}
         self.last_exit: dict[int, float] = {}  # the last thread of the process
         threading.Thread(target=self._listen, daemon=True).start()
@@ -85,10 +87,12 @@ class ProcEvents:
                         self.parent[tgid], self.forked[tgid] = ptgid, at
                 elif what == EXEC:
                     _pid, tgid = struct.unpack_from("=II", ev, 16)
-                    try:
+                    name = "?"  # gone before it was read
+                    with contextlib.suppress(OSError):
                         name = os.path.basename(os.readlink(f"/proc/{tgid}/exe"))
-                    except OSError:
-                        name = "?"  # gone already
+                        verb = CNI_COMMAND.search(Path(f"/proc/{tgid}/environ").read_bytes())
+                        if verb:
+                            self.cni_command[tgid] = verb.group(1).decode()
                     self.exe[tgid] = (at, name)
                 elif what == EXIT:
                     pid, tgid = struct.unpack_from("=II", ev, 16)

@@ -1,0 +1,120 @@
+"""The benches' goals live in bench/goals.py: the docs' goal tables, the published table's goal
+column and the prose agree with it, and `python -m bench --strict` fails on a row that was not
+measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import goals
+from bench.__main__ import Row, published
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("doc", goals.DOCS)
+def test_the_docs_take_their_goals_from_the_table(doc):
+    assert goals.disagreements((ROOT / doc).read_text()) == []
+
+
+@pytest.mark.parametrize("doc", goals.DOCS)
+def test_a_goal_changed_in_a_doc_is_found(doc):
+    text = (ROOT / doc).read_text()
+    line = f"| `creation` | {goals.GOALS['creation'].about} | <= 1.03 |"
+    assert line in text  # the control: the same doc with this one goal changed
+    found = goals.disagreements(text.replace(line, line.replace("<= 1.03", "<= 1.10")))
+    assert found == ["its goal section is not bench/goals.py's table (python -m bench --write-goals)"]
+
+
+def _doc(rows: list[Row]) -> str:
+    section = published("python -m bench --full: 2026-11-29", rows, "", "up 1 min", "up 9 min")
+    return (
+        "# Performance\n\n"
+        + goals.BEGIN
+        + "\n"
+        + goals.markdown()
+        + "\n"
+        + goals.END
+        + "\n\n"
+        + section
+        + "\n"
+    )
+
+
+def _row(figure: str, key: str, met: str) -> Row:
+    return Row(figure, "1 ms", "1 ms", "1.000", key, met, load="0.1/0.2")
+
+
+ROWS = [_row("pod creation", "creation", "yes"), _row("CRI-O secondary", "-", "-"), _row("gc", "gc", "NO")]
+
+
+def test_a_published_table_agrees_with_the_goals_of_its_rows():
+    assert goals.disagreements(_doc(ROWS)) == []
+
+
+def test_a_published_row_with_another_goal_is_found():
+    doc = _doc(ROWS).replace(
+        "| pod creation | 1 ms | 1 ms | 1.000 | <= 1.03 |", "| pod creation | 1 ms | 1 ms | 1.000 | <= 1.10 |"
+    )
+    assert goals.disagreements(doc) == [
+        "published row 'pod creation': goal '<= 1.10', bench/goals.py: '<= 1.03' (creation)"
+    ]
+
+
+def test_a_published_table_without_its_goal_keys_is_found():
+    doc = _doc(ROWS)
+    start = doc.index("<!-- goal keys:")
+    doc = doc[:start] + doc[doc.index("-->", start) + 3 :]
+    assert goals.disagreements(doc) == ["the published table has 3 rows and 0 goal keys"]
+
+
+@pytest.mark.parametrize(
+    ("prose", "found"),
+    [
+        ("the shim's ratio (goal `creation`) is measured", False),  # named by its key
+        ("the shim's ratio (goal **<= 1.10**) is measured", True),
+        ("Target **< 0.3 ms**.", True),
+        ("churn goes on (goal < 40 MiB)", True),
+        ("ratio 1.09 / 1.15, not a goal.", False),
+    ],
+)
+def test_a_goal_stated_in_prose_is_found(prose, found):
+    doc = _doc(ROWS) + "\n" + prose + "\n"
+    assert bool(goals.disagreements(doc)) is found
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "verdict"),
+    [
+        ("creation", 1.03, "yes"),
+        ("creation", 1.031, "NO"),
+        ("creation", None, "not measured"),
+        ("gc", 2.5, "yes"),
+        ("gc", 2.49, "NO"),
+        ("verify", 0.999, "yes"),
+        ("verify", 1.0, "NO"),
+        ("crio_creation_records", 1.5, "-"),  # compares different work: no goal
+        ("crio_creation_records", None, "-"),
+    ],
+)
+def test_a_rows_verdict(key, value, verdict):
+    assert goals.met(key, value) == verdict
+
+
+@pytest.mark.parametrize(
+    ("met", "fails"),
+    [
+        ("yes", False),
+        ("-", False),
+        ("NO", True),
+        ("FAILED", True),
+        ("not measured", True),
+        ("not measured: no verify", True),
+    ],
+)
+def test_strict_fails_on_a_goal_missed_failed_or_not_measured(met, fails):
+    assert goals.strict_failures([("a figure", "yes"), ("the figure", met)]) == (
+        ["the figure"] if fails else []
+    )
