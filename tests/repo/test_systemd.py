@@ -49,7 +49,15 @@ def verify(text: str, tmp_path: Path) -> list[str]:
     assert EXEC_BINARY in text
     unit = tmp_path / "nri-cni.service"
     unit.write_text(text.replace(EXEC_BINARY, str(fake)))
-    run = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    # verify starts a system manager, which needs a /run/systemd it may create: it gets a /run
+    # of its own (a user and mount namespace), whoever runs the test and whatever /run holds
+    private_run = 'mount -t tmpfs nri-cni-test /run && exec systemd-analyze verify "$0"'
+    run = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c", private_run, str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = (run.stdout + run.stderr).splitlines()
     # Units the file pulls in (containerd.service, ...) may have complaints of their own.
     mine = [line for line in lines if "nri-cni.service" in line or str(tmp_path) in line]
