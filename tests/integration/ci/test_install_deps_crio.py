@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,12 +33,18 @@ def crio_dir(tmp_path: Path, *, corrupt: str = "") -> Path:
     return d
 
 
+def link_installed(prefix: Path) -> None:
+    """The sid parts and libcni's driver as they are installed: only CRI-O is new here."""
+    (prefix / "root").symlink_to(DEPS / "root")
+    (prefix / "bench-go").symlink_to(DEPS / "bench-go")
+    (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
+
+
 def install_deps(tmp_path: Path, crio: Path | None) -> subprocess.CompletedProcess[str]:
     prefix = tmp_path / "deps"
     prefix.mkdir(exist_ok=True)
     if not (prefix / "root").exists():  # the sid parts as they are: only CRI-O is new here
-        (prefix / "root").symlink_to(DEPS / "root")
-        (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
+        link_installed(prefix)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NRI_CNI_DEPS": str(prefix)}
     if crio is not None:
         env["NRI_CNI_CRIO_DIR"] = str(crio)
@@ -78,15 +85,18 @@ def test_no_crio_at_the_default_place_is_said_in_one_line(tmp_path):
     ci.mkdir(parents=True)
     for name in ("install-deps", "apt-archive-uri"):
         (ci / name).write_text((ROOT / ".ci" / name).read_text())
+    bench = tmp_path / "repo" / "bench"  # libcni's driver: found installed, by its source's hash
+    bench.mkdir()
+    shutil.copy(ROOT / "bench" / "go-toolchain.sh", bench)
+    shutil.copytree(ROOT / "bench" / "libcni-driver", bench / "libcni-driver")
     prefix = tmp_path / "deps"
     prefix.mkdir()
-    (prefix / "root").symlink_to(DEPS / "root")
-    (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
+    link_installed(prefix)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NRI_CNI_DEPS": str(prefix)}
     out = subprocess.run(
         ["bash", str(ci / "install-deps")], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert [ln for ln in out.stdout.splitlines() if "crio" in ln] == [
+    assert [ln for ln in out.stdout.splitlines() if ln.startswith("  crio")] == [
         f"  crio: none ({tmp_path / 'repo'}/../shared/crio has no SHA256SUMS): the CRI-O tests are not collected"
     ]
