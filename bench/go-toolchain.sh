@@ -5,12 +5,15 @@
 # machine's apt already uses) and unpacked with dpkg-deb -x into $PREFIX: the system's package
 # database is not touched. GOPATH mode over /usr/share/gocode, so no module is downloaded.
 # Prints the driver's path last; exits non-zero (with the reason on stderr) when Go cannot be had.
-#   usage: bench/go-toolchain.sh [OUT]     (default: $PREFIX/libcni-driver)
+#   usage: bench/go-toolchain.sh [OUT]     (built when absent; default: $PREFIX/libcni-driver-<hash
+#   of its source>)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 DEPS=${NRI_CNI_DEPS:-/opt/nri-cni-deps}
 PREFIX=${NRI_CNI_BENCH_GO:-$DEPS/bench-go}
-OUT=${1:-$PREFIX/libcni-driver}
+# named after its source: worktrees with different drivers share $PREFIX without overwriting
+SRC_ID=$(cat "$HERE"/libcni-driver/*.go | sha256sum | cut -c1-12)
+OUT=${1:-$PREFIX/libcni-driver-$SRC_ID}
 SUITE=${NRI_CNI_BENCH_GO_SUITE:-sid}   # bookworm's Go (1.19) is older than libcni 1.3.0 wants
 APTDIR=$PREFIX/apt
 ROOT=$PREFIX/root
@@ -48,14 +51,16 @@ GOROOT=$(goroot)
 
 # GOPATH layout: Debian's gocode tree plus the driver, both read-only for the build.
 GOPATH=$PREFIX/gopath
+SRC=$GOPATH/src/nri-cni-bench/libcni-driver-$SRC_ID
 mkdir -p "$GOPATH/src/nri-cni-bench"
 ln -sfn "$ROOT/usr/share/gocode/src/github.com" "$GOPATH/src/github.com"
-rm -rf "$GOPATH/src/nri-cni-bench/libcni-driver"
-cp -r "$HERE/libcni-driver" "$GOPATH/src/nri-cni-bench/libcni-driver"
-if [ ! -x "$OUT" ] || [ "$HERE/libcni-driver/main.go" -nt "$OUT" ]; then
+if [ ! -x "$OUT" ]; then
+  rm -rf "$SRC"
+  cp -r "$HERE/libcni-driver" "$SRC"
   log "building with $("$GOROOT/bin/go" version 2>/dev/null | awk '{print $3}')"
-  ( cd "$GOPATH/src/nri-cni-bench/libcni-driver" &&
+  ( cd "$SRC" &&
     env -u GOFLAGS GOROOT="$GOROOT" GOPATH="$GOPATH" GO111MODULE=off GOPROXY=off GOTOOLCHAIN=local \
-      GOCACHE="$PREFIX/gocache" CGO_ENABLED=0 "$GOROOT/bin/go" build -o "$OUT" . )
+      GOCACHE="$PREFIX/gocache" CGO_ENABLED=0 "$GOROOT/bin/go" build -o "$OUT.tmp$$" . )
+  mv -f "$OUT.tmp$$" "$OUT"  # whole, or not at all, for a build beside it
 fi
 echo "$OUT"

@@ -12,7 +12,14 @@
 //	{"op":"del", ...the same fields as add...}                   -> {"ok":true,"ns":123}
 //	{"op":"gc","list":"real","valid":[{"containerID":"..","ifname":"eth0"}]}
 //	                                                              -> {"ok":true,"ns":123}
+//	{"op":"cached", ...the fields of del...}   -> {"ok":true,"result":{..},"config":"<base64>"}
+//	                                              (libcni's view of the cache entry, whoever wrote it)
+//	{"op":"convert","result":{..},"version":"1.0.0"}             -> {"ok":true,"result":{..}}
+//	                                              (a plugin's result as libcni converts it)
 //	any failure                                                   -> {"ok":false,"error":".."}
+//
+// add also answers with the result libcni returned. The tests use the last two ops as oracles
+// (tests/integration/cni/test_libcni_oracle.py).
 //
 // Flags: -path DIR[:DIR] (plugin dirs), -cache-dir DIR (libcni's cache, this driver's own).
 package main
@@ -29,6 +36,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/types/create"
 )
 
 type request struct {
@@ -41,12 +49,16 @@ type request struct {
 	Args        [][2]string            `json:"args"`
 	Caps        map[string]interface{} `json:"caps"`
 	Valid       []types.GCAttachment   `json:"valid"`
+	Result      json.RawMessage        `json:"result"`
+	Version     string                 `json:"version"`
 }
 
 type answer struct {
-	OK    bool   `json:"ok"`
-	NS    int64  `json:"ns,omitempty"`
-	Error string `json:"error,omitempty"`
+	OK     bool            `json:"ok"`
+	NS     int64           `json:"ns,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Config []byte          `json:"config,omitempty"`
 }
 
 func main() {
@@ -68,8 +80,8 @@ func main() {
 		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
 			ans.Error = "bad request: " + err.Error()
 		} else {
-			ns, err := serve(cni, lists, &req)
-			ans.OK, ans.NS = err == nil, ns
+			err := serve(cni, lists, &req, &ans)
+			ans.OK = err == nil
 			if err != nil {
 				ans.Error = err.Error()
 			}
@@ -80,18 +92,25 @@ func main() {
 	}
 }
 
-func serve(cni *libcni.CNIConfig, lists map[string]*libcni.NetworkConfigList, req *request) (int64, error) {
-	if req.Op == "load" {
+func serve(cni *libcni.CNIConfig, lists map[string]*libcni.NetworkConfigList, req *request, ans *answer) error {
+	switch req.Op {
+	case "load":
 		list, err := libcni.ConfListFromBytes(req.Conflist)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		lists[req.List] = list
-		return 0, nil
+		return nil
+	case "convert":
+		res, err := create.CreateFromBytes(req.Result)
+		if err != nil {
+			return err
+		}
+		return putResult(ans, res, req.Version)
 	}
 	list, ok := lists[req.List]
 	if !ok {
-		return 0, fmt.Errorf("no list %q loaded", req.List)
+		return fmt.Errorf("no list %q loaded", req.List)
 	}
 	rt := &libcni.RuntimeConf{
 		ContainerID:    req.ContainerID,
@@ -100,18 +119,50 @@ func serve(cni *libcni.CNIConfig, lists map[string]*libcni.NetworkConfigList, re
 		Args:           req.Args,
 		CapabilityArgs: req.Caps,
 	}
+	if req.Op == "cached" {
+		res, err := cni.GetNetworkListCachedResult(list, rt)
+		if err != nil {
+			return err
+		}
+		if ans.Config, _, err = cni.GetNetworkListCachedConfig(list, rt); err != nil {
+			return err
+		}
+		return putResult(ans, res, "")
+	}
 	ctx := context.Background()
 	var err error
+	var res types.Result
 	t0 := time.Now()
 	switch req.Op {
 	case "add":
-		_, err = cni.AddNetworkList(ctx, list, rt)
+		res, err = cni.AddNetworkList(ctx, list, rt)
 	case "del":
 		err = cni.DelNetworkList(ctx, list, rt)
 	case "gc":
 		err = cni.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: req.Valid})
 	default:
-		return 0, fmt.Errorf("unknown op %q", req.Op)
+		return fmt.Errorf("unknown op %q", req.Op)
 	}
-	return time.Since(t0).Nanoseconds(), err
+	ans.NS = time.Since(t0).Nanoseconds()
+	if err == nil && res != nil {
+		err = putResult(ans, res, "")
+	}
+	return err
+}
+
+// putResult sets the answer's result: res (converted to version, unless that is "") as
+// encoding/json marshals it.
+func putResult(ans *answer, res types.Result, version string) error {
+	if res == nil {
+		return nil
+	}
+	if version != "" {
+		var err error
+		if res, err = res.GetAsVersion(version); err != nil {
+			return err
+		}
+	}
+	raw, err := json.Marshal(res)
+	ans.Result = raw
+	return err
 }

@@ -52,7 +52,23 @@ def _b64(config: bytes) -> str:
 
 
 def _result_tail(result: dict[str, Any] | None) -> str:
-    return f',"result":{_go_json(result)}}}' if result else "}"
+    return f',"result":{_go_json(_as_float64(result))}}}' if result else "}"
+
+
+_EXACT = 1 << 53  # float64 holds every integer below this
+
+
+def _as_float64(value: Any) -> Any:
+    """A result's numbers as libcni writes them: it decodes the result into a Go map, so every
+    number passes through a float64 (9007199254740993 is written 9007199254740992)."""
+    if isinstance(value, dict):
+        return {k: _as_float64(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_float64(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -_EXACT < value < _EXACT:
+        rounded = float(value)
+        return int(rounded) if abs(rounded) < 1e21 else rounded  # Go's exponent form from 1e21
+    return value
 
 
 class CorruptEntry(ValueError):

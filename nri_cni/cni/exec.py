@@ -22,7 +22,8 @@ import os
 import stat
 from collections.abc import Iterable
 
-from nri_cni.cni.exec_errors import excerpt, failure
+from nri_cni.cni.exec_errors import Ended, PluginOutput, excerpt, outcome
+from nri_cni.cni.executor import check_name
 from nri_cni.cni.plugin_process import STDERR_TAIL, ChildRun
 from nri_cni.errors import PluginNotRun, PluginRef, PluginTimeout
 from nri_cni.safety import files
@@ -33,12 +34,6 @@ __all__ = ["STDERR_TAIL", "PluginExecutor", "PluginOutput", "excerpt"]
 log = logging.getLogger(__name__)
 
 ETXTBSY_RETRIES = 5  # libcni retries "text file busy" 5 times (1 s apart; we back off faster)
-
-
-class PluginOutput(bytes):
-    """A plugin's stdout, with the tail of its stderr for messages about bad output."""
-
-    stderr: bytes = b""
 
 
 class PluginExecutor:
@@ -56,8 +51,7 @@ class PluginExecutor:
 
     def find(self, plugin_type: str, bin_dirs: Iterable[str]) -> str:
         """The first regular file named `plugin_type` in `bin_dirs`."""
-        if not plugin_type or "/" in plugin_type or "\0" in plugin_type or plugin_type in (".", ".."):
-            raise PluginNotRun(f"invalid plugin name {plugin_type!r}", ref=PluginRef(plugin=plugin_type))
+        check_name(plugin_type)
         dirs = list(bin_dirs)
         for d in dirs:
             path = os.path.join(d, plugin_type)
@@ -129,18 +123,22 @@ class PluginExecutor:
         except BaseException:
             run.abandon()
             raise
-        if run.status == 0 and not (run.timed_out or run.overflow):
-            out = PluginOutput(run.stdout[0] if len(run.stdout) == 1 else b"".join(run.stdout))
-            if run.stderr:
-                out.stderr = stderr = bytes(run.stderr[-STDERR_TAIL:])
-                log.debug(
-                    "plugin %s %s stderr: %s",
-                    plugin_path,
-                    env.get("CNI_COMMAND"),
-                    stderr.decode(errors="replace"),
-                )
-            return out
-        return failure(run, plugin_path, _ref(plugin_path, env), timeout)
+        ended = Ended(
+            stdout=run.stdout[0] if len(run.stdout) == 1 else b"".join(run.stdout),
+            stderr=bytes(run.stderr[-STDERR_TAIL:]),
+            status=run.status,
+            timed_out=run.timed_out,
+            overflow=run.overflow,
+        )
+        out = outcome(ended, plugin_path, _ref(plugin_path, env), timeout)
+        if out.stderr:
+            log.debug(
+                "plugin %s %s stderr: %s",
+                plugin_path,
+                env.get("CNI_COMMAND"),
+                out.stderr.decode(errors="replace"),
+            )
+        return out
 
 
 def _identity(file: os.stat_result, directory: os.stat_result) -> tuple[int, ...]:

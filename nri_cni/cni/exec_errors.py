@@ -1,31 +1,56 @@
-"""What a failed plugin call raises: its exit, timeout or overflow classified, a CNI error
-object it printed passed on, and the excerpt of its output quoted in messages."""
+"""What a plugin call comes to, from what the plugin did (`Ended`): its stdout on success, or
+the error its exit, timeout or overflow is classified as, a CNI error object it printed passed
+on. One function for every Executor (exec.py's processes, executor.py's in-process fakes)."""
 
 from __future__ import annotations
 
 import os
-from typing import NoReturn
+from dataclasses import dataclass
 
 from nri_cni.cni import plugin_process
-from nri_cni.cni.plugin_process import STDERR_TAIL, ChildRun
+from nri_cni.cni.plugin_process import STDERR_TAIL
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginRef, PluginTimeout
 from nri_cni.safety import jsonlimits
 
 
-def failure(run: ChildRun, plugin_path: str, ref: PluginRef, timeout: float) -> NoReturn:
-    stdout = b"".join(run.stdout)
-    stderr = bytes(run.stderr[-STDERR_TAIL:])
+class PluginOutput(bytes):
+    """A plugin's stdout, with the tail of its stderr for messages about bad output."""
+
+    stderr: bytes = b""
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How one plugin call ended."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    status: int | None = 0  # exit code, or -signal; None: not seen (given up on)
+    timed_out: bool = False  # killed at the timeout
+    overflow: bool = False  # killed for printing more than MAX_STDOUT
+
+
+def outcome(ended: Ended, plugin_path: str, ref: PluginRef, timeout: float) -> PluginOutput:
+    """The plugin's stdout when it exited 0 in time (possibly empty); else raises CNIError
+    when it printed a CNI error object and failed, PluginTimeout when it was killed at the
+    timeout, PluginExecError for anything else."""
+    stdout = ended.stdout
+    stderr = ended.stderr[-STDERR_TAIL:]
     name = os.path.basename(plugin_path)
-    if run.timed_out:
+    if ended.timed_out:
         raise PluginTimeout(
             f"plugin {name} killed after {timeout:g}s timeout", details=excerpt(stdout, stderr), ref=ref
         )
-    if run.overflow:
+    if ended.overflow:
         raise PluginExecError(f"plugin {name} printed more than {plugin_process.MAX_STDOUT} bytes", ref=ref)
+    if ended.status == 0:
+        out = PluginOutput(stdout)
+        out.stderr = stderr
+        return out
     how = (
-        f"killed by signal {-run.status}"
-        if run.status is not None and run.status < 0
-        else f"exit status {run.status}"
+        f"killed by signal {-ended.status}"
+        if ended.status is not None and ended.status < 0
+        else f"exit status {ended.status}"
     )
     if not stdout.strip():
         raise PluginExecError(

@@ -21,7 +21,10 @@ KILL_GRACE = 2.0  # after SIGKILL, how long to wait for the exit before giving u
 # theirs at a lower priority, so that a pod's ADD beside them gets the CPUs (nri_cni/pod/upkeep.py).
 PLUGIN_NICE: contextvars.ContextVar[int] = contextvars.ContextVar("plugin_nice", default=0)
 
-_RESTORE_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # Python ignores these; plugins must not
+# Every signal a plugin starts with at its default disposition (with setsigmask=(): none
+# blocked), whatever the daemon inherited: Python ignores SIGPIPE and SIGXFSZ, nohup and some
+# supervisors SIGHUP and SIGINT, and an ignored signal passes through exec to what plugins run.
+DEFAULT_SIGNALS = frozenset(signal.valid_signals())
 
 
 _sealed = False
@@ -111,7 +114,7 @@ class ChildRun:
                 (os.POSIX_SPAWN_DUP2, fds[4], 2),
             ],
             setpgroup=0,
-            setsigdef=_RESTORE_SIGNALS,
+            setsigdef=DEFAULT_SIGNALS,
             setsigmask=(),
         )
         nice = PLUGIN_NICE.get()

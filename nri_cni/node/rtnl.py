@@ -225,16 +225,20 @@ def _dump(sock: socket.socket, seq: int, *, ifa_index: int) -> list[Address]:
     raise NetlinkError(errno.EAGAIN, f"netlink dump {RTM_GETADDR} kept changing under us")
 
 
+def _route_request(seq: int, oif: int | None) -> bytes:
+    """The route dump request: every route (oif None), or the main table's through `oif`."""
+    if oif is None:
+        return _request(GETROUTE_DUMP, seq)
+    buf = bytearray(_request(GETROUTE_MAIN_DUMP, seq)) + _attr(RTA_OIF, _U32.pack(oif))
+    struct.pack_into("=I", buf, _LEN_OFFSET, len(buf))
+    return bytes(buf)
+
+
 def _routes(sock: socket.socket, seq: int, oif: int | None = None) -> list[RouteState]:
     """Every route (oif None), or the main table's through link `oif` (the kernel filters when
     strict checking is on; the caller compares table and oif anyway)."""
     for _ in range(_DUMP_ATTEMPTS):
-        if oif is None:
-            sock.send(_request(GETROUTE_DUMP, seq))
-        else:
-            buf = bytearray(_request(GETROUTE_MAIN_DUMP, seq)) + _attr(RTA_OIF, _U32.pack(oif))
-            struct.pack_into("=I", buf, _LEN_OFFSET, len(buf))
-            sock.send(bytes(buf))
+        sock.send(_route_request(seq, oif))
         out, interrupted = _receive(sock, seq)
         if not interrupted:
             return [r for r in map(decode_route, out) if r is not None]

@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.stubthread import Recorder, StubThread
 from tests.support.jsonlines import read_json_lines
+from tests.support.nri_runtime import NriRuntime
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +68,15 @@ def test_pod_events_reach_the_stub(bridge_network, make_containerd, stubs):
         }
     ]
     assert rec.configures[0]["runtime_version"].startswith("2.")
+    # the NRI double (tests/support/nri_runtime.py), the only runtime native mode is tested
+    # against, configures a plugin as this containerd does (the request timeout is set above)
+    double = NriRuntime(None)
+    assert {
+        "runtime_name": double.runtime_name,
+        "runtime_version": double.runtime_version,
+        "registration_timeout": double.registration_timeout_ms,
+        "request_timeout": 7000,
+    } == rec.configures[0]
     assert len(rec.syncs) == 1
     [synced] = rec.syncs[0]
     assert (synced.id, synced.name, synced.namespace, synced.uid) == (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,12 +34,18 @@ def crio_dir(tmp_path: Path, *, corrupt: str = "") -> Path:
     return d
 
 
+def link_installed(prefix: Path) -> None:
+    """The sid parts and libcni's driver as they are installed: only CRI-O is new here."""
+    (prefix / "root").symlink_to(DEPS / "root")
+    (prefix / "bench-go").symlink_to(DEPS / "bench-go")
+    (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
+
+
 def install_deps(tmp_path: Path, crio: Path | None) -> subprocess.CompletedProcess[str]:
     prefix = tmp_path / "deps"
     prefix.mkdir(exist_ok=True)
     if not (prefix / "root").exists():  # the sid parts as they are: only CRI-O is new here
-        (prefix / "root").symlink_to(DEPS / "root")
-        (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
+        link_installed(prefix)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NRI_CNI_DEPS": str(prefix)}
     if crio is not None:
         env["NRI_CNI_CRIO_DIR"] = str(crio)
@@ -81,10 +88,13 @@ def test_no_crio_at_the_default_place_fails_unless_left_out_on_purpose(tmp_path,
     ci.mkdir(parents=True)
     for name in ("install-deps", "apt-archive-uri"):
         (ci / name).write_text((ROOT / ".ci" / name).read_text())
+    bench = tmp_path / "repo" / "bench"  # libcni's driver: found installed, by its source's hash
+    bench.mkdir()
+    shutil.copy(ROOT / "bench" / "go-toolchain.sh", bench)
+    shutil.copytree(ROOT / "bench" / "libcni-driver", bench / "libcni-driver")
     prefix = tmp_path / "deps"
     prefix.mkdir()
-    (prefix / "root").symlink_to(DEPS / "root")
-    (prefix / "versions.txt").write_text((DEPS / "versions.txt").read_text())
+    link_installed(prefix)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NRI_CNI_DEPS": str(prefix)}
     if opt_out:
         env["NRI_CNI_NO_CRIO"] = "1"
@@ -99,6 +109,6 @@ def test_no_crio_at_the_default_place_fails_unless_left_out_on_purpose(tmp_path,
         )
         return
     assert out.returncode == 0, out.stderr
-    assert [ln for ln in out.stdout.splitlines() if "crio" in ln] == [
+    assert [ln for ln in out.stdout.splitlines() if ln.startswith("  crio")] == [
         "  crio: none (NRI_CNI_NO_CRIO=1): the CRI-O tests are left out"
     ]

@@ -13,6 +13,7 @@ import pytest
 from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.errors import ConfigError
 
+# written by real libcni (golden/make_cache.py; tests/integration/cni/test_libcni_oracle.py checks it)
 GOLDEN = (Path(__file__).parent / "golden" / "libcni-cache-v1.json").read_bytes()
 GOLDEN_CONFIG = b'{"cniVersion":"1.0.0","name":"nct-golden","plugins":[{"type":"fake-a"},{"type":"fake-b"}]}'
 
@@ -233,3 +234,20 @@ def test_flush_waits_for_pending_syncs(tmp_path, monkeypatch):
     assert not cache.flush(0.2)  # still syncing
     gate.set()
     assert cache.flush(5)
+
+
+@pytest.mark.parametrize(
+    "number, written",
+    [
+        (9007199254740991, b"9007199254740991"),  # the control: float64 holds it exactly
+        (9007199254740993, b"9007199254740992"),
+        (-9007199254740993, b"-9007199254740992"),
+        (10**22 + 1, b"1e+22"),
+        (True, b"true"),
+    ],
+)
+def test_result_numbers_are_written_as_libcni_writes_them_through_a_float64(number, written):
+    """libcni decodes the result into a Go map before writing it (tests/integration/cni/
+    test_libcni_oracle.py checks the same against libcni itself)."""
+    entry = CacheEntry(container_id="c", ifname="eth0", network_name="n", config=b"{}", result={"n": number})
+    assert entry.to_json().endswith(b'"result":{"n":' + written + b"}}")

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,7 @@ from nri_cni.cni import plugin_process as cni_child
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginTimeout
 
+REPO = Path(__file__).resolve().parents[3]
 ENV = {
     "PATH": "/usr/bin:/bin",
     "CNI_COMMAND": "ADD",
@@ -178,6 +183,65 @@ def test_signals_restored_for_plugins(fake_bin):
     # glibc and Go install their own handlers for them at start-up, so only 1-31 matter.
     assert int(state["SigIgn"], 16) & 0x7FFFFFFF == 0  # bit n-1 is signal n
     assert int(state["SigBlk"], 16) == 0
+
+
+# A process started as under nohup and a supervisor that ignores more: these signals ignored,
+# SIGUSR1 blocked, both inherited through exec. It then starts the probe `how`: "executor"
+# through PluginExecutor, "bare" (the control) with a posix_spawn that resets nothing.
+INHERITED_IGNORED = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR2, signal.SIGRTMIN + 1)
+INHERITED_BLOCKED = signal.SIGUSR1
+SPAWNER = """
+import asyncio, os, sys
+from nri_cni.cni.exec import PluginExecutor
+
+probe, how = sys.argv[1:]
+env = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": "VERSION"}
+if how == "executor":
+    out = asyncio.run(PluginExecutor().exec(probe, env, b"", 60))
+else:
+    r, w = os.pipe()
+    pid = os.posix_spawn(probe, [probe], env, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+    os.close(w)
+    out = b"".join(iter(lambda: os.read(r, 4096), b""))
+    os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+"""
+
+
+def _as_under_nohup() -> None:
+    for sig in INHERITED_IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {INHERITED_BLOCKED})
+
+
+def probe_signals(fake_bin, how: str) -> tuple[set[int], set[int]]:
+    """The signals the probe found ignored and blocked, started from a spawner that inherited
+    INHERITED_IGNORED and INHERITED_BLOCKED."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SPAWNER, str(fake_bin / "sigstate"), how],
+        preexec_fn=_as_under_nohup,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    state = dict(line.split(":\t") for line in proc.stdout.splitlines())
+    masks = int(state["SigIgn"], 16), int(state["SigBlk"], 16)
+    # Signals 32 and 33 are glibc's internal ones: its posix_spawn leaves them as they were, and
+    # glibc and Go install their own handlers for them at start-up.
+    return tuple({n for n in range(1, 65) if mask >> (n - 1) & 1 and n not in (32, 33)} for mask in masks)
+
+
+def test_plugins_start_with_no_signal_ignored_or_blocked_whatever_the_daemon_inherited(fake_bin):
+    ignored, blocked = probe_signals(fake_bin, "executor")
+    assert (ignored, blocked) == (set(), set())
+
+
+def test_control_a_spawn_without_the_reset_passes_the_inherited_signals_on(fake_bin):
+    """The control case of the test above: the probe sees what the spawner inherited."""
+    ignored, blocked = probe_signals(fake_bin, "bare")
+    assert set(INHERITED_IGNORED) <= ignored
+    assert blocked == {INHERITED_BLOCKED}
 
 
 def test_not_executable(fake_bin, tmp_path):

@@ -1,4 +1,5 @@
-"""Result parsing and conversion, against golden JSON written from libcni's conversion rules."""
+"""Result parsing and conversion, against golden JSON (golden/results.json, held to real
+libcni 1.3.0 by tests/integration/cni/test_libcni_oracle.py; nri-cni keeps what libcni drops)."""
 
 from __future__ import annotations
 

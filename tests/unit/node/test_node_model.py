@@ -218,3 +218,72 @@ def test_expectation_from_a_0_2_0_result():
     res = {"cniVersion": "0.2.0", "ip4": {"ip": "10.247.1.5/24", "gateway": "10.247.1.1"}}
     e = expectation_from_result(res, key="k", netns=NS, ifname="eth0")
     assert e.addresses == (IP,) and e.mac is None and e.host_ifnames == ()
+
+
+@pytest.mark.parametrize("oif", [None, 5, 70000])
+def test_route_dump_request_is_what_pyroute2_encodes(oif):
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    from nri_cni.node import rtnl
+
+    req = rtmsg()
+    req["header"]["type"] = rtnl.RTM_GETROUTE
+    req["header"]["flags"] = rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP
+    req["header"]["sequence_number"] = 4242
+    req["family"] = 0  # AF_UNSPEC: both families (pyroute2's own default is AF_INET)
+    if oif is not None:  # the main table's routes through one link
+        req["table"] = rtnl.RT_TABLE_MAIN
+        req["attrs"] = [("RTA_OIF", oif)]
+    req.encode()
+    assert rtnl._route_request(4242, oif) == bytes(req.data)
+
+
+ROUTES = [
+    # (family, dst, dst_len, gateway, oif, table): table past 255 goes in RTA_TABLE only
+    (2, "10.246.0.0", 16, "10.247.1.1", 7, 254),
+    (2, None, 0, "10.247.1.1", 7, 254),  # the default route has no RTA_DST
+    (10, "fd00:1::", 64, "fd00::1", 3, 1000),
+    (10, None, 0, None, None, 254),
+]
+
+
+@pytest.mark.parametrize("family, dst, dst_len, gateway, oif, table", ROUTES)
+def test_route_messages_pyroute2_encodes_decode_the_same(family, dst, dst_len, gateway, oif, table):
+    import ipaddress
+
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    from nri_cni.node import rtnl
+    from nri_cni.node.model import RouteState
+
+    msg = rtmsg()
+    msg["header"]["type"] = 24  # RTM_NEWROUTE
+    msg["family"], msg["dst_len"], msg["table"] = family, dst_len, min(table, 252)
+    msg["attrs"] = [("RTA_TABLE", table)]
+    if dst is not None:
+        msg["attrs"].append(("RTA_DST", dst))
+    if gateway is not None:
+        msg["attrs"].append(("RTA_GATEWAY", gateway))
+    if oif is not None:
+        msg["attrs"].append(("RTA_OIF", oif))
+    msg.encode()
+    any_dst = "0.0.0.0" if family == 2 else "::"
+    assert rtnl.decode_route(memoryview(bytes(msg.data))) == RouteState(
+        dst=ipaddress.ip_network(f"{dst or any_dst}/{dst_len}"),
+        gw=ipaddress.ip_address(gateway) if gateway else None,
+        oif=oif,
+        table=table,
+    )
+
+
+def test_control_a_route_of_another_family_decodes_to_none():
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    from nri_cni.node import rtnl
+
+    msg = rtmsg()
+    msg["header"]["type"] = 24
+    msg["family"] = 7  # AF_BRIDGE: the same message with only the family changed
+    msg["attrs"] = [("RTA_TABLE", 254), ("RTA_OIF", 7)]
+    msg.encode()
+    assert rtnl.decode_route(memoryview(bytes(msg.data))) is None
