@@ -31,25 +31,33 @@ from nri_cni.errors import ConfigError
 
 log = logging.getLogger("nri_cni.reload")
 
-# Settings read once at start-up (sockets bound, directories opened, timers started, the
-# identity the runtime registered): a change to one of them needs a restart.
+# Settings read once at start-up (sockets bound, directories opened, timers started, limits
+# sized, the identity the runtime registered): a change to one of them needs a restart. The
+# same keys, in this order, are listed in docs/lifecycle.md ("Restart-only settings"); every
+# other setting is read from the running config each time it is used.
 RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("mode", lambda c: c.mode),
-    ("nri", lambda c: c.nri),
+    ("nri.*", lambda c: c.nri),
     ("daemon.socket", lambda c: c.daemon_socket),
+    ("daemon.allowed_gids", lambda c: c.local.allowed_gids),
     ("state_dir", lambda c: c.state_dir),
     ("log.format", lambda c: c.log_format),
     ("cni.bin_dirs", lambda c: c.cni.bin_dirs),
     ("cni.cache_dir", lambda c: c.cni.cache_dir),
     ("cni.plugin_timeout", lambda c: c.cni.plugin_timeout),
     ("cni.plugin_env", lambda c: c.cni.plugin_env),
-    ("files.trust", lambda c: c.trust_files),
     ("cni.runtime_cache_dir", lambda c: c.cni.runtime_cache_dir),
+    ("files.trust", lambda c: c.trust_files),
     ("gc.interval", lambda c: c.gc_interval),
     ("status.interval", lambda c: c.status_interval),
+    ("verify.interval", lambda c: c.verify_interval),
+    ("repair", lambda c: c.repair),
+    ("limits.parallel_per_node", lambda c: c.limits.parallel_per_node),
     ("metrics.listen", lambda c: c.metrics_listen),
-    ("lifecycle", lambda c: c.lifecycle),
-    ("reload", lambda c: c.reload),
+    ("metrics.max_connections", lambda c: c.metrics_server.max_connections),
+    ("metrics.timeout", lambda c: c.metrics_server.timeout),
+    ("lifecycle.*", lambda c: c.lifecycle),
+    ("reload.*", lambda c: c.reload),
 )
 
 
