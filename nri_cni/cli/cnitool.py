@@ -300,10 +300,11 @@ def _run(verb: str, args: argparse.Namespace) -> int:
     # lazy: the CNI runtime and asyncio (~45 ms) load only for a verb that runs, not for --help
     import asyncio
 
+    from nri_cni.cni.exec import PluginExecutor
     from nri_cni.cni.runtime import CNIRuntime
 
     if verb == "version":
-        rt = CNIRuntime(bin_dirs(args), exec_timeout=args.timeout)
+        rt = CNIRuntime(bin_dirs(args), exec_timeout=args.timeout, executor=PluginExecutor())
         answers = {t: asyncio.run(rt.version(t)) for t in args.plugins}
         out = answers[args.plugins[0]] if len(args.plugins) == 1 else answers
         print(json.dumps(out, indent=4))
@@ -312,7 +313,9 @@ def _run(verb: str, args: argparse.Namespace) -> int:
     valid = parse_valid(args.valid) if verb == "gc" else []
     conf = runtime_conf(args) if verb in ("add", "check", "del") else None
     net = load_network(args)
-    rt = CNIRuntime(bin_dirs(args), cache_dir=args.cache_dir, exec_timeout=args.timeout)
+    rt = CNIRuntime(
+        bin_dirs(args), cache_dir=args.cache_dir, exec_timeout=args.timeout, executor=PluginExecutor()
+    )
     if verb == "status":
         asyncio.run(rt.status(net))
         return EXIT_OK

@@ -54,21 +54,22 @@ class PodService:
         *,
         plan: PodPlan,
         mode: Mode | None = None,
-        ledger: PodLedger | None = None,
-        locks: PodLocks | None = None,
-        health: HealthBook | None = None,
+        ledger: PodLedger,
+        locks: PodLocks,
+        health: HealthBook,
         inspector: NodeInspector | None = None,
     ) -> None:
         """`cfg`: the daemon's ConfigSource (a Config: a source of its own); `mode`: the mode
-        made from it (default mode_for); `health`, `inspector`: the composition root's, which
-        others read too (the metrics: pods by verdict)."""
+        made from it (default mode_for); the parts come from the composition root, `health`
+        read by others too (the metrics: pods by verdict); `inspector`: the node's (None: the
+        verifier makes one at its first round)."""
         self.source = ConfigSource.of(cfg)
         if mode is not None:
             self.source.seed("mode", mode)
         self.plan = plan
-        self.ledger = ledger or PodLedger()
-        self.locks = locks or PodLocks()
-        self.health = health or HealthBook()  # each pod's verdict from the last verify (podstate.py)
+        self.ledger = ledger
+        self.locks = locks
+        self.health = health  # each pod's verdict from the last verify (podstate.py)
         self.verifier = Verifier(
             self.source,
             lambda: self.mode,
