@@ -166,7 +166,7 @@ class Daemon:
         verify_interval = cfg.verify_interval if cfg.repair != "off" else 0.0
 
         async def resync() -> None:
-            """A stale roster (app/service.py): a fresh pod list, at most every RESYNC_EVERY."""
+            """A stale roster (service/service.py): a fresh pod list, at most every RESYNC_EVERY."""
             while True:
                 await self.pods.roster_stale.wait()
                 self.pods.roster_stale.clear()

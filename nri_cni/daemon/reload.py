@@ -87,7 +87,7 @@ def watched_dirs(cfg: Config) -> set[str]:
         if source and os.path.isabs(source):
             conf_dir = os.path.dirname(source)
             dirs.update((conf_dir, os.path.join(conf_dir, spec.conflist.name)))
-    if cfg.nad_dir:  # NetworkAttachmentDefinitions (nri_cni/nad.py): a new file is a new network
+    if cfg.nad_dir:  # NetworkAttachmentDefinitions (nri_cni/config/nad.py): a new file is a new network
         dirs.add(cfg.nad_dir)
     finalize = cfg.cni.finalize_dir.rstrip("/")
     if os.path.basename(finalize) == FINALIZE_DROPIN_DIR:

@@ -1,4 +1,4 @@
-"""One pod in one verify round (app/verify.py): its records, what the node showed, what it
+"""One pod in one verify round (service/verify.py): its records, what the node showed, what it
 lacks, and the per-attachment verdicts the health book keeps."""
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ class PodService:
         return await self.plan.collect_garbage(valid, self.locks, running=self.ledger.running)
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
-        """One verify round (app/verify.py): every pod the runtime lists running with a netns,
+        """One verify round (service/verify.py): every pod the runtime lists running with a netns,
         or only `pod_id` (NriCniError when the runtime does not list it); `check` forces CNI
         CHECK of every attachment verified. Verdicts go to `self.health`, what differs is
         repaired per `repair`; each pod's part runs under its lock. Returns the verdicts."""
