@@ -185,8 +185,8 @@ def default_container_id(netns: str) -> str:
     return "cnitool-" + hashlib.sha512(netns.encode()).digest()[:10].hex()
 
 
-def parse_cni_args(text: str) -> list[tuple[str, str]]:
-    """ "K=V;K=V" into pairs, in order (the plugins see them so): the daemon's parser and rules."""
+def args_option(text: str) -> list[tuple[str, str]]:
+    """--args "K=V;K=V" into pairs, in order (the plugins see them so): the daemon's parser and rules."""
     try:
         return validate.cni_args_pairs(text)
     except validate.InvalidInput as exc:
@@ -260,7 +260,7 @@ def runtime_conf(args: argparse.Namespace) -> RuntimeConf:
         container_id=cid,
         netns=netns,
         ifname=ifname,
-        args=parse_cni_args(cni_args_text) if cni_args_text else [],
+        args=args_option(cni_args_text) if cni_args_text else [],
         capability_args=parse_cap_args(cap_text) if cap_text else {},
     )
 
@@ -360,4 +360,4 @@ def _report(exc: BaseException) -> int:
     return code if code != EXIT_OK else EXIT_FAILED
 
 
-__all__ = ["register", "default_container_id", "parse_cni_args"]
+__all__ = ["register", "default_container_id", "args_option"]

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, load_finalize_dropins
+from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, finalize_dir_plugins
 from nri_cni.config import Config, ConfigErrors, load_config
 from nri_cni.daemon.inotify import DirWatcher, InotifyUnavailable
 from nri_cni.errors import ConfigError
@@ -69,13 +69,6 @@ class ReloadState:
     refused_at: float = 0.0
 
 
-def finalize_dropins(cfg: Config) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
-    path = cfg.cni.finalize_dir.rstrip("/")
-    if not path or not os.path.isdir(path):
-        return (), []
-    return load_finalize_dropins(os.path.dirname(path), trust=cfg.trust_files)
-
-
 def watched_dirs(cfg: Config) -> set[str]:
     """The directories whose changes can change `cfg`: the config file's, each network file's
     and its drop-in dir `<dir>/<network>/`, and the finalize drop-ins with their conf dir."""
@@ -107,7 +100,7 @@ class ConfigReloader:
         self._apply = apply
         self._loader = loader
         self.state = ReloadState()
-        self._dropins, _ = finalize_dropins(cfg)
+        self._dropins, _ = finalize_dir_plugins(cfg.cni.finalize_dir, trust=cfg.trust_files)
         self._trigger = asyncio.Event()
         self._lock = asyncio.Lock()
         self._watcher: DirWatcher | None = None
@@ -189,7 +182,7 @@ class ConfigReloader:
 
     def _read(self) -> tuple[Config, tuple[PluginConf, ...]]:
         new = self._loader(self.cfg.path)
-        dropins, errors = finalize_dropins(new)
+        dropins, errors = finalize_dir_plugins(new.cni.finalize_dir, trust=new.trust_files)
         if errors:
             raise ConfigErrors(errors)
         return new, dropins

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
+from nri_cni.cni.config import NetworkConfigList, PluginConf, finalize_dir_plugins, parse_conflist
 from nri_cni.cni.prev_result import conf_of
 from nri_cni.cni.result import Result
 from nri_cni.cni.result_parse import parse_result
@@ -33,15 +32,13 @@ from nri_cni.lifecycle.spec import is_managed
 from nri_cni.node import netlink
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
-from nri_cni.pod.model import AttachRequest, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
+from nri_cni.pod.model import AttachRequest, Key, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
 from nri_cni.pod.oprecord import NetworkFailure, OpRecord
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected
 
 log = logging.getLogger("nri_cni.pod")
-
-Key = tuple[str, str]  # (network, ifname): a pod may ask for one network twice (fast, fast@fast2)
 
 
 class Attacher:
@@ -77,9 +74,7 @@ class Attacher:
     @property
     def finalize_dropins(self) -> tuple[PluginConf, ...]:
         """The `_finalize.d` plugins of the config in force, read once per config."""
-        return self.source.derived(
-            "finalize_dropins", lambda cfg: finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
-        )
+        return self.source.derived("finalize_dropins", _dropins_of)
 
     async def attach(
         self,
@@ -344,20 +339,16 @@ async def _settled(task: asyncio.Future[None]) -> None:
     await asyncio.wait([task])
 
 
-def _retrieved(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:
-    # The config names the `_finalize.d` dir itself (validated); libcni's rule reads it below
-    # a conf dir.
-    if not path or not os.path.isdir(path):
-        return ()
-    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")), trust=trust)
+def _dropins_of(cfg: Config) -> tuple[PluginConf, ...]:
+    plugins, errors = finalize_dir_plugins(cfg.cni.finalize_dir, trust=cfg.trust_files)
     for err in errors:
         log.error("finalize drop-in skipped: %s", err)
     return plugins
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: Sequence[NetworkFailure] = ()) -> PodError:
