@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import NetworkConfigList, PluginConf, finalize_dir_plugins, parse_conflist
@@ -127,50 +128,19 @@ class Attacher:
             for s in selected
             if (e := self.cni.cache.read(s.network.name, pod.id, s.ifname)) is not None
         }
+        results = {key: parse_result(e.result or {"cniVersion": "1.1.0"}) for key, e in existing.items()}
         todo = [s for s in selected if _key(s) not in existing]
-        answer = PodNetworks(pod)
         if not todo:
             # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD), or
             # nothing of nri-cni's to attach (secondary mode, a pod with eth0 only).
-            for sel in selected:
-                result = parse_result(existing[_key(sel)].result or {"cniVersion": "1.1.0"})
-                answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, result))
             try:
                 await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
             except NriCniError as exc:
                 raise pod_error(pod, exc) from exc
-            return answer
+            return _answer(pod, selected, results)
         await self._check_ready(todo)
-
-        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]] = {}
-        for index, sel in enumerate(selected):
-            caps = dict(sel.capability_args)
-            if index == 0:
-                caps = {**request.runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
-            rt = RuntimeConf(
-                container_id=pod.id,
-                netns=pod.netns,
-                ifname=sel.ifname,
-                args=pod.cni_args(),
-                capability_args=caps,
-                # ADD's alone: the intent record and the cache keep args and caps without it
-                ip_request=tuple(request.ips.get(_key(sel)) or ()),
-            )
-            confs[_key(sel)] = (sel.network.conflist, rt)
-        intent = Intent(
-            pod.id,
-            pod.netns,
-            [
-                IntendedNetwork(
-                    s.network.name,
-                    s.ifname,
-                    confs[_key(s)][0].bytes,
-                    confs[_key(s)][1].args,
-                    confs[_key(s)][1].capability_args,
-                )
-                for s in todo
-            ],
-        )
+        confs = _runtime_confs(pod, selected, request)
+        intent = _intent(pod, todo, confs)
         # Written (atomic) before any plugin runs, a failure here leaves nothing; durable before
         # the ADD is done: its fsync (a journal commit, ~1 ms) runs while the plugins work. A
         # crash of the daemon finds the record (the page cache survives a kill); journalling
@@ -178,59 +148,45 @@ class Attacher:
         self.intents.write(intent, durable=False)
         synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
         synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
-        planned = {(n.network, n.ifname): n for n in intent.networks}
-
-        added: list[IntendedNetwork] = []
-        results: dict[Key, Result] = {
-            _key(sel): parse_result(entry.result or {"cniVersion": "1.1.0"})
-            for sel in selected
-            if (entry := existing.get(_key(sel))) is not None
-        }
+        adds = Adds()
         try:
-            await self._add_all(todo, confs, planned, intent, added, results, record)
+            adds = await self._add_all(todo, confs, intent, record)
+            if adds.failure is not None:
+                raise adds.failure
+            results.update(adds.results)
             await synced
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
             await _settled(synced)
             # DEL what was started, last first; the record of the rest goes (never ADDed)
-            errors = await self.rollback.undo(Intent(pod.id, pod.netns, added), record, op="rollback")
+            errors = await self.rollback.undo(Intent(pod.id, pod.netns, adds.started), record, op="rollback")
             raise pod_error(pod, exc, errors) from exc
-        except BaseException:
-            # Cancelled or crashed mid-way: the intent record stays for start-up recovery.
-            raise
+        # Cancelled or crashed mid-way (any other exception): the intent record stays for
+        # start-up recovery.
         self.intents.clear(pod.id)
-        for sel in selected:
-            answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
-        return answer
+        return _answer(pod, selected, results)
 
-    async def _add_all(
-        self,
-        todo: list[Selected],
-        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]],
-        planned: dict[Key, IntendedNetwork],
-        intent: Intent,
-        added: list[IntendedNetwork],
-        results: dict[Key, Result],
-        record: OpRecord,
-    ) -> None:
+    async def _add_all(self, todo: list[Selected], confs: Confs, intent: Intent, record: OpRecord) -> Adds:
         """ADD the networks at once, each chain in its order (go-cni's way; limits.parallel_per_pod
         of one pod together, limits.parallel_per_node on the node). A network that fails stops
-        the ones not started yet; those running finish (a plugin is never cut halfway), and
-        `added` names every one started, for the rollback. Raises the first failure."""
-        failed: list[NriCniError] = []
+        the ones not started yet; those running finish (a plugin is never cut halfway). The
+        answer names every network started (for the rollback) and the first failure; anything
+        but a plugin's failure (cancelled, a bug) is raised: the intent stays."""
+        adds = Adds()
+        planned = {(n.network, n.ifname): n for n in intent.networks}
         pod_slots = asyncio.Semaphore(self.cfg.limits.parallel_per_pod)
 
         async def one(sel: Selected) -> None:
             async with pod_slots, self.node_slots:
-                if failed:
+                if adds.failure is not None:
                     return  # another network failed: this one is not started
                 net, rt = confs[_key(sel)]
                 t0 = time.perf_counter()
-                added.append(planned[_key(sel)])
+                adds.started.append(planned[_key(sel)])
                 try:
-                    results[_key(sel)] = await self._add_one(net, rt, record)
+                    adds.results[_key(sel)] = await self._add_one(net, rt, record)
                 except NriCniError as exc:
-                    failed.append(exc)
+                    adds.failure = adds.failure or exc
                     self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
                     return
                 record.step(net.name, sel.ifname, "add", t0)
@@ -241,9 +197,8 @@ class Attacher:
             outcomes = await asyncio.gather(*(one(sel) for sel in todo), return_exceptions=True)
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
-                    raise outcome  # not a plugin's failure (cancelled, a bug): the intent stays
-        if failed:
-            raise failed[0]
+                    raise outcome
+        return adds
 
     async def _check_ready(self, todo: list[Selected]) -> None:
         """status.refuse_when_not_ready: no ADD of a network whose STATUS fails."""
@@ -271,7 +226,7 @@ class Attacher:
         self,
         pod: PodInfo,
         selected: list[Selected],
-        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]],
+        confs: Confs,
         results: dict[Key, Result],
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
@@ -315,6 +270,54 @@ class Attacher:
         await self.cni_uncached.finalize(net, rt, result, self.finalize_dropins, observe=record)
         record.step(net.name, rt.ifname, "finalize", t0)
         self.finalized.mark(pod.id, rt.netns)
+
+
+Confs = dict[Key, tuple[NetworkConfigList, RuntimeConf]]  # each network's list and its ADD's runtime conf
+
+
+@dataclass
+class Adds:
+    """What the ADDs of one attach did: every network started (in order), the results of those
+    that succeeded, the first failure."""
+
+    started: list[IntendedNetwork] = field(default_factory=list)
+    results: dict[Key, Result] = field(default_factory=dict)
+    failure: NriCniError | None = None
+
+
+def _runtime_confs(pod: PodInfo, selected: list[Selected], request: AttachRequest) -> Confs:
+    confs: Confs = {}
+    for index, sel in enumerate(selected):
+        caps = dict(sel.capability_args)
+        if index == 0:
+            caps = {**request.runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
+        rt = RuntimeConf(
+            container_id=pod.id,
+            netns=pod.netns,
+            ifname=sel.ifname,
+            args=pod.cni_args(),
+            capability_args=caps,
+            # ADD's alone: the intent record and the cache keep args and caps without it
+            ip_request=tuple(request.ips.get(_key(sel)) or ()),
+        )
+        confs[_key(sel)] = (sel.network.conflist, rt)
+    return confs
+
+
+def _intent(pod: PodInfo, todo: list[Selected], confs: Confs) -> Intent:
+    """The record of the ADDs about to run (pod/intents.py): what a rollback or recovery DELs."""
+    networks = []
+    for sel in todo:
+        net, rt = confs[_key(sel)]
+        networks.append(IntendedNetwork(sel.network.name, sel.ifname, net.bytes, rt.args, rt.capability_args))
+    return Intent(pod.id, pod.netns, networks)
+
+
+def _answer(pod: PodInfo, selected: list[Selected], results: dict[Key, Result]) -> PodNetworks:
+    answer = PodNetworks(pod)
+    for sel in selected:
+        answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
+    return answer
 
 
 def _primary_conf(
