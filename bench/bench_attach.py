@@ -40,14 +40,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.native_node import CNI_BIN  # noqa: E402
+from nri_cni.cni.exec import PluginExecutor  # noqa: E402
 from nri_cni.cni.runtime import CNIRuntime  # noqa: E402
 from nri_cni.config import parse_config  # noqa: E402
 from nri_cni.pod.model import PodInfo  # noqa: E402
-from nri_cni.pod.plan import PodPlan  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
 from nri_cni.service.service import PodService  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 from tests.support.names import free_subnet, unique_name  # noqa: E402
+from tests.support.pods import pod_plan, pod_service  # noqa: E402
 
 NETS = ("benchnet-a", "benchnet-b", "benchnet-c")
 
@@ -108,8 +109,8 @@ def _service(tmp: Path, name: str, networks: list[dict[str, Any]], per_pod: int)
         "status": {"interval": 0},
     }
     cfg = parse_config(doc, str(own / "config.yaml"))
-    cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir)
-    return PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
+    cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, executor=PluginExecutor())
+    return pod_service(cfg, pod_plan(cfg, cni), mode=mode_for(cfg))
 
 
 async def _rounds(services: dict[str, PodService], netns: list[str], warmup: int) -> dict[str, list[float]]:

@@ -250,10 +250,11 @@ async def _run_chain(
 ) -> dict:
     from bench.golibcni import LibcniDriver
     from nri_cni.cni.config import parse_conflist
+    from nri_cni.cni.exec import PluginExecutor
     from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 
     net = parse_conflist(json.dumps(conflist).encode(), source=f"bench:{label}")
-    rt = CNIRuntime([bin_dir], cache_dir=cache_dir)
+    rt = CNIRuntime([bin_dir], cache_dir=cache_dir, executor=PluginExecutor())
     floor = Floor(bin_dir)
     pairs = [tuple(kv.split("=", 1)) for kv in cni_args.split(";") if kv]
     floor_args = ";".join(["IgnoreUnknown=1", cni_args]) if cni_args else "IgnoreUnknown=1"

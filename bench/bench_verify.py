@@ -277,8 +277,8 @@ def _view(ipr, netns: str) -> NetnsView:
 def measure(pods: list[FakePod], rounds: int, fork_sample: int, workers: int | None) -> dict:
     exps = [p.expectation() for p in pods]
     sample = pods[: max(1, min(fork_sample, len(pods)))]
-    inspector = NodeInspector(**({"workers": workers} if workers else {}))
-    serial = NodeInspector(workers=1)
+    inspector = NodeInspector.with_workers(*([workers] if workers else []))
+    serial = NodeInspector.with_workers(1)
     times: dict[str, list[float]] = {"pool": [], "pool-1": [], "serial-iproute": [], "serial-fork": []}
     damaged: dict[str, int] = {}
 
@@ -330,7 +330,7 @@ def damage_is_seen(pods: list[FakePod]) -> bool:
     damaged = pods[:: max(1, len(pods) // 5)][:5]
     for pod in damaged:
         _ip_batch(["addr flush dev eth0"], netns=pod.netns)
-    inspector = NodeInspector()
+    inspector = NodeInspector.with_workers()
     try:
         findings = inspector.inspect_blocking([p.expectation() for p in pods])
     finally:

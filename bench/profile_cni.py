@@ -81,6 +81,7 @@ def profile_noop(bin_dir: str, pods: int, cache_dir: str) -> dict[str, float]:
     (0..1) of nri-cni's own time (the plugin's time left out)."""
     from nri_cni.cli.gctune import tune_gc
     from nri_cni.cni.config import parse_conflist
+    from nri_cni.cni.exec import PluginExecutor
     from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 
     conflist = {
@@ -89,7 +90,7 @@ def profile_noop(bin_dir: str, pods: int, cache_dir: str) -> dict[str, float]:
         "plugins": [{"type": "noop1"}, {"type": "noop2"}, {"type": "noop3"}],
     }
     net = parse_conflist(json.dumps(conflist).encode(), source="profile_cni")
-    rt = CNIRuntime([bin_dir], cache_dir=cache_dir)
+    rt = CNIRuntime([bin_dir], cache_dir=cache_dir, executor=PluginExecutor())
     prof = cProfile.Profile()
 
     async def run() -> None:

@@ -43,15 +43,15 @@ if str(REPO) not in sys.path:
 
 from bench.native_node import CNI_BIN  # noqa: E402
 from nri_cni.cni.cache import CacheEntry, ResultCache  # noqa: E402
+from nri_cni.cni.exec import PluginExecutor  # noqa: E402
 from nri_cni.cni.runtime import CNIRuntime  # noqa: E402
 from nri_cni.config import parse_config  # noqa: E402
 from nri_cni.pod import attach as attach_module  # noqa: E402
 from nri_cni.pod.model import PodInfo  # noqa: E402
-from nri_cni.pod.plan import PodPlan  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
-from nri_cni.service.service import PodService  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 from tests.support.names import free_subnet  # noqa: E402
+from tests.support.pods import pod_plan, pod_service  # noqa: E402
 
 STEPS = (
     "runtime cache read",
@@ -153,10 +153,10 @@ async def run(
         },
         str(tmp / "c.yaml"),
     )
-    cni = CNIRuntime([str(CNI_BIN)], str(tmp / "cache"))
-    plan = PodPlan(cfg, cni)
+    cni = CNIRuntime([str(CNI_BIN)], str(tmp / "cache"), executor=PluginExecutor())
+    plan = pod_plan(cfg, cni)
     mode = mode_for(cfg)
-    service = PodService(cfg, plan=plan, mode=mode)
+    service = pod_service(cfg, plan, mode=mode)
     clock = Clock()
     clock.wrap(plan, "select", "select")
     clock.wrap(plan.intents, "write", "intent write")

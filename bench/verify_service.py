@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import PodState
 from nri_cni.service.service import PodService
+from tests.support.pods import pod_plan, pod_service
 
 NETWORK = "benchnet"
 
@@ -170,8 +171,8 @@ def build(pods: Sequence[BenchPod], tmp: Path, *, host_side: bool = False) -> Po
                 ips=tuple(str(a.ip) for a in pod.addresses),
             )
         )
-    cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, trust_files=False)
-    svc = PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
+    cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, executor=PluginExecutor(trust_files=False))
+    svc = pod_service(cfg, pod_plan(cfg, cni), mode=mode_for(cfg))
     svc.ledger.synchronized(listed)
     return svc
 

@@ -207,16 +207,19 @@ class PluginRef:
         return ", ".join(parts)
 
 
+NO_PLUGIN = PluginRef()  # an error no plugin is named in (yet: the runtime sets it when it knows)
+
+
 class CNIError(NriCniError):
     """A CNI error object: a plugin printed it (its code kept), or nri-cni's CNI runtime made
     one (cache, result decoding)."""
 
     kind = Kind.PLUGIN_ERROR
 
-    def __init__(self, code: int, msg: str, *, details: str = "", ref: PluginRef | None = None) -> None:
+    def __init__(self, code: int, msg: str, *, details: str = "", ref: PluginRef = NO_PLUGIN) -> None:
         super().__init__(msg, details=details, cni_code=code)
         self.code = code
-        self.ref = ref or PluginRef()
+        self.ref = ref
         # the failed plugin's position in its chain (the CNI runtime sets it; None: no plugin
         # started, e.g. a binary not found before the chain ran)
         self.plugin_index: int | None = None
@@ -232,7 +235,7 @@ class PluginExecError(CNIError):
     kind = Kind.PLUGIN_BROKEN
 
     def __init__(
-        self, msg: str, *, details: str = "", ref: PluginRef | None = None, code: int = CniCode.INTERNAL
+        self, msg: str, *, details: str = "", ref: PluginRef = NO_PLUGIN, code: int = CniCode.INTERNAL
     ) -> None:
         super().__init__(code, msg, details=details, ref=ref)
 

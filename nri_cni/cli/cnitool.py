@@ -185,8 +185,8 @@ def default_container_id(netns: str) -> str:
     return "cnitool-" + hashlib.sha512(netns.encode()).digest()[:10].hex()
 
 
-def parse_cni_args(text: str) -> list[tuple[str, str]]:
-    """ "K=V;K=V" into pairs, in order (the plugins see them so): the daemon's parser and rules."""
+def args_option(text: str) -> list[tuple[str, str]]:
+    """--args "K=V;K=V" into pairs, in order (the plugins see them so): the daemon's parser and rules."""
     try:
         return validate.cni_args_pairs(text)
     except validate.InvalidInput as exc:
@@ -260,7 +260,7 @@ def runtime_conf(args: argparse.Namespace) -> RuntimeConf:
         container_id=cid,
         netns=netns,
         ifname=ifname,
-        args=parse_cni_args(cni_args_text) if cni_args_text else [],
+        args=args_option(cni_args_text) if cni_args_text else [],
         capability_args=parse_cap_args(cap_text) if cap_text else {},
     )
 
@@ -300,10 +300,11 @@ def _run(verb: str, args: argparse.Namespace) -> int:
     # lazy: the CNI runtime and asyncio (~45 ms) load only for a verb that runs, not for --help
     import asyncio
 
+    from nri_cni.cni.exec import PluginExecutor
     from nri_cni.cni.runtime import CNIRuntime
 
     if verb == "version":
-        rt = CNIRuntime(bin_dirs(args), exec_timeout=args.timeout)
+        rt = CNIRuntime(bin_dirs(args), exec_timeout=args.timeout, executor=PluginExecutor())
         answers = {t: asyncio.run(rt.version(t)) for t in args.plugins}
         out = answers[args.plugins[0]] if len(args.plugins) == 1 else answers
         print(json.dumps(out, indent=4))
@@ -312,7 +313,9 @@ def _run(verb: str, args: argparse.Namespace) -> int:
     valid = parse_valid(args.valid) if verb == "gc" else []
     conf = runtime_conf(args) if verb in ("add", "check", "del") else None
     net = load_network(args)
-    rt = CNIRuntime(bin_dirs(args), cache_dir=args.cache_dir, exec_timeout=args.timeout)
+    rt = CNIRuntime(
+        bin_dirs(args), cache_dir=args.cache_dir, exec_timeout=args.timeout, executor=PluginExecutor()
+    )
     if verb == "status":
         asyncio.run(rt.status(net))
         return EXIT_OK
@@ -357,4 +360,4 @@ def _report(exc: BaseException) -> int:
     return code if code != EXIT_OK else EXIT_FAILED
 
 
-__all__ = ["register", "default_container_id", "parse_cni_args"]
+__all__ = ["register", "default_container_id", "args_option"]

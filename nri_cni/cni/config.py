@@ -166,6 +166,17 @@ def load_finalize_dropins(
     return tuple(plugins), errors
 
 
+def finalize_dir_plugins(
+    path: str, *, trust: bool = True
+) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
+    """The plugins of the `_finalize.d` dir the config names (cni.finalize_dir, validated to be
+    one), read by libcni's rule below its conf dir; none when the dir does not exist."""
+    path = path.rstrip("/")
+    if not path or not os.path.isdir(path):
+        return (), []
+    return load_finalize_dropins(os.path.dirname(path), trust=trust)
+
+
 # ---- internals -----------------------------------------------------------------------------
 
 

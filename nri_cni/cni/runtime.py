@@ -2,8 +2,9 @@
 
 Semantics follow libcni/api.go (AddNetworkList, DelNetworkList, CheckNetworkList,
 GCNetworkList, GetStatusNetworkList, GetVersionInfo). nri-cni's additions: CNI_ARGS built
-from validated pairs with IgnoreUnknown=1, a FINALIZE verb (CNI proposal), hooks around
-each plugin call, and an atomic cache write.
+from validated pairs with IgnoreUnknown=1, a FINALIZE verb (CNI proposal), and an atomic cache
+write. Plugins run through the Executor it is given (cni/executor.py): a wrapper of the real one
+sees, delays or fails each call (GC's slots, fault injection).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from nri_cni.cni.config import (
     validate_ifname,
     validate_network_name,
 )
-from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.executor import Executor
 from nri_cni.cni.plugin_env import cni_args, cni_env
 from nri_cni.cni.plugin_io import plugin_result, plugin_stdin, version_answer
@@ -38,7 +38,6 @@ from nri_cni.cni.runtime_types import (
     PluginCall,
     PluginObserver,
     RuntimeConf,
-    RuntimeHooks,
 )
 from nri_cni.errors import CniCode, CNIError, ConfigError, NriCniError, PluginRef
 
@@ -50,7 +49,6 @@ __all__ = [
     "PluginCall",
     "PluginObserver",
     "RuntimeConf",
-    "RuntimeHooks",
     "cni_args",
     "cni_env",
 ]
@@ -66,15 +64,13 @@ class CNIRuntime:
         bin_dirs: list[str],
         cache_dir: str = DEFAULT_CACHE_DIR,
         *,
+        executor: Executor,
         exec_timeout: float = 60.0,
-        executor: Executor | None = None,
-        hooks: RuntimeHooks | None = None,
         durable_cache: bool = False,
         cache: ResultCache | None = None,
         pass_env: Sequence[str] = (),
-        trust_files: bool = True,
     ) -> None:
-        """pass_env: names of the daemon's environment variables plugins also get.
+        """executor: how plugins run (PluginExecutor: as processes). pass_env: names of the daemon's environment variables plugins also get.
 
         durable_cache: ADD returns only once its cache entry is on disk. Off, the entry is
         written atomically before ADD returns and fsync'd right after, off the ADD's path: a
@@ -84,8 +80,7 @@ class CNIRuntime:
         self.cache = cache if cache is not None else ResultCache(cache_dir)
         self.durable_cache = durable_cache
         self.exec_timeout = exec_timeout
-        self.executor: Executor = executor or PluginExecutor(trust_files=trust_files)
-        self.hooks = hooks if hooks is not None else RuntimeHooks()  # (PluginHooks has a len)
+        self.executor = executor
         # A plugin gets PATH (it execs iptables etc.), the CNI variables and the variables the
         # config names (cni.plugin_env), nothing else of the daemon's environment.
         self.pass_env = tuple(pass_env)
@@ -96,13 +91,20 @@ class CNIRuntime:
         self._cni_path = ":".join(self.bin_dirs)
 
     def with_cache(self, cache: ResultCache) -> CNIRuntime:
-        """The same runtime (bin dirs, executor, hooks, timeout) keeping its results in `cache`
+        """The same runtime (bin dirs, executor, timeout) keeping its results in `cache`
         (NO_CACHE: nowhere, for an attachment nri-cni does not own)."""
+        return self._copy(self.executor, cache)
+
+    def with_executor(self, executor: Executor) -> CNIRuntime:
+        """The same runtime (bin dirs, cache, timeout) running its plugins through `executor`
+        (usually a wrapper of this one's: GC's slots, fault injection)."""
+        return self._copy(executor, self.cache)
+
+    def _copy(self, executor: Executor, cache: ResultCache) -> CNIRuntime:
         return CNIRuntime(
             self.bin_dirs,
+            executor=executor,
             exec_timeout=self.exec_timeout,
-            executor=self.executor,
-            hooks=self.hooks,
             durable_cache=self.durable_cache,
             cache=cache,
             pass_env=self.pass_env,
@@ -128,7 +130,6 @@ class CNIRuntime:
         result: Result | None = None
         try:
             for i, plugin in enumerate(net.plugins):
-                await self.hooks.before_plugin("ADD", net, i, rt)
                 prev = result.to_dict(net.cni_version) if result is not None else None
                 if i == last:
                     # runs once the plugin is started: the cache file is made while it works
@@ -136,7 +137,6 @@ class CNIRuntime:
                 stdin = self._stdin(net, plugin, rt, prev, ask_ips=True)
                 out = await self._call(net, plugin, "ADD", env, stdin, paths[i], index=i, observe=observe)
                 result = self._parse(net, plugin, "ADD", out, i)
-                await self.hooks.after_plugin("ADD", net, i, rt, result)
             assert result is not None  # checked above: there was a plugin
             await self.cache_result(net, rt, result, prepared)
         finally:
@@ -167,10 +167,8 @@ class CNIRuntime:
         if prev is not None and adjust is not None:
             prev = adjust(prev)
         for i, plugin in enumerate(net.plugins):
-            await self.hooks.before_plugin("CHECK", net, i, rt)
             stdin = self._stdin(net, plugin, rt, prev)
             await self._call(net, plugin, "CHECK", env, stdin, paths[i], index=i, observe=observe)
-            await self.hooks.after_plugin("CHECK", net, i, rt, None)
 
     async def delete(
         self, net: NetworkConfigList, rt: RuntimeConf, *, observe: PluginObserver | None = None
@@ -183,10 +181,8 @@ class CNIRuntime:
         env = self._env("DEL", rt)
         for i in range(len(net.plugins) - 1, -1, -1):
             plugin = net.plugins[i]
-            await self.hooks.before_plugin("DEL", net, i, rt)
             stdin = self._stdin(net, plugin, rt, prev)
             await self._call(net, plugin, "DEL", env, stdin, index=i, observe=observe)
-            await self.hooks.after_plugin("DEL", net, i, rt, None)
         self.cache.delete(net.name, rt.container_id, rt.ifname)
 
     async def delete_cached(self, entry: CacheEntry, *, observe: PluginObserver | None = None) -> None:
@@ -223,7 +219,6 @@ class CNIRuntime:
         paths = self._find_all(net, plugins, "FINALIZE")
         result, changed = prev_result, False
         for i, plugin in enumerate(plugins):
-            await self.hooks.before_plugin("FINALIZE", net, i, rt)
             out = await self._call(
                 net,
                 plugin,
@@ -236,7 +231,6 @@ class CNIRuntime:
             )
             if out.strip():
                 result, changed = self._parse(net, plugin, "FINALIZE", out, i), True
-            await self.hooks.after_plugin("FINALIZE", net, i, rt, result)
         if changed:
             await self.cache_result(net, rt, result)
         return result
@@ -302,7 +296,6 @@ class CNIRuntime:
     ) -> None:
         """Writes the attachment's cache entry; a separate step so it can be overridden.
         `prepared`: the same write begun ahead by add() (PreparedWrite)."""
-        await self.hooks.before_cache_write(net, rt, result)
         if prepared is None:
             prepared = self.cache.prepare(entry_of(net.name, net.bytes, rt))
         if self.durable_cache:

@@ -1,13 +1,11 @@
-"""What the CNI runtime's verbs take and raise: an attachment's runtime config, the hooks
-around plugin calls, and GC's collected error."""
+"""What the CNI runtime's verbs take and raise: an attachment's runtime config, the observer of
+plugin calls, and GC's collected error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nri_cni.cni.config import NetworkConfigList
-from nri_cni.cni.result import Result
 from nri_cni.errors import CNIError, NriCniError, PluginRef
 
 
@@ -49,32 +47,6 @@ class PluginObserver(Protocol):
 class Attachment:
     container_id: str
     ifname: str
-
-
-class RuntimeHooks:
-    """Optional callbacks around plugin calls (crash-safe intent records, fault injection).
-
-    Subclass and override what you need (the methods here do nothing). An exception raised
-    here aborts the operation as a plugin failure would.
-    """
-
-    async def before_plugin(
-        self, command: str, net: NetworkConfigList, plugin_index: int, rt: RuntimeConf | None
-    ) -> None:
-        """Before each plugin of ADD, CHECK, DEL or FINALIZE is exec'd."""
-
-    async def after_plugin(
-        self,
-        command: str,
-        net: NetworkConfigList,
-        plugin_index: int,
-        rt: RuntimeConf | None,
-        result: Result | None,
-    ) -> None:
-        """After each plugin returned successfully; `result` is the chain's result so far."""
-
-    async def before_cache_write(self, net: NetworkConfigList, rt: RuntimeConf, result: Result) -> None:
-        """After a successful chain, before its result is cached."""
 
 
 class GCError(CNIError):

@@ -10,33 +10,17 @@ that validates is one the daemon can run.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
+from nri_cni.config import sections
 from nri_cni.config.model import (
     _K8S_NAMESPACE,
-    _PLUGIN_IDX,
-    _PLUGIN_NAME,
-    DEFAULT_BIN_DIRS,
-    DEFAULT_CACHE_DIR,
-    DEFAULT_DAEMON_SOCKET,
-    DEFAULT_FINALIZE_DIR,
-    DEFAULT_NRI_SOCKET,
-    DEFAULT_RUNTIME_CACHE_DIR,
-    DEFAULT_STATE_DIR,
     FAILURE_POLICIES,
     MODES,
-    CniSettings,
     Config,
-    LifecycleSettings,
-    LocalSocketSettings,
-    MetricsServerSettings,
     NetworkSpec,
-    NriSettings,
-    PodLimits,
-    ReloadSettings,
 )
 from nri_cni.config.reader import _join, _kind, _Reader
 from nri_cni.errors import ConfigError
@@ -69,7 +53,9 @@ _NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file
 
 
 def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = None) -> Config:
-    """Validates a parsed YAML document; raises ConfigError listing every problem found."""
+    """Validates a parsed YAML document; raises ConfigError listing every problem found. Each
+    section is read by a function of its own; a key left out gets the dataclass's default
+    (config/model.py: the one place defaults are stated)."""
     r = _Reader(path)
     if data is None:
         data = {}
@@ -77,105 +63,54 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         raise ConfigError(f"the document must be a mapping, not {_kind(data)}", location=path)
     base_dir = base_dir or (os.path.dirname(os.path.abspath(path)) if path != "<config>" else os.getcwd())
     r.unknown_keys(data, _TOP_KEYS, "")
-
-    nri = r.section(data, "nri")
-    r.unknown_keys(nri, {"socket", "plugin_name", "plugin_index", "request_timeout"}, "nri")
-    nri_settings = NriSettings(
-        socket=r.string(nri, "socket", DEFAULT_NRI_SOCKET, "nri", path=True),
-        plugin_name=r.string(nri, "plugin_name", "cni", "nri", pattern=_PLUGIN_NAME),
-        plugin_index=r.string(nri, "plugin_index", "10", "nri", pattern=_PLUGIN_IDX),
-        request_timeout=r.duration(nri, "request_timeout", 0.0, "nri"),
-    )
+    # the sections in the order their errors are listed
+    nri = sections.nri(r, data)
     daemon = r.section(data, "daemon")
-    r.unknown_keys(
-        daemon,
-        {"socket", "allowed_uids", "allowed_gids", "max_connections", "read_timeout", "max_request_bytes"},
-        "daemon",
-    )
-    local_settings = LocalSocketSettings(
-        allowed_uids=r.id_list(daemon, "allowed_uids", (0,), "daemon"),
-        allowed_gids=r.id_list(daemon, "allowed_gids", (), "daemon"),
-        max_connections=r.integer(daemon, "max_connections", 128, "daemon", low=1, high=65536),
-        read_timeout=r.duration(daemon, "read_timeout", 10.0, "daemon"),
-        max_request_bytes=r.integer(
-            daemon, "max_request_bytes", LocalSocketSettings.max_request_bytes, "daemon", low=1024
-        ),
-    )
-    limits = r.section(data, "limits")
-    r.unknown_keys(
-        limits,
-        {"networks_per_pod", "attachments_per_network", "parallel_per_pod", "parallel_per_node"},
-        "limits",
-    )
-    pod_limits = PodLimits(
-        networks_per_pod=r.integer(limits, "networks_per_pod", 8, "limits", low=1, high=64),
-        attachments_per_network=r.integer(limits, "attachments_per_network", 2, "limits", low=1, high=64),
-        parallel_per_pod=r.integer(limits, "parallel_per_pod", 4, "limits", low=1, high=64),
-        parallel_per_node=r.integer(limits, "parallel_per_node", 16, "limits", low=1, high=1024),
-    )
-    files = r.section(data, "files")
-    r.unknown_keys(files, {"trust"}, "files")
-    trust_files = r.string(files, "trust", "enforce", "files", choices=("enforce", "warn")) == "enforce"
+    local = sections.local(r, daemon)
+    limits = sections.limits(r, data)
+    r.trust_files = sections.trust_files(r, data)  # before the network files are read
     log = r.section(data, "log")
     r.unknown_keys(log, {"level", "format"}, "log")
-    cni = r.section(data, "cni")
-    r.unknown_keys(
-        cni,
-        {"bin_dirs", "cache_dir", "plugin_timeout", "finalize_dir", "runtime_cache_dir", "plugin_env"},
-        "cni",
+    cni = sections.cni(r, data)
+    timers = sections.timers(r, data)
+    metrics_listen, metrics_server = sections.metrics(r, data)
+    lifecycle = sections.lifecycle(r, data)
+    reload = sections.reload(r, data)
+    networks, nad_dir = _networks(r, data, base_dir)
+    mode, primary_network = _mode(r, data, networks)
+    cfg = Config(
+        path=path,
+        mode=mode,
+        nri=nri,
+        daemon_socket=r.string(daemon, "socket", Config.daemon_socket, "daemon", path=True),
+        state_dir=r.string(data, "state_dir", Config.state_dir, "", path=True),
+        log_level=r.string(log, "level", Config.log_level, "log", choices=sections.LOG_LEVELS),
+        log_format=r.string(log, "format", Config.log_format, "log", choices=("text", "json")),
+        cni=cni,
+        networks=tuple(networks),
+        nad_dir=nad_dir,
+        primary_network=primary_network,
+        failure_policy=r.string(data, "failure_policy", Config.failure_policy, "", choices=FAILURE_POLICIES),
+        repair_on_sync=r.boolean(data, "repair_on_sync", Config.repair_on_sync, ""),
+        repair=r.string(_repair_value(data), "repair", Config.repair, "", choices=REPAIR_CHOICES),
+        metrics_listen=metrics_listen,
+        lifecycle=lifecycle,
+        reload=reload,
+        local=local,
+        limits=limits,
+        metrics_server=metrics_server,
+        trust_files=r.trust_files,
+        **timers,
     )
-    cni_settings = CniSettings(
-        bin_dirs=r.string_list(cni, "bin_dirs", DEFAULT_BIN_DIRS, "cni", path=True),
-        cache_dir=r.string(cni, "cache_dir", DEFAULT_CACHE_DIR, "cni", path=True),
-        plugin_timeout=r.duration(cni, "plugin_timeout", 60.0, "cni"),
-        finalize_dir=r.string(cni, "finalize_dir", DEFAULT_FINALIZE_DIR, "cni", path=True),
-        runtime_cache_dir=r.string(cni, "runtime_cache_dir", DEFAULT_RUNTIME_CACHE_DIR, "cni", path=True),
-        plugin_env=r.string_list(cni, "plugin_env", (), "cni"),
-    )
-    for name in cni_settings.plugin_env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name.startswith("CNI_"):
-            r.fail(
-                "cni.plugin_env", f"{name!r} is not an environment variable name (CNI_* are set by nri-cni)"
-            )
-    if os.path.basename(cni_settings.finalize_dir.rstrip("/")) != "_finalize.d":
-        r.fail("cni.finalize_dir", f"{cni_settings.finalize_dir!r} must be a directory named _finalize.d")
-    gc = r.section(data, "gc")
-    r.unknown_keys(gc, {"interval", "parallel", "unlisted_grace"}, "gc")
-    status = r.section(data, "status")
-    r.unknown_keys(status, {"interval", "refuse_when_not_ready"}, "status")
-    verify = r.section(data, "verify")
-    r.unknown_keys(verify, {"interval", "check_every"}, "verify")
-    metrics = r.section(data, "metrics")
-    r.unknown_keys(metrics, {"listen", "max_connections", "timeout"}, "metrics")
-    metrics_server = MetricsServerSettings(
-        max_connections=r.integer(metrics, "max_connections", 16, "metrics", low=1, high=1024),
-        timeout=r.duration(metrics, "timeout", 5.0, "metrics"),
-    )
-    metrics_listen = r.string(metrics, "listen", "", "metrics")
-    if metrics_listen and not _local_listen(metrics_listen):
-        r.fail("metrics.listen", f"{metrics_listen!r}: only a unix socket path or 127.0.0.1:PORT")
+    if r.errors:
+        raise ConfigErrors(r.errors)
+    return cfg
 
-    lifecycle = r.section(data, "lifecycle")
-    r.unknown_keys(lifecycle, {"retry_initial", "retry_max"}, "lifecycle")
-    lifecycle_settings = LifecycleSettings(
-        retry_initial=r.duration(lifecycle, "retry_initial", 1.0, "lifecycle"),
-        retry_max=r.duration(lifecycle, "retry_max", 300.0, "lifecycle"),
-    )
-    if lifecycle_settings.retry_initial <= 0:
-        r.fail("lifecycle.retry_initial", "must be more than 0")
-    if lifecycle_settings.retry_max < lifecycle_settings.retry_initial:
-        r.fail("lifecycle.retry_max", "must not be less than retry_initial")
-    reload = r.section(data, "reload")
-    r.unknown_keys(reload, {"watch", "rescan_interval", "debounce"}, "reload")
-    reload_settings = ReloadSettings(
-        watch=r.boolean(reload, "watch", True, "reload"),
-        rescan_interval=r.duration(reload, "rescan_interval", 30.0, "reload"),
-        debounce=r.duration(reload, "debounce", 0.2, "reload"),
-    )
 
-    r.trust_files = trust_files
+def _networks(r: _Reader, data: dict, base_dir: str) -> tuple[list[NetworkSpec], str]:
+    """The config's networks, then those of the NetworkAttachmentDefinitions in nad_dir."""
     networks = _parse_networks(r, data.get("networks"), base_dir)
-    nad_dir = r.string(data, "nad_dir", "", "", path=True)
+    nad_dir = r.string(data, "nad_dir", Config.nad_dir, "", path=True)
     if nad_dir:
         from nri_cni.config.nad import nad_networks  # lazy: only configs with nad_dir read NAD files
 
@@ -186,48 +121,20 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
             for key, lst in nads
         ]
         r.errors += nad_errors
-    mode = r.string(data, "mode", "shim", "", choices=MODES)
-    primary_network = r.string(data, "primary_network", "", "")
+    return networks, nad_dir
+
+
+def _mode(r: _Reader, data: dict, networks: list[NetworkSpec]) -> tuple[str, str]:
+    """The mode and the primary network, checked against the networks."""
+    mode = r.string(data, "mode", Config.mode, "", choices=MODES)
+    primary_network = r.string(data, "primary_network", Config.primary_network, "")
     if mode != "secondary" and primary_network and primary_network not in {n.name for n in networks}:
         r.fail("primary_network", f"{primary_network!r} is not one of the networks")
     if mode == "secondary" and not primary_network:
         r.fail("primary_network", "secondary mode needs the name of the runtime's own network")
     if mode != "secondary" and networks and not any(n.default for n in networks):
         r.fail("networks", "no network has `default: true`: pods would get no primary network")
-
-    cfg = Config(
-        path=path,
-        mode=mode,
-        nri=nri_settings,
-        daemon_socket=r.string(daemon, "socket", DEFAULT_DAEMON_SOCKET, "daemon", path=True),
-        state_dir=r.string(data, "state_dir", DEFAULT_STATE_DIR, "", path=True),
-        log_level=r.string(log, "level", "info", "log", choices=("debug", "info", "warning", "error")),
-        log_format=r.string(log, "format", "text", "log", choices=("text", "json")),
-        cni=cni_settings,
-        networks=tuple(networks),
-        nad_dir=nad_dir,
-        primary_network=primary_network,
-        failure_policy=r.string(data, "failure_policy", "auto", "", choices=FAILURE_POLICIES),
-        gc_interval=r.duration(gc, "interval", 600.0, "gc"),
-        gc_parallel=r.integer(gc, "parallel", 0, "gc", high=256),
-        gc_unlisted_grace=r.duration(gc, "unlisted_grace", 120.0, "gc"),
-        status_interval=r.duration(status, "interval", 30.0, "status"),
-        refuse_when_not_ready=r.boolean(status, "refuse_when_not_ready", False, "status"),
-        repair_on_sync=r.boolean(data, "repair_on_sync", True, ""),
-        verify_interval=r.duration(verify, "interval", 30.0, "verify"),
-        verify_check_every=r.integer(verify, "check_every", 10, "verify", low=1, high=10000),
-        repair=r.string(_repair_value(data), "repair", "on", "", choices=REPAIR_CHOICES),
-        metrics_listen=metrics_listen,
-        lifecycle=lifecycle_settings,
-        reload=reload_settings,
-        local=local_settings,
-        limits=pod_limits,
-        metrics_server=metrics_server,
-        trust_files=trust_files,
-    )
-    if r.errors:
-        raise ConfigErrors(r.errors)
-    return cfg
+    return mode, primary_network
 
 
 REPAIR_CHOICES = ("on", "off", "verify-only")
@@ -239,13 +146,6 @@ def _repair_value(data: dict) -> dict:
     if isinstance(value, bool):
         return {"repair": "on" if value else "off"}
     return data
-
-
-def _local_listen(value: str) -> bool:
-    if value.startswith("/"):
-        return True
-    host, _, port = value.rpartition(":")
-    return host in ("127.0.0.1", "localhost", "[::1]") and port.isdigit()
 
 
 def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:

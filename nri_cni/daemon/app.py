@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config, ConfigSource
 from nri_cni.daemon.local_server import LocalServer
@@ -32,8 +33,12 @@ from nri_cni.metrics.endpoint import Metrics
 from nri_cni.metrics.limits import BackgroundValue
 from nri_cni.node import NodeInspector
 from nri_cni.nri.stub import Stub
+from nri_cni.pod.finalized import FinalizedMarks
+from nri_cni.pod.intents import IntentStore
+from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.plan import PodPlan
 from nri_cni.safety import files
+from nri_cni.service.ledger import PodLedger
 from nri_cni.service.podstate import HealthBook
 from nri_cni.service.readiness import NetworkReadiness
 from nri_cni.service.service import PodService
@@ -161,7 +166,7 @@ class Daemon:
         verify_interval = cfg.verify_interval if cfg.repair != "off" else 0.0
 
         async def resync() -> None:
-            """A stale roster (app/service.py): a fresh pod list, at most every RESYNC_EVERY."""
+            """A stale roster (service/service.py): a fresh pod list, at most every RESYNC_EVERY."""
             while True:
                 await self.pods.roster_stale.wait()
                 self.pods.roster_stale.clear()
@@ -200,7 +205,7 @@ def build_daemon(cfg: Config) -> Daemon:
         cfg.cni.cache_dir,
         exec_timeout=cfg.cni.plugin_timeout,
         pass_env=cfg.cni.plugin_env,
-        trust_files=cfg.trust_files,
+        executor=PluginExecutor(trust_files=cfg.trust_files),
     )
     # Prometheus metrics: always collected (cheap), served only when metrics.listen is set.
     # the count reads every cache file: refreshed off the loop, not per scrape
@@ -217,8 +222,23 @@ def build_daemon(cfg: Config) -> Daemon:
         retry_max=cfg.lifecycle.retry_max,
     )
     readiness = NetworkReadiness(source, cni, lifecycle)
-    plan = PodPlan(source, cni, sink=metrics, readiness=readiness, lifecycle=lifecycle)
-    pods = PodService(source, plan=plan, health=health, inspector=NodeInspector())
+    plan = PodPlan(
+        source,
+        cni,
+        intents=IntentStore(cfg.state_dir),  # state_dir is read at start-up only
+        finalized=FinalizedMarks(cfg.state_dir),
+        sink=metrics,
+        readiness=readiness,
+        lifecycle=lifecycle,
+    )
+    pods = PodService(
+        source,
+        plan=plan,
+        ledger=PodLedger(),
+        locks=PodLocks(),
+        health=health,
+        inspector=NodeInspector.with_workers(),
+    )
     handlers = NriHandlers(pods, request_timeout=cfg.nri.request_timeout)
 
     def observe_nri(method: str, seconds: float) -> None:

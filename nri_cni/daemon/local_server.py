@@ -154,7 +154,7 @@ class LocalServer:
     @staticmethod
     def _pod_from_env(env: dict[str, str], conf: dict[str, Any]) -> PodInfo:
         cid = validate.check_id(env.get("CNI_CONTAINERID", ""), "CNI_CONTAINERID")
-        args = validate.parse_cni_args(env.get("CNI_ARGS", ""))
+        args = dict(validate.cni_args_pairs(env.get("CNI_ARGS", "")))  # a key given twice: its last value
         annotations = (conf.get("runtimeConfig") or {}).get(POD_ANNOTATIONS_CAP) or {}
         if not isinstance(annotations, dict):
             raise ConfigError(f"runtimeConfig.{POD_ANNOTATIONS_CAP} must be an object")

@@ -36,7 +36,7 @@ HOST_NETWORK = "host-network"  # the pod uses the node's network: nothing to att
 
 
 @dataclass(frozen=True)
-class PodState:
+class PodsView:
     """The daemon's view of its pods, besides the cache."""
 
     listed: Mapping[str, PodInfo]  # the runtime's pods (Synchronize plus events)
@@ -130,7 +130,7 @@ def runtime_primaries(cache: ResultCache | None, network: str) -> list[CacheEntr
 
 def pods_report(
     entries: Iterable[CacheEntry],
-    state: PodState,
+    state: PodsView,
     *,
     runtime_entries: Iterable[CacheEntry] = (),
     names: Mapping[str, str] | None = None,
@@ -185,7 +185,7 @@ def pods_report(
     return sorted(out, key=lambda p: (p["namespace"], p["name"], p["id"]))
 
 
-def _state(pod: _Pod, state: PodState) -> str:
+def _state(pod: _Pod, state: PodsView) -> str:
     if pod.id in state.rollback:
         return ROLLBACK
     if pod.id in state.repair:

@@ -24,32 +24,40 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, load_finalize_dropins
+from nri_cni.cni.config import FINALIZE_DROPIN_DIR, PluginConf, finalize_dir_plugins
 from nri_cni.config import Config, ConfigErrors, load_config
 from nri_cni.daemon.inotify import DirWatcher, InotifyUnavailable
 from nri_cni.errors import ConfigError
 
 log = logging.getLogger("nri_cni.reload")
 
-# Settings read once at start-up (sockets bound, directories opened, timers started, the
-# identity the runtime registered): a change to one of them needs a restart.
+# Settings read once at start-up (sockets bound, directories opened, timers started, limits
+# sized, the identity the runtime registered): a change to one of them needs a restart. The
+# same keys, in this order, are listed in docs/lifecycle.md ("Restart-only settings"); every
+# other setting is read from the running config each time it is used.
 RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("mode", lambda c: c.mode),
-    ("nri", lambda c: c.nri),
+    ("nri.*", lambda c: c.nri),
     ("daemon.socket", lambda c: c.daemon_socket),
+    ("daemon.allowed_gids", lambda c: c.local.allowed_gids),
     ("state_dir", lambda c: c.state_dir),
     ("log.format", lambda c: c.log_format),
     ("cni.bin_dirs", lambda c: c.cni.bin_dirs),
     ("cni.cache_dir", lambda c: c.cni.cache_dir),
     ("cni.plugin_timeout", lambda c: c.cni.plugin_timeout),
     ("cni.plugin_env", lambda c: c.cni.plugin_env),
-    ("files.trust", lambda c: c.trust_files),
     ("cni.runtime_cache_dir", lambda c: c.cni.runtime_cache_dir),
+    ("files.trust", lambda c: c.trust_files),
     ("gc.interval", lambda c: c.gc_interval),
     ("status.interval", lambda c: c.status_interval),
+    ("verify.interval", lambda c: c.verify_interval),
+    ("repair", lambda c: c.repair),
+    ("limits.parallel_per_node", lambda c: c.limits.parallel_per_node),
     ("metrics.listen", lambda c: c.metrics_listen),
-    ("lifecycle", lambda c: c.lifecycle),
-    ("reload", lambda c: c.reload),
+    ("metrics.max_connections", lambda c: c.metrics_server.max_connections),
+    ("metrics.timeout", lambda c: c.metrics_server.timeout),
+    ("lifecycle.*", lambda c: c.lifecycle),
+    ("reload.*", lambda c: c.reload),
 )
 
 
@@ -59,13 +67,6 @@ class ReloadState:
     last_applied: float = 0.0
     refused: str = ""  # the error of the last refused change, "" once a change is applied
     refused_at: float = 0.0
-
-
-def finalize_dropins(cfg: Config) -> tuple[tuple[PluginConf, ...], list[ConfigError]]:
-    path = cfg.cni.finalize_dir.rstrip("/")
-    if not path or not os.path.isdir(path):
-        return (), []
-    return load_finalize_dropins(os.path.dirname(path), trust=cfg.trust_files)
 
 
 def watched_dirs(cfg: Config) -> set[str]:
@@ -79,7 +80,7 @@ def watched_dirs(cfg: Config) -> set[str]:
         if source and os.path.isabs(source):
             conf_dir = os.path.dirname(source)
             dirs.update((conf_dir, os.path.join(conf_dir, spec.conflist.name)))
-    if cfg.nad_dir:  # NetworkAttachmentDefinitions (nri_cni/nad.py): a new file is a new network
+    if cfg.nad_dir:  # NetworkAttachmentDefinitions (nri_cni/config/nad.py): a new file is a new network
         dirs.add(cfg.nad_dir)
     finalize = cfg.cni.finalize_dir.rstrip("/")
     if os.path.basename(finalize) == FINALIZE_DROPIN_DIR:
@@ -99,7 +100,7 @@ class ConfigReloader:
         self._apply = apply
         self._loader = loader
         self.state = ReloadState()
-        self._dropins, _ = finalize_dropins(cfg)
+        self._dropins, _ = finalize_dir_plugins(cfg.cni.finalize_dir, trust=cfg.trust_files)
         self._trigger = asyncio.Event()
         self._lock = asyncio.Lock()
         self._watcher: DirWatcher | None = None
@@ -181,7 +182,7 @@ class ConfigReloader:
 
     def _read(self) -> tuple[Config, tuple[PluginConf, ...]]:
         new = self._loader(self.cfg.path)
-        dropins, errors = finalize_dropins(new)
+        dropins, errors = finalize_dir_plugins(new.cni.finalize_dir, trust=new.trust_files)
         if errors:
             raise ConfigErrors(errors)
         return new, dropins

@@ -87,7 +87,7 @@ class DaemonReports:
         snap = self.service.snapshot(runtime_attachments=True)
         return podreport.pods_report(
             list(snap.attachments),
-            podreport.PodState(
+            podreport.PodsView(
                 snap.listed,
                 set(snap.pending_repair),
                 set(snap.pending_rollback),

@@ -29,10 +29,10 @@ from nri_cni.local.codec import (
     body_length,
     decode_header,
     decode_response_head,
+    encode_request,
     encode_response,
     header_length,
 )
-from nri_cni.local.codec import encode_request as _encode_pairs
 
 __all__ = [
     "MAX_BODY",
@@ -51,10 +51,6 @@ __all__ = [
 OP_KEY = "NRICNI_OP"
 STATUS_OK = 0
 STATUS_ERROR = 1
-
-
-def encode_request(header: dict[str, str], body: bytes = b"") -> bytes:
-    return _encode_pairs(list(header.items()), body)
 
 
 async def read_request(
@@ -87,7 +83,7 @@ def call(
                 f"the nri-cni daemon is not reachable at {socket_path}: "
                 f"{exc.strerror or exc} (is `nri-cni run` running?)"
             ) from exc
-        sock.sendall(encode_request(header, body))
+        sock.sendall(encode_request(list(header.items()), body))
         status, length = decode_response_head(_recv_exactly(sock, RESPONSE_HEAD))
         return status, _recv_exactly(sock, length)
     finally:

@@ -73,6 +73,7 @@ class Metrics:
         self._socket_paths: list[str] = []
         self._clients: set[asyncio.Task] = set()
         self.guard: Any = None  # the connection limits, once serving (nri_cni/metrics/limits.py)
+        self._accept_errors = metrics_server.AcceptErrorFilter()
         self.repairs = Counter(
             "nri_cni_pod_repairs",
             "Repairs of a pod's networks after verify found them differ, by result (ok, error).",
@@ -113,7 +114,7 @@ class Metrics:
         """Listens on a unix socket path or HOST:PORT (127.0.0.1, localhost, [::1]); `limits`
         (max_connections, timeout) bound the connections (nri_cni/metrics/limits.py)."""
         handle, self.guard = metrics_server.guard(self._handle, limits)
-        metrics_server.limit_accept_errors(asyncio.get_running_loop())
+        logging.getLogger(metrics_server.ASYNCIO_LOG).addFilter(self._accept_errors)  # once: a set
         if listen.startswith("/"):
             _remove_stale_socket(listen)
             os.makedirs(os.path.dirname(listen) or "/", mode=0o755, exist_ok=True)
@@ -131,6 +132,7 @@ class Metrics:
         return server
 
     async def close(self) -> None:
+        logging.getLogger(metrics_server.ASYNCIO_LOG).removeFilter(self._accept_errors)
         for server in self._servers:
             server.close()
         for task in list(self._clients):

@@ -5,8 +5,8 @@ the daemon that answers also runs every pod's plugins with a limited number of d
 - `guard()` wraps a connection handler with a connection cap (a connection past it is closed at
   once, without reading) and one timeout for the whole exchange (reading the request and
   writing the answer: a scraper that stops reading cannot hold a connection);
-- `limit_accept_errors()` rate-limits the event loop's "accept() out of system resource"
-  reports, one line per 10 s with a count, instead of megabytes of log;
+- `AcceptErrorFilter`, a filter on asyncio's logger, rate-limits the event loop's "accept()
+  out of system resource" reports, one line per 10 s with a count, instead of megabytes of log;
 - `BackgroundValue` serves a value that is costly to compute (the number of cache entries: one
   file each) from the last computation, refreshed off the event loop at most every `max_age`
   seconds, so a scrape costs the same with 10 or 10,000 cache files.
@@ -67,43 +67,41 @@ def guard(handler: Handler, settings: Any = None) -> tuple[Handler, ConnectionGu
 
 
 _ACCEPT_ERROR = "socket.accept() out of system resource"
+ASYNCIO_LOG = "asyncio"  # where the event loop's default exception handler reports
 
 
-def limit_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """Rate-limits the loop's accept-error reports; other reports go where they went before.
-    asyncio already pauses accepting for a second after such an error."""
-    if getattr(loop, "_nri_cni_accept_limited", False):
-        return
-    previous = loop.get_exception_handler()
-    limited = RateLimitedLog(log)
+class AcceptErrorFilter(logging.Filter):
+    """On asyncio's logger (the metrics server adds it while it serves): the accept errors it
+    reports go through a rate-limited line of ours; every other record passes. asyncio already
+    pauses accepting for a second after such an error."""
 
-    def handler(lp: asyncio.AbstractEventLoop, context: dict) -> None:
-        if str(context.get("message", "")).startswith(_ACCEPT_ERROR):
-            limited("accept", "%s: %s", _ACCEPT_ERROR, context.get("exception"))
-            return
-        if previous is not None:
-            previous(lp, context)
-        else:
-            lp.default_exception_handler(context)
+    def __init__(self) -> None:
+        super().__init__()
+        self._limited = RateLimitedLog(log)
 
-    loop.set_exception_handler(handler)
-    loop._nri_cni_accept_limited = True  # type: ignore[attr-defined]
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith(_ACCEPT_ERROR):
+            return True
+        self._limited("accept", "%s: %s", _ACCEPT_ERROR, record.exc_info[1] if record.exc_info else "")
+        return False
 
 
 class BackgroundValue:
     """fn()'s last value; past `max_age` a refresh runs in a worker thread and the scrape gets
     the previous value meanwhile. The first call computes it in place."""
 
-    def __init__(self, fn: Callable[[], Any], max_age: float = 15.0) -> None:
+    def __init__(
+        self, fn: Callable[[], Any], max_age: float = 15.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.fn = fn
         self.max_age = max_age
-        self.computed = 0  # how many times fn ran (tests)
+        self.clock = clock
         self._value: Any = None
         self._at = -1.0
         self._refreshing = False
 
     def __call__(self) -> Any:
-        now = time.monotonic()
+        now = self.clock()
         if self._at < 0:
             self._store(self.fn())
         elif now - self._at > self.max_age and not self._refreshing:
@@ -111,9 +109,8 @@ class BackgroundValue:
         return self._value
 
     def _store(self, value: Any) -> None:
-        self.computed += 1
         self._value = value
-        self._at = time.monotonic()
+        self._at = self.clock()
 
     def _refresh(self) -> None:
         try:
@@ -127,7 +124,7 @@ class BackgroundValue:
         def done(f: asyncio.Future) -> None:
             self._refreshing = False
             if f.cancelled() or f.exception() is not None:
-                self._at = time.monotonic()  # retried after max_age; the old value stays
+                self._at = self.clock()  # retried after max_age; the old value stays
                 return
             self._store(f.result())
 

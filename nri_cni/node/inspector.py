@@ -73,8 +73,13 @@ class NodeInspector:
     Each netns is read once however many attachments it holds (eth0, net1...); each host-side
     link the expectations name (a bridge shared by every pod counts once) is read once a round."""
 
-    def __init__(self, *, workers: int = DEFAULT_WORKERS, pool: NetnsWorkers | None = None) -> None:
-        self._pool = pool or NetnsWorkers(workers)
+    def __init__(self, pool: NetnsWorkers) -> None:
+        self._pool = pool
+
+    @classmethod
+    def with_workers(cls, workers: int = DEFAULT_WORKERS) -> NodeInspector:
+        """An inspector on a pool of its own (`workers` threads, started on first use)."""
+        return cls(NetnsWorkers(workers))
 
     def close(self) -> None:
         self._pool.close()

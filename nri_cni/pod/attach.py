@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.cni.config import NetworkConfigList, PluginConf, load_finalize_dropins, parse_conflist
+from nri_cni.cni.config import NetworkConfigList, PluginConf, finalize_dir_plugins, parse_conflist
 from nri_cni.cni.prev_result import conf_of
 from nri_cni.cni.result import Result
 from nri_cni.cni.result_parse import parse_result
@@ -33,15 +33,13 @@ from nri_cni.lifecycle.spec import is_managed
 from nri_cni.node import netlink
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
-from nri_cni.pod.model import AttachRequest, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
+from nri_cni.pod.model import AttachRequest, Key, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
 from nri_cni.pod.oprecord import NetworkFailure, OpRecord
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
 from nri_cni.pod.select import Selected
 
 log = logging.getLogger("nri_cni.pod")
-
-Key = tuple[str, str]  # (network, ifname): a pod may ask for one network twice (fast, fast@fast2)
 
 
 class Attacher:
@@ -77,9 +75,7 @@ class Attacher:
     @property
     def finalize_dropins(self) -> tuple[PluginConf, ...]:
         """The `_finalize.d` plugins of the config in force, read once per config."""
-        return self.source.derived(
-            "finalize_dropins", lambda cfg: finalize_dropins(cfg.cni.finalize_dir, cfg.trust_files)
-        )
+        return self.source.derived("finalize_dropins", _dropins_of)
 
     async def attach(
         self,
@@ -132,50 +128,19 @@ class Attacher:
             for s in selected
             if (e := self.cni.cache.read(s.network.name, pod.id, s.ifname)) is not None
         }
+        results = {key: parse_result(e.result or {"cniVersion": "1.1.0"}) for key, e in existing.items()}
         todo = [s for s in selected if _key(s) not in existing]
-        answer = PodNetworks(pod)
         if not todo:
             # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD), or
             # nothing of nri-cni's to attach (secondary mode, a pod with eth0 only).
-            for sel in selected:
-                result = parse_result(existing[_key(sel)].result or {"cniVersion": "1.1.0"})
-                answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, result))
             try:
                 await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
             except NriCniError as exc:
                 raise pod_error(pod, exc) from exc
-            return answer
+            return _answer(pod, selected, results)
         await self._check_ready(todo)
-
-        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]] = {}
-        for index, sel in enumerate(selected):
-            caps = dict(sel.capability_args)
-            if index == 0:
-                caps = {**request.runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
-            rt = RuntimeConf(
-                container_id=pod.id,
-                netns=pod.netns,
-                ifname=sel.ifname,
-                args=pod.cni_args(),
-                capability_args=caps,
-                # ADD's alone: the intent record and the cache keep args and caps without it
-                ip_request=tuple(request.ips.get(_key(sel)) or ()),
-            )
-            confs[_key(sel)] = (sel.network.conflist, rt)
-        intent = Intent(
-            pod.id,
-            pod.netns,
-            [
-                IntendedNetwork(
-                    s.network.name,
-                    s.ifname,
-                    confs[_key(s)][0].bytes,
-                    confs[_key(s)][1].args,
-                    confs[_key(s)][1].capability_args,
-                )
-                for s in todo
-            ],
-        )
+        confs = _runtime_confs(pod, selected, request)
+        intent = _intent(pod, todo, confs)
         # Written (atomic) before any plugin runs, a failure here leaves nothing; durable before
         # the ADD is done: its fsync (a journal commit, ~1 ms) runs while the plugins work. A
         # crash of the daemon finds the record (the page cache survives a kill); journalling
@@ -183,59 +148,45 @@ class Attacher:
         self.intents.write(intent, durable=False)
         synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
         synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
-        planned = {(n.network, n.ifname): n for n in intent.networks}
-
-        added: list[IntendedNetwork] = []
-        results: dict[Key, Result] = {
-            _key(sel): parse_result(entry.result or {"cniVersion": "1.1.0"})
-            for sel in selected
-            if (entry := existing.get(_key(sel))) is not None
-        }
+        adds = Adds()
         try:
-            await self._add_all(todo, confs, planned, intent, added, results, record)
+            adds = await self._add_all(todo, confs, intent, record)
+            if adds.failure is not None:
+                raise adds.failure
+            results.update(adds.results)
             await synced
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
             await _settled(synced)
             # DEL what was started, last first; the record of the rest goes (never ADDed)
-            errors = await self.rollback.undo(Intent(pod.id, pod.netns, added), record, op="rollback")
+            errors = await self.rollback.undo(Intent(pod.id, pod.netns, adds.started), record, op="rollback")
             raise pod_error(pod, exc, errors) from exc
-        except BaseException:
-            # Cancelled or crashed mid-way: the intent record stays for start-up recovery.
-            raise
+        # Cancelled or crashed mid-way (any other exception): the intent record stays for
+        # start-up recovery.
         self.intents.clear(pod.id)
-        for sel in selected:
-            answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
-        return answer
+        return _answer(pod, selected, results)
 
-    async def _add_all(
-        self,
-        todo: list[Selected],
-        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]],
-        planned: dict[Key, IntendedNetwork],
-        intent: Intent,
-        added: list[IntendedNetwork],
-        results: dict[Key, Result],
-        record: OpRecord,
-    ) -> None:
+    async def _add_all(self, todo: list[Selected], confs: Confs, intent: Intent, record: OpRecord) -> Adds:
         """ADD the networks at once, each chain in its order (go-cni's way; limits.parallel_per_pod
         of one pod together, limits.parallel_per_node on the node). A network that fails stops
-        the ones not started yet; those running finish (a plugin is never cut halfway), and
-        `added` names every one started, for the rollback. Raises the first failure."""
-        failed: list[NriCniError] = []
+        the ones not started yet; those running finish (a plugin is never cut halfway). The
+        answer names every network started (for the rollback) and the first failure; anything
+        but a plugin's failure (cancelled, a bug) is raised: the intent stays."""
+        adds = Adds()
+        planned = {(n.network, n.ifname): n for n in intent.networks}
         pod_slots = asyncio.Semaphore(self.cfg.limits.parallel_per_pod)
 
         async def one(sel: Selected) -> None:
             async with pod_slots, self.node_slots:
-                if failed:
+                if adds.failure is not None:
                     return  # another network failed: this one is not started
                 net, rt = confs[_key(sel)]
                 t0 = time.perf_counter()
-                added.append(planned[_key(sel)])
+                adds.started.append(planned[_key(sel)])
                 try:
-                    results[_key(sel)] = await self._add_one(net, rt, record)
+                    adds.results[_key(sel)] = await self._add_one(net, rt, record)
                 except NriCniError as exc:
-                    failed.append(exc)
+                    adds.failure = adds.failure or exc
                     self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
                     return
                 record.step(net.name, sel.ifname, "add", t0)
@@ -246,9 +197,8 @@ class Attacher:
             outcomes = await asyncio.gather(*(one(sel) for sel in todo), return_exceptions=True)
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
-                    raise outcome  # not a plugin's failure (cancelled, a bug): the intent stays
-        if failed:
-            raise failed[0]
+                    raise outcome
+        return adds
 
     async def _check_ready(self, todo: list[Selected]) -> None:
         """status.refuse_when_not_ready: no ADD of a network whose STATUS fails."""
@@ -276,7 +226,7 @@ class Attacher:
         self,
         pod: PodInfo,
         selected: list[Selected],
-        confs: dict[Key, tuple[NetworkConfigList, RuntimeConf]],
+        confs: Confs,
         results: dict[Key, Result],
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
@@ -322,6 +272,54 @@ class Attacher:
         self.finalized.mark(pod.id, rt.netns)
 
 
+Confs = dict[Key, tuple[NetworkConfigList, RuntimeConf]]  # each network's list and its ADD's runtime conf
+
+
+@dataclass
+class Adds:
+    """What the ADDs of one attach did: every network started (in order), the results of those
+    that succeeded, the first failure."""
+
+    started: list[IntendedNetwork] = field(default_factory=list)
+    results: dict[Key, Result] = field(default_factory=dict)
+    failure: NriCniError | None = None
+
+
+def _runtime_confs(pod: PodInfo, selected: list[Selected], request: AttachRequest) -> Confs:
+    confs: Confs = {}
+    for index, sel in enumerate(selected):
+        caps = dict(sel.capability_args)
+        if index == 0:
+            caps = {**request.runtime_caps, **caps}  # port mappings, bandwidth... go to the primary
+        rt = RuntimeConf(
+            container_id=pod.id,
+            netns=pod.netns,
+            ifname=sel.ifname,
+            args=pod.cni_args(),
+            capability_args=caps,
+            # ADD's alone: the intent record and the cache keep args and caps without it
+            ip_request=tuple(request.ips.get(_key(sel)) or ()),
+        )
+        confs[_key(sel)] = (sel.network.conflist, rt)
+    return confs
+
+
+def _intent(pod: PodInfo, todo: list[Selected], confs: Confs) -> Intent:
+    """The record of the ADDs about to run (pod/intents.py): what a rollback or recovery DELs."""
+    networks = []
+    for sel in todo:
+        net, rt = confs[_key(sel)]
+        networks.append(IntendedNetwork(sel.network.name, sel.ifname, net.bytes, rt.args, rt.capability_args))
+    return Intent(pod.id, pod.netns, networks)
+
+
+def _answer(pod: PodInfo, selected: list[Selected], results: dict[Key, Result]) -> PodNetworks:
+    answer = PodNetworks(pod)
+    for sel in selected:
+        answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
+    return answer
+
+
 def _primary_conf(
     pod: PodInfo, primary: RuntimePrimary
 ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
@@ -344,20 +342,16 @@ async def _settled(task: asyncio.Future[None]) -> None:
     await asyncio.wait([task])
 
 
-def _retrieved(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def finalize_dropins(path: str, trust: bool = True) -> tuple[PluginConf, ...]:
-    # The config names the `_finalize.d` dir itself (validated); libcni's rule reads it below
-    # a conf dir.
-    if not path or not os.path.isdir(path):
-        return ()
-    plugins, errors = load_finalize_dropins(os.path.dirname(path.rstrip("/")), trust=trust)
+def _dropins_of(cfg: Config) -> tuple[PluginConf, ...]:
+    plugins, errors = finalize_dir_plugins(cfg.cni.finalize_dir, trust=cfg.trust_files)
     for err in errors:
         log.error("finalize drop-in skipped: %s", err)
     return plugins
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: Sequence[NetworkFailure] = ()) -> PodError:

@@ -16,6 +16,9 @@ K8S_POD_INFRA_CONTAINER_ID = "K8S_POD_INFRA_CONTAINER_ID"
 K8S_POD_UID = "K8S_POD_UID"
 
 
+Key = tuple[str, str]  # one attachment of a pod: (network, ifname); a network may come twice
+
+
 @dataclass(frozen=True)
 class PodInfo:
     """A pod sandbox, from NRI (PodSandbox) or from a CNI call forwarded by the shim."""

@@ -28,7 +28,7 @@ from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, PrimaryNetwork, RuntimePrimary
-from nri_cni.pod.oprecord import GcReport, NoSink, OperationLog, OperationSink, OpRecord
+from nri_cni.pod.oprecord import GcReport, OperationLog, OperationSink, OpRecord
 from nri_cni.pod.repair import Repairer
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.seams import Readiness
@@ -52,18 +52,21 @@ class PodPlan:
         cfg: Config | ConfigSource,
         cni: CNIRuntime,
         *,
-        intents: IntentStore | None = None,
-        sink: OperationSink | None = None,
+        intents: IntentStore,
+        finalized: FinalizedMarks,
+        sink: OperationSink,
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
+        """The parts kept on disk (`intents`, `finalized`: under state_dir) and the metrics
+        (`sink`) come from the composition root; `readiness` (status.refuse_when_not_ready) and
+        `lifecycle` (INIT leases) are absent where nothing gates or leases (tools, benches)."""
         self.source = source = ConfigSource.of(cfg)
-        cfg = source.current  # what is read at start-up only: state_dir
         self.cni = cni
-        self.intents = intents or IntentStore(cfg.state_dir)
-        self.oplog = OperationLog(sink or NoSink())
+        self.intents = intents
+        self.oplog = OperationLog(sink)
         self.rollback = Rollback(cni, self.intents)
-        self.finalized = FinalizedMarks(cfg.state_dir)
+        self.finalized = finalized
         self.detacher = Detacher(cni, intents=self.intents, rollback=self.rollback, lifecycle=lifecycle)
         self.attacher = Attacher(
             source,

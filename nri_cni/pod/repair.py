@@ -35,13 +35,11 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.errors import CniCode, CNIError, NriCniError, PodError
 from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import attach_order
-from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks, RuntimePrimary
+from nri_cni.pod.model import AttachRequest, Key, PodInfo, PodNetworks, RuntimePrimary
 from nri_cni.pod.oprecord import OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.select import Selected
 from nri_cni.safety.validate import ifname_problem
-
-Key = tuple[str, str]  # (network, ifname)
 
 
 class IpTaken(PodError):

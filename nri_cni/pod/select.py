@@ -54,15 +54,40 @@ def select_networks(
     Interface names are the network's configured one, else eth0 for the first, then net1, net2...
     """
     requests = parse_annotation(annotations.get(NETWORKS_ANNOTATION, ""))
-    chosen: list[tuple[NetworkSpec, str, dict[str, Any]]] = []
+    chosen = _defaults(cfg, primary) + _requested(cfg, namespace, requests)
+    out = _named(chosen, primary)
+    try:
+        validate.check_selection(
+            [sel.network.name for sel in out],
+            max_networks=cfg.limits.networks_per_pod,
+            max_per_network=cfg.limits.attachments_per_network,
+            where=NETWORKS_ANNOTATION,
+        )
+    except validate.InvalidInput as exc:
+        raise AnnotationRefused(exc.msg) from None
+    return out
+
+
+_Chosen = tuple[NetworkSpec, str, dict[str, Any]]  # a network, its interface ("" = not named yet), caps
+
+
+def _defaults(cfg: Config, primary: PrimaryNetwork) -> list[_Chosen]:
+    """The default networks, the primary first when it is ours, left out when it is not."""
+    chosen: list[_Chosen] = []
     for default in cfg.default_networks:
         if default.name == primary.name and not primary.ours:
             continue
-        entry: tuple[NetworkSpec, str, dict[str, Any]] = (default, default.interface, {})
+        entry: _Chosen = (default, default.interface, {})
         if default.name == primary.name:
             chosen.insert(0, entry)
         else:
             chosen.append(entry)
+    return chosen
+
+
+def _requested(cfg: Config, namespace: str, requests: list[_Request]) -> list[_Chosen]:
+    """The annotation's requests, each checked against the config and the pod's namespace."""
+    chosen: list[_Chosen] = []
     for i, req in enumerate(requests):
         where = f"{NETWORKS_ANNOTATION}[{i}]"
         if req.namespace and req.namespace != namespace:
@@ -78,7 +103,11 @@ def select_networks(
         if net.default:
             raise AnnotationRefused(f"{where}: network {req.name!r} is attached to every pod already")
         chosen.append((net, req.interface or net.interface, req.capability_args))
+    return chosen
 
+
+def _named(chosen: list[_Chosen], primary: PrimaryNetwork) -> list[Selected]:
+    """Each network with its interface: the one given, else eth0 for our primary, then net1..."""
     # The primary network (first, when it is ours) is eth0 unless the admin named its
     # interface: reserve that name before any request can take it.
     if chosen and not chosen[0][1] and primary.ours:
@@ -101,15 +130,6 @@ def select_networks(
         seen.add(sel.ifname)
     if not primary.ours and "eth0" in seen:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION}: eth0 belongs to the runtime's own network")
-    try:
-        validate.check_selection(
-            [sel.network.name for sel in out],
-            max_networks=cfg.limits.networks_per_pod,
-            max_per_network=cfg.limits.attachments_per_network,
-            where=NETWORKS_ANNOTATION,
-        )
-    except validate.InvalidInput as exc:
-        raise AnnotationRefused(exc.msg) from None
     return out
 
 

@@ -16,7 +16,6 @@ work through both until every DEL succeeded.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -314,12 +313,8 @@ class _GcExecutor:
 
 
 def _gated(cni: CNIRuntime, locks: PodLocks, parallel: int) -> CNIRuntime:
-    """The same runtime (cache, hooks, bin dirs...), its plugins exec'd through GC's slots."""
-    if getattr(cni, "executor", None) is None:
-        return cni  # a stand-in runtime that execs nothing (the tests' fakes)
-    gated = copy.copy(cni)
-    gated.executor = _GcExecutor(cni.executor, locks, parallel)
-    return gated
+    """The same runtime (cache, bin dirs...), its plugins exec'd through GC's slots."""
+    return cni.with_executor(_GcExecutor(cni.executor, locks, parallel))
 
 
 def all_netns_gone(entries: list[CacheEntry]) -> bool:

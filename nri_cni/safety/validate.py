@@ -96,11 +96,6 @@ def check_ifname(name: object, what: str = "CNI_IFNAME") -> str:
     return name  # type: ignore[return-value]
 
 
-def parse_cni_args(text: str) -> dict[str, str]:
-    """cni_args_pairs() by key (a key given twice: its last value)."""
-    return dict(cni_args_pairs(text))
-
-
 def cni_args_pairs(text: str) -> list[tuple[str, str]]:
     """CNI_ARGS as the runtime sets it, `KEY=VALUE;...`, as pairs in their order (the one parser:
     the shim's CNI calls and `nri-cni cni` read it here). Empty items are skipped; a key must be

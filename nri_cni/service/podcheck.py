@@ -1,4 +1,4 @@
-"""One pod in one verify round (app/verify.py): its records, what the node showed, what it
+"""One pod in one verify round (service/verify.py): its records, what the node showed, what it
 lacks, and the per-attachment verdicts the health book keeps."""
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from typing import TypeVar
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.node import Expectation, Finding, FindingKind, expectation_from_result, with_host_side
-from nri_cni.pod.model import PodInfo
+from nri_cni.pod.model import Key, PodInfo
 from nri_cni.pod.select import Selected
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-Key = tuple[str, str]  # (network, ifname)
 # attachment verdicts for a cache entry nothing could be compared with (never "ok")
 NO_RESULT = "no-result"
 BAD_RESULT = "bad-result"

@@ -54,21 +54,22 @@ class PodService:
         *,
         plan: PodPlan,
         mode: Mode | None = None,
-        ledger: PodLedger | None = None,
-        locks: PodLocks | None = None,
-        health: HealthBook | None = None,
+        ledger: PodLedger,
+        locks: PodLocks,
+        health: HealthBook,
         inspector: NodeInspector | None = None,
     ) -> None:
         """`cfg`: the daemon's ConfigSource (a Config: a source of its own); `mode`: the mode
-        made from it (default mode_for); `health`, `inspector`: the composition root's, which
-        others read too (the metrics: pods by verdict)."""
+        made from it (default mode_for); the parts come from the composition root, `health`
+        read by others too (the metrics: pods by verdict); `inspector`: the node's (None: the
+        verifier makes one at its first round)."""
         self.source = ConfigSource.of(cfg)
         if mode is not None:
             self.source.seed("mode", mode)
         self.plan = plan
-        self.ledger = ledger or PodLedger()
-        self.locks = locks or PodLocks()
-        self.health = health or HealthBook()  # each pod's verdict from the last verify (podstate.py)
+        self.ledger = ledger
+        self.locks = locks
+        self.health = health  # each pod's verdict from the last verify (podstate.py)
         self.verifier = Verifier(
             self.source,
             lambda: self.mode,
@@ -323,7 +324,7 @@ class PodService:
         return await self.plan.collect_garbage(valid, self.locks, running=self.ledger.running)
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
-        """One verify round (app/verify.py): every pod the runtime lists running with a netns,
+        """One verify round (service/verify.py): every pod the runtime lists running with a netns,
         or only `pod_id` (NriCniError when the runtime does not list it); `check` forces CNI
         CHECK of every attachment verified. Verdicts go to `self.health`, what differs is
         repaired per `repair`; each pod's part runs under its lock. Returns the verdicts."""

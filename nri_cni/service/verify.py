@@ -110,7 +110,7 @@ class Verifier:
     @property
     def inspector(self) -> NodeInspector:
         if self._inspector is None:  # its threads start on first use
-            self._inspector = NodeInspector()
+            self._inspector = NodeInspector.with_workers()
         return self._inspector
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.errors import CNIError
 from tests.plugins.block_plugin import BlockControl, install
@@ -117,7 +118,7 @@ def test_through_the_cni_runtime_killed_then_released(tmp_path, plugin, ctl):
         ).encode(),
         source="test",
     )
-    rt = CNIRuntime([str(plugin.parent)], cache_dir=str(tmp_path / "cache"))
+    rt = CNIRuntime([str(plugin.parent)], cache_dir=str(tmp_path / "cache"), executor=PluginExecutor())
 
     async def scenario():
         conf1 = RuntimeConf(container_id="pod-a", netns="/var/run/netns/none", ifname="eth0")

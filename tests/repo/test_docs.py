@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.config import load_config
 from nri_cni.errors import CNIError, NriCniError
@@ -60,7 +61,7 @@ def test_quoted_fragment_is_in_the_code(fragment):
 def test_plugin_missing_message(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    runtime = CNIRuntime([str(bindir)], str(tmp_path / "cache"))
+    runtime = CNIRuntime([str(bindir)], str(tmp_path / "cache"), executor=PluginExecutor())
     net = parse_conflist({"cniVersion": "1.0.0", "name": "lan", "plugins": [{"type": "macvlan"}]})
 
     async def add():

@@ -13,7 +13,7 @@ import yaml
 
 from nri_cni.cli import health
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.daemon.podreport import PodState, network_status, pods_report, runtime_primaries
+from nri_cni.daemon.podreport import PodsView, network_status, pods_report, runtime_primaries
 from nri_cni.pod.model import PodInfo
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 
@@ -113,7 +113,7 @@ def test_secondary_report_has_the_runtimes_eth0_and_pods_without_extra_networks(
         )
     }
 
-    report = pods_report(ours.entries(), PodState(listed), runtime_entries=runtime_primaries(theirs, "cbr0"))
+    report = pods_report(ours.entries(), PodsView(listed), runtime_entries=runtime_primaries(theirs, "cbr0"))
     valid_network_status(report)
     by_name = {p["name"]: p for p in report}
     assert [(n["name"], n["interface"]) for n in by_name["with-extra"]["network-status"]] == [

@@ -53,9 +53,10 @@ class CniEnv:
         return f"{self.host(n)}/{self.subnet.prefixlen}"
 
     def runtime(self, **kw):
+        from nri_cni.cni.exec import PluginExecutor
         from nri_cni.cni.runtime import CNIRuntime
 
-        return CNIRuntime([self.bin_dir], cache_dir=str(self.cache_dir), **kw)
+        return CNIRuntime([self.bin_dir], cache_dir=str(self.cache_dir), **kw, executor=PluginExecutor())
 
     def rtconf(
         self,

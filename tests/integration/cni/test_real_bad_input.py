@@ -73,9 +73,10 @@ def test_plugin_type_with_a_path_is_refused(cni_env: CniEnv, tmp_path):
     canary.write_text(f"#!/bin/sh\ntouch {ran}\necho '{{}}'\n")
     canary.chmod(canary.stat().st_mode | stat.S_IXUSR)
 
+    from nri_cni.cni.exec import PluginExecutor
     from nri_cni.cni.runtime import CNIRuntime
 
-    rt = CNIRuntime([str(bin_dir)], cache_dir=str(env.cache_dir))
+    rt = CNIRuntime([str(bin_dir)], cache_dir=str(env.cache_dir), executor=PluginExecutor())
     for evil in ("../canary", str(canary), "../../bin/sh"):
         raw = {"cniVersion": "1.1.0", "name": env.net_name, "plugins": [{"type": evil}]}
         net = NetworkConfigList(

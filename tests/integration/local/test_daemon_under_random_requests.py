@@ -44,9 +44,9 @@ def test_the_daemon_answers_while_random_requests_hit_the_local_socket(node):
             sock = str(node.tmp / "daemon.sock")
             bodies = [
                 b"\xff" * 64,
-                localproto.encode_request({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "a"}, b"[" * 100_000),
-                localproto.encode_request({"CNI_COMMAND": "GC"}, b'{"cni.dev/valid-attachments":{}}'),
-                localproto.encode_request({"NRICNI_OP": "nope"}),
+                localproto.encode_request([("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "a")], b"[" * 100_000),
+                localproto.encode_request([("CNI_COMMAND", "GC")], b'{"cni.dev/valid-attachments":{}}'),
+                localproto.encode_request([("NRICNI_OP", "nope")]),
                 b"\x00\x00\x00\x05CNI_C",  # half a request, then the client goes away
             ]
             for body in bodies:
@@ -173,7 +173,7 @@ def test_the_daemon_keeps_answering_during_and_after_random_requests(node):
             header.pop("NRICNI_OP", None) if header.get("NRICNI_OP") == "gc" else None
             if header.get("CNI_COMMAND") == "GC":
                 header["CNI_COMMAND"] = "CHECK"  # a real GC would collect the test's own pods
-            _raw_request(sock, localproto.encode_request(header, body))
+            _raw_request(sock, localproto.encode_request(list(header.items()), body))
         pod = pod_message("x", netns, name="p")
         pod.id, pod.name = pod_id, pod_name
         for event in (d.harness.runtime.run_pod_sandbox, d.harness.runtime.stop_pod_sandbox):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.node import Expectation, NodeInspector, expectation_from_result
 from tests.support.firewall import purge_firewall_rules
@@ -73,7 +74,9 @@ class BridgeNet:
             ],
         }
         self.net = parse_conflist(json.dumps(conflist).encode(), source="test:node")
-        self.runtime = CNIRuntime([str(CNI_BIN)], cache_dir=str(self.tmp / "cache"))
+        self.runtime = CNIRuntime(
+            [str(CNI_BIN)], cache_dir=str(self.tmp / "cache"), executor=PluginExecutor()
+        )
 
     def attach(self, ns: Netns | None = None, *, ifname: str = "eth0") -> Pod:
         ns = ns or self.jan.netns()
@@ -150,6 +153,6 @@ def second_net(tmp_path, jan, request) -> BridgeNet:
 
 @pytest.fixture
 def inspector():
-    ins = NodeInspector(workers=2)
+    ins = NodeInspector.with_workers(2)
     yield ins
     ins.close()

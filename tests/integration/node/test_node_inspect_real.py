@@ -149,7 +149,7 @@ def test_workers_return_to_their_own_netns(bridge_net):
     pods = [bridge_net.attach() for _ in range(4)]
     pool = NetnsWorkers(2)
     try:
-        ins = NodeInspector(pool=pool)
+        ins = NodeInspector(pool)
         findings = asyncio.run(ins.inspect([bridge_net.expectation(p) for p in pods] * 3))
         assert all(f.ok for f in findings), [f.reason for f in findings]
         home = os.stat("/proc/self/ns/net").st_ino
@@ -185,7 +185,7 @@ def test_a_worker_that_cannot_return_home_is_replaced(bridge_net, monkeypatch):
     monkeypatch.setattr(workers, "_setns", flaky_setns)
     pool = NetnsWorkers(1)
     try:
-        ins = NodeInspector(pool=pool)
+        ins = NodeInspector(pool)
         (f,) = asyncio.run(ins.inspect([bridge_net.expectation(pod)]))
         assert f.kind is FindingKind.UNREADABLE and "cannot return to its own netns" in f.reason, f.reason
         (f,) = asyncio.run(ins.inspect([bridge_net.expectation(pod)]))

@@ -15,16 +15,16 @@ import sys
 
 import pytest
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.errors import PodError
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import BrokenCode, PodState
-from nri_cni.service.service import PodService
 from tests.support.harness import new_pod_id
 from tests.support.netns import get_link
+from tests.support.pods import pod_plan, pod_service
 
 pytestmark = pytest.mark.netns
 
@@ -65,8 +65,10 @@ class DualWorld:
             conflist["plugins"].append({"type": "delgate", "failFile": str(self.gate)})
         doc = node.config("shim", [{"name": "podnet", "default": True, "conflist": conflist}])
         self.cfg = parse_config(doc, str(node.tmp / "config.yaml"))
-        self.cni = CNIRuntime([str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20)
-        self.svc = PodService(self.cfg, plan=PodPlan(self.cfg, self.cni), mode=mode_for(self.cfg))
+        self.cni = CNIRuntime(
+            [str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20, executor=PluginExecutor()
+        )
+        self.svc = pod_service(self.cfg, pod_plan(self.cfg, self.cni), mode=mode_for(self.cfg))
         self.ns: dict[str, object] = {}
         self.pods: list[PodInfo] = []
 

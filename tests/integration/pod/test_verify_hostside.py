@@ -14,16 +14,16 @@ import random
 
 import pytest
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.pod.model import AttachRequest, PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import PodState
-from nri_cni.service.service import PodService
 from tests.support.damage import dnat_ports, flush_dnat
 from tests.support.harness import new_pod_id
 from tests.support.netns import get_link
+from tests.support.pods import pod_plan, pod_service
 
 pytestmark = pytest.mark.netns
 
@@ -41,8 +41,10 @@ class Hostside:
         # no CHECK in these rounds: what is noticed, netlink and the host's rules and leases notice
         doc["verify"] = {"check_every": 10000}
         self.cfg = parse_config(doc, str(node.tmp / "config.yaml"))
-        cni = CNIRuntime([str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20)
-        self.svc = PodService(self.cfg, plan=PodPlan(self.cfg, cni), mode=mode_for(self.cfg))
+        cni = CNIRuntime(
+            [str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20, executor=PluginExecutor()
+        )
+        self.svc = pod_service(self.cfg, pod_plan(self.cfg, cni), mode=mode_for(self.cfg))
         self.pods: dict[str, tuple[PodInfo, object, int]] = {}  # id -> pod, netns, hostPort
 
     async def pod(self, name: str) -> PodInfo:

@@ -19,15 +19,16 @@ import logging
 
 import pytest
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.pod.model import AttachRequest, PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import PodState
 from nri_cni.service.service import PodService
 from tests.support.harness import new_pod_id
 from tests.support.netns import get_link
+from tests.support.pods import pod_plan, pod_service
 from tests.support.standin import (
     chains_for_plugin_del,
     drop_masq,
@@ -60,8 +61,10 @@ class Masqueraded:
         self.pods: dict[str, tuple[PodInfo, object]] = {}  # id -> pod, its netns
 
     def start(self) -> None:
-        cni = CNIRuntime([str(self.node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20)
-        self.svc = PodService(self.cfg, plan=PodPlan(self.cfg, cni), mode=mode_for(self.cfg))
+        cni = CNIRuntime(
+            [str(self.node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20, executor=PluginExecutor()
+        )
+        self.svc = pod_service(self.cfg, pod_plan(self.cfg, cni), mode=mode_for(self.cfg))
 
     async def pod(self, name: str) -> PodInfo:
         ns = await asyncio.to_thread(self.node.jan.netns)

@@ -14,16 +14,17 @@ import sys
 
 import pytest
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.errors import NriCniError
 from nri_cni.pod.model import AttachRequest, PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import BrokenCode, PodState
 from nri_cni.service.service import PodService
 from tests.support.harness import new_pod_id
 from tests.support.netns import delete_link, get_link
+from tests.support.pods import pod_plan, pod_service
 
 pytestmark = pytest.mark.netns
 
@@ -66,8 +67,10 @@ class World:
         doc = node.config(mode, networks, **extra)
         doc["cni"]["runtime_cache_dir"] = str(node.tmp / "runtime-cache")  # secondary mode reads it
         self.cfg = parse_config(doc, str(node.tmp / "config.yaml"))
-        self.cni = CNIRuntime([str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20)
-        self.svc = PodService(self.cfg, plan=PodPlan(self.cfg, self.cni), mode=mode_for(self.cfg))
+        self.cni = CNIRuntime(
+            [str(node.bin_dir)], self.cfg.cni.cache_dir, exec_timeout=20, executor=PluginExecutor()
+        )
+        self.svc = pod_service(self.cfg, pod_plan(self.cfg, self.cni), mode=mode_for(self.cfg))
         self.pods: list[PodInfo] = []
 
     def pod(self, **kw) -> PodInfo:

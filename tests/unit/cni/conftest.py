@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from tests.support.jsonlines import read_json_lines
 
@@ -58,7 +59,10 @@ def call_log(tmp_path: Path) -> CallLog:
 @pytest.fixture
 def runtime(fake_bin: Path, tmp_path: Path) -> CNIRuntime:
     return CNIRuntime(
-        [str(tmp_path / "empty-bin"), str(fake_bin)], cache_dir=str(tmp_path / "cache"), exec_timeout=10.0
+        [str(tmp_path / "empty-bin"), str(fake_bin)],
+        cache_dir=str(tmp_path / "cache"),
+        exec_timeout=10.0,
+        executor=PluginExecutor(),
     )
 
 

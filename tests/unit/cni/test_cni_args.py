@@ -1,5 +1,6 @@
-"""CNI_ARGS has one parser (nri_cni.validate.cni_args_pairs): the daemon's shim path reads it by
-key, `nri-cni cni` keeps the pairs in their order (the plugins see them so); both refuse alike."""
+"""CNI_ARGS has one parser (nri_cni.safety.validate.cni_args_pairs): the daemon's shim path reads
+its pairs by key, `nri-cni cni --args` keeps them in their order (the plugins see them so); both
+refuse alike."""
 
 from __future__ import annotations
 
@@ -18,12 +19,8 @@ def test_the_cli_keeps_the_order_the_daemon_reads_by_key():
         ("Z", "last"),
         ("A", ""),
     ]
-    assert cli.parse_cni_args(text) == validate.cni_args_pairs(text) == pairs
-    assert validate.parse_cni_args(text) == dict(pairs)
-    assert validate.parse_cni_args("K=1;K=2") == {"K": "2"} and cli.parse_cni_args("K=1;K=2") == [
-        ("K", "1"),
-        ("K", "2"),
-    ]
+    assert cli.args_option(text) == validate.cni_args_pairs(text) == pairs
+    assert cli.args_option("K=1;K=2") == [("K", "1"), ("K", "2")]
 
 
 @pytest.mark.parametrize(
@@ -39,7 +36,7 @@ def test_the_cli_keeps_the_order_the_daemon_reads_by_key():
 )
 def test_both_refuse_what_one_refuses(text):
     with pytest.raises(validate.InvalidInput):
-        validate.parse_cni_args(text)
+        validate.cni_args_pairs(text)
     with pytest.raises(cli._UsageError) as err:
-        cli.parse_cni_args(text)
+        cli.args_option(text)
     assert err.value.code == 4

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.config import PluginConf, parse_conflist
-from nri_cni.cni.exec import PluginOutput
+from nri_cni.cni.exec import PluginExecutor, PluginOutput
 from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, GCError, RuntimeConf
@@ -434,7 +434,11 @@ def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
     pidfile = tmp_path / "hang.pid"
     monkeypatch.setenv("HANG_PIDFILE", str(pidfile))  # passed on by name (cni.plugin_env)
     runtime = CNIRuntime(
-        [str(fake_bin)], cache_dir=str(tmp_path / "cache"), exec_timeout=0.3, pass_env=["HANG_PIDFILE"]
+        [str(fake_bin)],
+        cache_dir=str(tmp_path / "cache"),
+        exec_timeout=0.3,
+        pass_env=["HANG_PIDFILE"],
+        executor=PluginExecutor(),
     )
     with pytest.raises(PluginTimeout) as err:
         run(runtime.add(make_net(["hang"]), rt))
@@ -525,46 +529,35 @@ def test_finalize_without_plugins_is_a_no_op(runtime, make_net, call_log, rt):
     assert call_log.calls() == []
 
 
-class Recorder:
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.events: list[tuple] = []
-        self.fail_at = fail_at
+class FailingPlugin:
+    """Fault injection the daemon's way: a wrapper of the runtime's executor that fails one
+    plugin type's exec and passes every other call on."""
 
-    async def before_plugin(self, command, net, index, rt):
-        self.events.append(("before", command, index))
-        if index == self.fail_at:
+    def __init__(self, inner, plugin_type: str) -> None:
+        self.inner = inner
+        self.plugin_type = plugin_type
+
+    def find(self, plugin_type, bin_dirs):
+        return self.inner.find(plugin_type, bin_dirs)
+
+    async def exec(self, plugin_path, env, stdin, timeout):
+        if os.path.basename(plugin_path) == self.plugin_type:
             raise RuntimeError("injected fault")
-
-    async def after_plugin(self, command, net, index, rt, result):
-        self.events.append(("after", command, index, len(result.interfaces) if result else None))
-
-    async def before_cache_write(self, net, rt, result):
-        self.events.append(("cache", len(result.interfaces)))
+        return await self.inner.exec(plugin_path, env, stdin, timeout)
 
 
-def test_hooks(fake_bin, tmp_path, make_net, call_log, rt):
-    hooks = Recorder()
-    runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), hooks=hooks)
+def test_a_fault_injected_into_the_executor_aborts_the_chain_uncached(runtime, make_net, call_log, rt):
     net = make_net(["fake-a", "fake-b"])
-    run(runtime.add(net, rt))
-    run(runtime.delete(net, rt))
-    assert hooks.events == [
-        ("before", "ADD", 0),
-        ("after", "ADD", 0, 1),
-        ("before", "ADD", 1),
-        ("after", "ADD", 1, 2),
-        ("cache", 2),
-        ("before", "DEL", 1),
-        ("after", "DEL", 1, None),
-        ("before", "DEL", 0),
-        ("after", "DEL", 0, None),
-    ]
-    failing = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), hooks=Recorder(fail_at=1))
-    call_log.clear()
+    failing = runtime.with_executor(FailingPlugin(runtime.executor, "fake-b"))
     with pytest.raises(RuntimeError, match="injected fault"):
         run(failing.add(net, rt))
     assert call_log.summary() == [("ADD", "fake-a")]
     assert not cache_file(failing, "testnet", rt).exists()
+    # control: the same runtime without the wrapper runs both and caches the result
+    call_log.clear()
+    run(runtime.add(net, rt))
+    assert call_log.summary() == [("ADD", "fake-a"), ("ADD", "fake-b")]
+    assert cache_file(runtime, "testnet", rt).exists()
 
 
 def test_cache_write_step_overridable(fake_bin, tmp_path, make_net, rt):
@@ -572,7 +565,7 @@ def test_cache_write_step_overridable(fake_bin, tmp_path, make_net, rt):
         async def cache_result(self, net, rt, result, prepared=None):
             self.seen = result
 
-    runtime = NoCache([str(fake_bin)], cache_dir=str(tmp_path / "cache"))
+    runtime = NoCache([str(fake_bin)], cache_dir=str(tmp_path / "cache"), executor=PluginExecutor())
     result = run(runtime.add(make_net(["fake-a"]), rt))
     assert runtime.seen is result and runtime.cache.entries() == []
 
@@ -622,7 +615,9 @@ def test_delete_with_unnameable_ids_still_runs(runtime, make_net, call_log, rt):
 def test_cache_durability_modes(fake_bin, tmp_path, make_net, rt, durable, monkeypatch):
     from nri_cni.cni import cache as cache_mod
 
-    runtime = CNIRuntime([str(fake_bin)], cache_dir=str(tmp_path / "cache"), durable_cache=durable)
+    runtime = CNIRuntime(
+        [str(fake_bin)], cache_dir=str(tmp_path / "cache"), durable_cache=durable, executor=PluginExecutor()
+    )
     calls = []
     synced = threading.Event()
     commit, sync = cache_mod.PreparedWrite.commit, runtime.cache.sync

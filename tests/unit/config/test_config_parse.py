@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nri_cni.config import ConfigErrors, load_config_text, parse_config
+from nri_cni.config import Config, ConfigErrors, load_config_text, parse_config
 from nri_cni.errors import ConfigError
 
 BRIDGE = {
@@ -94,3 +94,12 @@ def test_metrics_listen_only_local():
         _cfg([_net("podnet", default=True)], metrics={"listen": "0.0.0.0:9100"})
     assert "metrics.listen" in str(err.value)
     assert _cfg([_net("podnet", default=True)], metrics={"listen": "127.0.0.1:9100"}).metrics_listen
+
+
+def test_a_document_without_keys_gets_the_dataclass_defaults():
+    """Defaults are stated once, in config/model.py: the parser reads them from there."""
+    assert parse_config({}, "<config>") == Config(path="<config>")
+    # control: a key given changes the one field it names
+    assert parse_config({"verify": {"check_every": 3}}, "<config>") == Config(
+        path="<config>", verify_check_every=3
+    )

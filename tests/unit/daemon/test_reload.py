@@ -7,14 +7,16 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from nri_cni.config import load_config
 from nri_cni.daemon.inotify import DirWatcher
-from nri_cni.daemon.reload import ConfigReloader, watched_dirs
+from nri_cni.daemon.reload import RESTART_ONLY, ConfigReloader, watched_dirs
 from nri_cni.lifecycle import generation_id
 
 
@@ -302,3 +304,81 @@ def test_a_bad_lifecycle_key_is_a_config_error_with_its_location(tmp_path, value
         parse_config(cfg, str(tmp_path / "config.yaml"))
     assert "networks[1].conflist" in str(err.value) and "plugins[0]" in str(err.value)
     assert message in str(err.value)
+
+
+# One change per restart-only key (nri_cni/daemon/reload.py RESTART_ONLY), applied to a config
+# made by base_config; each must be refused with the key named.
+RESTART_ONLY_CHANGES = {
+    "mode": lambda c, t: c.update(mode="shim"),
+    "nri.*": lambda c, t: c["nri"].update(plugin_name="other"),
+    "daemon.socket": lambda c, t: c["daemon"].update(socket=str(t / "other.sock")),
+    "daemon.allowed_gids": lambda c, t: c["daemon"].update(allowed_gids=[4242]),
+    "state_dir": lambda c, t: c.update(state_dir=str(t / "state2")),
+    "log.format": lambda c, t: c.update(log={"format": "json"}),
+    "cni.bin_dirs": lambda c, t: c["cni"].update(bin_dirs=[str(t / "bin2")]),
+    "cni.cache_dir": lambda c, t: c["cni"].update(cache_dir=str(t / "cache2")),
+    "cni.plugin_timeout": lambda c, t: c["cni"].update(plugin_timeout="7s"),
+    "cni.plugin_env": lambda c, t: c["cni"].update(plugin_env=["HTTP_PROXY"]),
+    "cni.runtime_cache_dir": lambda c, t: c["cni"].update(runtime_cache_dir=str(t / "rt")),
+    "files.trust": lambda c, t: c.update(files={"trust": "warn"}),
+    "gc.interval": lambda c, t: c.update(gc={"interval": "7s"}),
+    "status.interval": lambda c, t: c.update(status={"interval": "7s"}),
+    "verify.interval": lambda c, t: c.update(verify={"interval": "7s"}),
+    "repair": lambda c, t: c.update(repair="verify-only"),
+    "limits.parallel_per_node": lambda c, t: c.update(limits={"parallel_per_node": 3}),
+    "metrics.listen": lambda c, t: c.update(metrics={"listen": "127.0.0.1:9999"}),
+    "metrics.max_connections": lambda c, t: c.update(metrics={"max_connections": 3}),
+    "metrics.timeout": lambda c, t: c.update(metrics={"timeout": "7s"}),
+    "lifecycle.*": lambda c, t: c.update(lifecycle={"retry_initial": "2s"}),
+    "reload.*": lambda c, t: c["reload"].update(debounce="70ms"),
+}
+
+# The control cases: settings read where they are used, applied by the same kind of change.
+LIVE_CHANGES = {
+    "verify.check_every": lambda c, t: c.update(verify={"check_every": 3}),
+    "gc.parallel": lambda c, t: c.update(gc={"parallel": 3}),
+    "gc.unlisted_grace": lambda c, t: c.update(gc={"unlisted_grace": "7s"}),
+    "limits.parallel_per_pod": lambda c, t: c.update(limits={"parallel_per_pod": 3}),
+    "daemon.max_connections": lambda c, t: c["daemon"].update(max_connections=3),
+    "failure_policy": lambda c, t: c.update(failure_policy="keep"),
+    "log.level": lambda c, t: c.update(log={"level": "debug"}),
+}
+
+
+def test_every_restart_only_key_has_a_change_below():
+    assert [key for key, _ in RESTART_ONLY] == list(RESTART_ONLY_CHANGES)
+
+
+def test_docs_list_the_restart_only_keys_of_the_code():
+    text = (Path(__file__).parents[3] / "docs" / "lifecycle.md").read_text()
+    section = text.split("### Restart-only settings", 1)[1].split("\n#", 1)[0]
+    listed = re.findall(r"^- `([^`]+)`$", section, re.MULTILINE)
+    assert listed == [key for key, _ in RESTART_ONLY]
+
+
+def reload_once(tmp_path, change) -> tuple[ConfigReloader, Applied, bool, object]:
+    """Writes a config, starts a reloader on it, writes it again with `change` made, and reloads
+    once (no watcher: the reload is the event)."""
+    path = tmp_path / "config.yaml"
+    cfg = base_config(tmp_path, [inline("one", default=True)])
+    path.write_text(yaml.safe_dump(cfg))
+    reloader, applied = start(path)
+    before = reloader.cfg
+    change(cfg, tmp_path)
+    write(path, yaml.safe_dump(cfg))
+    applied_now = asyncio.run(reloader.reload_now("test"))
+    return reloader, applied, applied_now, before
+
+
+@pytest.mark.parametrize("key", list(RESTART_ONLY_CHANGES))
+def test_a_restart_only_setting_is_refused_by_reload_with_its_key_named(tmp_path, key):
+    reloader, applied, applied_now, before = reload_once(tmp_path, RESTART_ONLY_CHANGES[key])
+    assert not applied_now and applied.configs == [] and reloader.cfg is before
+    assert f"changing {key} needs a restart" in reloader.report()["refused"]
+
+
+@pytest.mark.parametrize("key", list(LIVE_CHANGES))
+def test_a_live_setting_is_applied_by_reload(tmp_path, key):
+    reloader, applied, applied_now, before = reload_once(tmp_path, LIVE_CHANGES[key])
+    assert applied_now and applied.configs == [reloader.cfg] and reloader.cfg != before
+    assert reloader.report()["refused"] == ""

@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.errors import CniCode, CNIError
 from nri_cni.lifecycle import GenerationRecord, NetworkLifecycle, RecordStore, VerbRunner, generation_id
@@ -29,7 +30,7 @@ class Attachments:
 
 
 def manager(world, attachments=None, **kw) -> NetworkLifecycle:
-    cni = CNIRuntime([str(world.bin_dir)], str(world.cache_dir), exec_timeout=20)
+    cni = CNIRuntime([str(world.bin_dir)], str(world.cache_dir), exec_timeout=20, executor=PluginExecutor())
     return NetworkLifecycle(
         VerbRunner(cni),
         RecordStore(str(world.state_dir)),

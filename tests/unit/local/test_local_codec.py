@@ -28,8 +28,9 @@ def test_the_python_shim_carries_the_shared_codec_and_imports_nothing_of_the_pac
 
 
 def test_server_and_clients_frame_alike():
-    request = localproto.encode_request({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c"}, b"{}")
-    assert request == localcodec.encode_request([("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c")], b"{}")
+    assert localproto.encode_request is localcodec.encode_request  # one encoder, re-exported
+    request = localcodec.encode_request([("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c")], b"{}")
+    assert request == b"\0\0\0\x21CNI_COMMAND=DEL\0CNI_CONTAINERID=c\0\0\0\x02{}"
     response = localproto.encode_response(1, b"err")
     assert localcodec.decode_response_head(response[: localcodec.RESPONSE_HEAD]) == (1, 3)
     with pytest.raises(localcodec.LocalProtocolError):

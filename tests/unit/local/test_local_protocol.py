@@ -13,7 +13,7 @@ from nri_cni.local import proto as localproto
 def test_local_protocol_round_trip_and_limits():
     async def scenario():
         reader = asyncio.StreamReader()
-        reader.feed_data(localproto.encode_request({"CNI_COMMAND": "ADD", "CNI_ARGS": "a=b;c=d"}, b"{}"))
+        reader.feed_data(localproto.encode_request([("CNI_COMMAND", "ADD"), ("CNI_ARGS", "a=b;c=d")], b"{}"))
         reader.feed_eof()
         header, body = await localproto.read_request(reader)
         assert header == {"CNI_COMMAND": "ADD", "CNI_ARGS": "a=b;c=d"} and body == b"{}"

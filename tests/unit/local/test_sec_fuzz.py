@@ -66,7 +66,7 @@ def test_cache_entry_parser(data):
 @FAST
 @given(text=st.text(max_size=300))
 def test_cni_args_and_id_and_ifname_checks(text):
-    for check in (validate.parse_cni_args, validate.check_id, validate.check_ifname):
+    for check in (validate.cni_args_pairs, validate.check_id, validate.check_ifname):
         try:
             check(text)
         except validate.InvalidInput as exc:

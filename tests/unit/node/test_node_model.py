@@ -204,7 +204,7 @@ def test_a_daemon_that_verifies_never_imports_pyroute2():
     code = (
         "import sys, asyncio\n"
         "from nri_cni.node import Expectation, NodeInspector\n"
-        "ins = NodeInspector()\n"
+        "ins = NodeInspector.with_workers()\n"
         "exp = Expectation(key='lo', netns='/proc/self/ns/net', ifname='lo')\n"
         "[f] = asyncio.run(ins.inspect([exp]))\n"
         "ins.close()\n"

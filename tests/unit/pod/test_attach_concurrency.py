@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.errors import PodError
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
-from nri_cni.service.service import PodService
+from tests.support.pods import pod_plan, pod_service
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 NETS = ("neta", "netb", "netc")
@@ -83,8 +83,10 @@ class World:
             "files": {"trust": "warn"},  # the test's tmp dir, whoever runs it
         }
         cfg = parse_config(doc, str(tmp / "config.yaml"))
-        cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, trust_files=cfg.trust_files)
-        self.service = PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
+        cni = CNIRuntime(
+            list(cfg.cni.bin_dirs), cfg.cni.cache_dir, executor=PluginExecutor(trust_files=cfg.trust_files)
+        )
+        self.service = pod_service(cfg, pod_plan(cfg, cni), mode=mode_for(cfg))
         netns = tmp / "netns"
         netns.touch()  # a file standing for the netns: the span plugin never enters it
         self.pod = PodInfo("p" * 64, name="three", namespace="default", netns=str(netns))

@@ -13,16 +13,16 @@ import pytest
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.executor import FakeExecutor
 from nri_cni.config import parse_config
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork
 from nri_cni.pod.oprecord import OpRecord
-from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.rollback import nothing_created
 from nri_cni.pod.upkeep import netns_gone
 from nri_cni.service.modes import mode_for
-from nri_cni.service.service import PodService
+from tests.support.pods import pod_plan, pod_service
 
 CHAIN = {
     "cniVersion": "1.1.0",
@@ -107,13 +107,18 @@ class FakeCNI:
     def with_cache(self, cache):
         return self
 
+    executor = FakeExecutor({})  # GC wraps it; this runtime's verbs exec nothing
+
+    def with_executor(self, executor):
+        return self
+
 
 def _networker(tmp_path, fail):
     cfg = parse_config(
         {"state_dir": str(tmp_path), "networks": [{"name": "podnet", "default": True, "conflist": CHAIN}]},
         str(tmp_path / "c.yaml"),
     )
-    return PodPlan(cfg, FakeCNI(fail))
+    return pod_plan(cfg, FakeCNI(fail))
 
 
 def _entry():
@@ -154,7 +159,7 @@ def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
     kept = net.intents.load(POD)
     assert kept is not None and "ctl DEL failed" in kept.rollback_error
     assert [n.network for n in kept.networks] == ["podnet"]
-    assert PodService(net.cfg, plan=net, mode=mode_for(net.cfg)).pending_rollbacks() == [POD]
+    assert pod_service(net.cfg, net, mode=mode_for(net.cfg)).pending_rollbacks() == [POD]
 
     net.cni.fail = set()  # the plugin recovered: the next try (GC) finishes it
     report = asyncio.run(net.collect_garbage(set()))
@@ -244,7 +249,7 @@ def test_each_operation_records_its_own_plugin_calls(tmp_path):
         def observe_gc(self, report):
             pass
 
-    plan = PodPlan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake), sink=Sink())
+    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake), sink=Sink())
     pod = PodInfo(POD, name="p", namespace="default", netns=str(tmp_path))
     asyncio.run(
         plan.attach(pod, plan.select(pod, PrimaryNetwork("", True), AttachRequest()), AttachRequest())

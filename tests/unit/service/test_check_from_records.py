@@ -19,10 +19,9 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.node import Difference, Expectation, Finding, FindingKind
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service import service as service_module
 from nri_cni.service.modes import mode_for
-from nri_cni.service.service import PodService
+from tests.support.pods import pod_plan, pod_service
 
 POD = "c6" * 32
 NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "c6-br"}]}
@@ -67,8 +66,8 @@ class World:
         cfg = parse_config(doc, str(tmp / "config.yaml"))
         cni = CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake)
         self.inspector = FakeInspector()
-        plan = PodPlan(cfg, cni)
-        self.svc = PodService(cfg, plan=plan, mode=mode_for(cfg), inspector=self.inspector)  # type: ignore[arg-type]
+        plan = pod_plan(cfg, cni)
+        self.svc = pod_service(cfg, plan, mode=mode_for(cfg), inspector=self.inspector)  # type: ignore[arg-type]
         netns = tmp / "netns"
         netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
         self.pod = PodInfo(POD, name="c6-pod", namespace="default", netns=str(netns))

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.pod.intents import IntendedNetwork, Intent
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import mode_for
-from nri_cni.service.service import PodService
+from tests.support.pods import pod_plan, pod_service
 
 SPAN_PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "span_plugin.py"
 PARALLEL = 4
@@ -67,8 +67,10 @@ class World:
             "files": {"trust": "warn"},  # the test's tmp dir, whoever runs it
         }
         cfg = parse_config(doc, str(tmp / "config.yaml"))
-        cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, trust_files=cfg.trust_files)
-        self.service = PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
+        cni = CNIRuntime(
+            list(cfg.cni.bin_dirs), cfg.cni.cache_dir, executor=PluginExecutor(trust_files=cfg.trust_files)
+        )
+        self.service = pod_service(cfg, pod_plan(cfg, cni), mode=mode_for(cfg))
 
     def pod(self, pod_id: str) -> PodInfo:
         netns = self.netns_dir / pod_id  # a file standing for the netns: its path is all GC reads

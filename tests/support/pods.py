@@ -1,0 +1,46 @@
+"""The pod layer as the composition root (nri_cni/daemon/app.py build_daemon) wires it, for
+tests and benches that drive a PodPlan or a PodService without a daemon: every part given,
+fresh, under the config's state_dir; no metrics, no readiness gate, no INIT leases."""
+
+from __future__ import annotations
+
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import Config
+from nri_cni.node import NodeInspector
+from nri_cni.pod.finalized import FinalizedMarks
+from nri_cni.pod.intents import IntentStore
+from nri_cni.pod.locks import PodLocks
+from nri_cni.pod.oprecord import NoSink, OperationSink
+from nri_cni.pod.plan import PodPlan
+from nri_cni.service.ledger import PodLedger
+from nri_cni.service.modes import Mode
+from nri_cni.service.podstate import HealthBook
+from nri_cni.service.service import PodService
+
+
+def pod_plan(cfg: Config, cni: CNIRuntime, *, sink: OperationSink | None = None) -> PodPlan:
+    return PodPlan(
+        cfg,
+        cni,
+        intents=IntentStore(cfg.state_dir),
+        finalized=FinalizedMarks(cfg.state_dir),
+        sink=NoSink() if sink is None else sink,
+    )
+
+
+def pod_service(
+    cfg: Config,
+    plan: PodPlan,
+    *,
+    mode: Mode | None = None,
+    inspector: NodeInspector | None = None,
+) -> PodService:
+    return PodService(
+        cfg,
+        plan=plan,
+        mode=mode,
+        ledger=PodLedger(),
+        locks=PodLocks(),
+        health=HealthBook(),
+        inspector=inspector,
+    )
