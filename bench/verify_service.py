@@ -172,7 +172,7 @@ def build(pods: Sequence[BenchPod], tmp: Path, *, host_side: bool = False) -> Po
         )
     cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, trust_files=False)
     svc = PodService(cfg, plan=PodPlan(cfg, cni), mode=mode_for(cfg))
-    svc.ledger.synchronized(listed)
+    svc.roster.listed(listed)
     return svc
 
 

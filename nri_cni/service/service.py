@@ -8,7 +8,7 @@ into these calls and nothing else. The service owns what makes operations safe t
   the plugins' GC verb alone (it waits for every operation in flight and holds back new ones);
 - tasks of their own: a caller that gives up (an NRI request past its deadline) does not cancel
   plugins halfway; the work finishes and its state is kept (`_detached`);
-- the pod ledger (ledger.py), updated under the pod's lock where GC must see it.
+- the pod roster (roster.py), updated under the pod's lock where GC must see it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
 from nri_cni.pod.oprecord import GcReport
 from nri_cni.pod.plan import PodPlan
-from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode, mode_for
 from nri_cni.service.podstate import BrokenCode, HealthBook, PodHealth, PodState
+from nri_cni.service.roster import Roster
 from nri_cni.service.snapshot import Rounds, ServiceSnapshot
 from nri_cni.service.verify import Verifier
 
@@ -54,7 +54,7 @@ class PodService:
         *,
         plan: PodPlan,
         mode: Mode | None = None,
-        ledger: PodLedger | None = None,
+        roster: Roster | None = None,
         locks: PodLocks | None = None,
         health: HealthBook | None = None,
         inspector: NodeInspector | None = None,
@@ -66,14 +66,14 @@ class PodService:
         if mode is not None:
             self.source.seed("mode", mode)
         self.plan = plan
-        self.ledger = ledger or PodLedger()
+        self.roster = roster or Roster()
         self.locks = locks or PodLocks()
         self.health = health or HealthBook()  # each pod's verdict from the last verify (podstate.py)
         self.verifier = Verifier(
             self.source,
             lambda: self.mode,
             plan=plan,
-            ledger=self.ledger,
+            roster=self.roster,
             locks=self.locks,
             health=self.health,
             inspector=inspector,
@@ -118,32 +118,32 @@ class PodService:
         async with self.locks.pod(pod.id):
             attached = await self.plan.attach(pod, selected, request, self.mode.runtime_primary(pod))
             if self.mode.answers_run_pod:
-                self.ledger.answered(pod.id, tuple(attached.networks.ips()))
+                self.roster.answered(pod.id, tuple(attached.networks.ips()))
             if attached.new:
                 # Still under the pod's lock: a GC waiting for the exclusive lock computes its
                 # valid pods after this, so a pod attached just now is never garbage.
-                self.ledger.attached(pod)
+                self.roster.attached(pod)
             return attached.networks
 
     async def detach(self, pod: PodInfo, *, stop_event: bool = False) -> None:
         """NRI StopPodSandbox (`stop_event`), the shim's DEL: the first does the work, the
         second finds nothing. A pod whose stop event came gets its remove event too."""
-        lists = self.ledger.lists
+        lists = self.roster.lists
         if stop_event:
-            self.ledger.stop_events.add(pod.id)
+            self.roster.stop_announced(pod.id)
         await _detached(self._detach(pod, lists if stop_event else None))
 
     async def remove(self, pod: PodInfo) -> None:
         """NRI RemovePodSandbox: detach again if needed, then forget the pod (but for a DEL
         that failed: the pod stays reported, broken "del-failed", until GC's DEL succeeds).
         An event older than the runtime's newest pod list, which has the pod, changes nothing."""
-        lists = self.ledger.lists
+        lists = self.roster.lists
         kept = False
         try:
             kept = not await _detached(self._detach(pod, lists))
         finally:
             if not kept:
-                self.ledger.gone(pod.id)
+                self.roster.removed(pod.id)
                 self.verifier.forget(pod.id)
                 if not self._del_failed(pod.id):
                     self.health.forget(pod.id)
@@ -158,7 +158,7 @@ class PodService:
     async def _missed(self, pod: PodInfo, why: str) -> None:
         log.error("pod %s id=%s: %s", pod.label(), pod.id, why)
         async with self.locks.pod(pod.id):
-            self.ledger.missed(pod.id, why)
+            self.roster.missed(pod.id, why)
             try:
                 await self.plan.detach(pod, op="missed")
             except NriCniError as exc:  # GC retries (the pod's attachments stay recorded)
@@ -173,7 +173,7 @@ class PodService:
         newest pod list when that list has the pod: containerd stopped in a RunPodSandbox sends
         its stop and remove, then, restarted, lists it READY with its IP (verify makes it true)."""
         async with self.locks.pod(pod.id):
-            if lists is not None and self.ledger.listed_since(pod.id, lists):
+            if lists is not None and self.roster.listed_since(pod.id, lists):
                 log.warning(
                     "pod %s id=%s: its stop or remove came before the runtime's newest pod list, "
                     "which has it: kept",
@@ -182,7 +182,7 @@ class PodService:
                 )
                 return False
             # under the lock: a verify waiting for it must see the runtime tore the pod down
-            self.ledger.detached(pod.id)
+            self.roster.stopped(pod.id)
             try:
                 await self.plan.detach(pod)
             except NriCniError as exc:
@@ -193,7 +193,7 @@ class PodService:
                     "pod %s id=%s: its DEL succeeded; no longer broken (del-failed)", pod.label(), pod.id
                 )
                 self.health.forget(pod.id)
-        if pod.id in self.ledger.pods and not self.mode.answers_run_pod:
+        if self.roster.pod(pod.id) is not None and not self.mode.answers_run_pod:
             # a timer, not a task: nothing waits for it, and `background()` stays what runs
             handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
             self._timers.add(handle)
@@ -224,8 +224,7 @@ class PodService:
         self._timers = {
             h for h in self._timers if not h.cancelled() and h.when() > asyncio.get_running_loop().time()
         }
-        ledger = self.ledger
-        if pod_id in ledger.pods and pod_id in ledger.stopped and pod_id not in ledger.stop_events:
+        if self.roster.removal_overdue(pod_id):
             self.roster_stale.set()
 
     async def check(self, pod: PodInfo, ifname: str = "eth0") -> None:
@@ -239,7 +238,7 @@ class PodService:
             entries = self.plan.fresh_add(pod, ifname, CHECK_FROM_RECORDS_WITHIN)
             if (
                 entries is not None
-                and pod.id not in self.ledger.stopped
+                and not self.roster.record(pod.id).stopped
                 and self._never_broken(pod.id)
                 and await self.verifier.node_shows(pod, entries)
             ):
@@ -248,17 +247,17 @@ class PodService:
             await self.plan.check(pod)
 
     def seen(self, pod: PodInfo) -> None:
-        self.ledger.seen(pod)
+        self.roster.seen(pod)
 
     def needs_repair(self, pod: PodInfo) -> None:
-        self.ledger.needs_repair(pod)
+        self.roster.attach_failed(pod.id)
 
     # -- the runtime's pod list, GC, repair, reaper, recovery --------------------------------
 
     def synchronized(self, pods: list[PodInfo]) -> None:
         """The runtime's full pod list (every (re)connection). Returns at once: GC and repair
         run afterwards, in the background, so Synchronize never outlives the runtime's timeout."""
-        self.ledger.synchronized(pods)
+        self.roster.listed(pods)
         self._prune()
         log.info("synchronized: the runtime has %d pod(s)", len(pods))
         self._spawn(self._after_sync(), "after-sync")
@@ -271,19 +270,19 @@ class PodService:
                 await self.verify()
 
     async def gc(self, reason: str) -> GcReport:
-        """GC against the ledger's valid pods; refused before the runtime's first pod list."""
-        if not self.ledger.synced:
+        """GC against the roster's valid pods; refused before the runtime's first pod list."""
+        if not self.roster.synced:
             raise NriCniError(
                 "no pod list from the runtime yet (not synchronized): GC would delete every attachment"
             )
-        log.info("gc (%s): %d pod(s) listed by the runtime", reason, len(self.ledger.pods))
+        log.info("gc (%s): %d pod(s) listed by the runtime", reason, len(self.roster.pods()))
         # asked again under each stale pod's lock: a pod attached (or listed) meanwhile is valid
         grace = self.cfg.gc_unlisted_grace
-        report = await self._collect(lambda: self.ledger.valid_pod_ids(self.in_flight(), grace))
+        report = await self._collect(lambda: self.roster.valid_pod_ids(self.in_flight(), grace))
         attached = self.plan.attached_pod_ids()
         # a pod attached again after GC DELed it (an ADD during this GC) keeps its grace
         deleted = [name for name in report["deleted"] if name.split("/")[1] not in attached]
-        self.ledger.collected(deleted, attached, grace)
+        self.roster.collected(deleted, attached, grace)
         self._gc_outcome(report, attached)
         self._prune()
         return report
@@ -296,8 +295,7 @@ class PodService:
             if health.code is BrokenCode.DEL_FAILED and health.pod_id not in held:
                 log.info("pod id=%s: GC released what it held; no longer broken (del-failed)", health.pod_id)
                 self.health.forget(health.pod_id)
-        listed = self.ledger.pods
-        for pod_id in held - set(listed):
+        for pod_id in held - set(self.roster.pods()):
             errors = [e for e in report["errors"] if pod_id in e]
             if errors:
                 self._report_del_failed(pod_id, pod_id[:12], "; ".join(errors))
@@ -306,7 +304,7 @@ class PodService:
         """The runtime's list is the roster: verdicts and repair retries of pods it does not
         list (a RemovePodSandbox lost while the connection was down) go; what nri-cni still
         holds of them (cache entries, intent records) stays until GC has released it."""
-        listed = set(self.ledger.pods)
+        listed = set(self.roster.pods())
         # a pod whose DEL fails stays named (del-failed) until GC has released what it holds
         held = {h.pod_id for h in self.health.broken_pods() if h.code is BrokenCode.DEL_FAILED}
         self.health.retain(listed | held)
@@ -315,12 +313,12 @@ class PodService:
     async def gc_listed(self, pod_ids: set[str]) -> GcReport:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         grace = self.cfg.gc_unlisted_grace
-        return await self._collect(lambda: pod_ids | self.in_flight() | self.ledger.unconfirmed_valid(grace))
+        return await self._collect(lambda: pod_ids | self.in_flight() | self.roster.unconfirmed_valid(grace))
 
     async def _collect(self, valid: Callable[[], set[str]]) -> GcReport:
         # The stale pods' DELs each take their pod's lock, the GC verb the exclusive one
         # (Upkeep.collect_garbage): a pod ADD meanwhile waits for nothing but its own pod.
-        return await self.plan.collect_garbage(valid, self.locks, running=self.ledger.running)
+        return await self.plan.collect_garbage(valid, self.locks, running=self.roster.running)
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         """One verify round (app/verify.py): every pod the runtime lists running with a netns,
@@ -335,14 +333,14 @@ class PodService:
 
     async def upkeep(self, runtime_connected: bool) -> None:
         """The GC timer: GC while the runtime's pod list is current, retry failed attaches."""
-        if self.ledger.synced and runtime_connected:
+        if self.roster.synced and runtime_connected:
             await self.gc(reason="timer")
-        if self.ledger.repair and self.cfg.repair == "on":
+        if self.roster.pending_repair() and self.cfg.repair == "on":
             await self.verify()
 
     async def verify_tick(self, runtime_connected: bool) -> None:
         """The verify timer: a round while the runtime's pod list is current."""
-        if self.ledger.synced and runtime_connected:
+        if self.roster.synced and runtime_connected:
             await self.verify()
 
     async def reap(self) -> None:
@@ -351,12 +349,12 @@ class PodService:
         Never a pod the runtime lists whose pause process runs: its path vanished, not the pod
         (verify reports it "netns-unreadable"; it is released when the runtime drops it)."""
         for pod_id in self.plan.reap_candidates():
-            if self.locks.busy(pod_id) or self.ledger.running(pod_id):
+            if self.locks.busy(pod_id) or self.roster.running(pod_id):
                 continue
             async with self.locks.pod(pod_id):
                 reaped = await self.plan.reap(pod_id)
             if reaped:
-                self.ledger.gone(pod_id)  # stopped (or removed) without an event: nothing more to do
+                self.roster.removed(pod_id)  # stopped (or removed) without an event: nothing more to do
 
     async def recover(self) -> int:
         """Start-up, before anything serves: roll back every ADD a crash interrupted."""
@@ -377,10 +375,10 @@ class PodService:
         return ServiceSnapshot(
             cfg=self.cfg,
             mode=self.mode.name,
-            listed=dict(self.ledger.pods),
-            pending_repair=frozenset(self.ledger.repair),
+            listed=self.roster.pods(),
+            pending_repair=self.roster.pending_repair(),
             pending_rollback=tuple(self.pending_rollbacks()),
-            unconfirmed=len(self.ledger.unconfirmed),
+            unconfirmed=self.roster.unconfirmed_count(),
             operations=len(self.locks),
             background=self.background(),
             verdicts=tuple(book.all()),

@@ -34,7 +34,6 @@ from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection, result_ips
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
-from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
 from nri_cni.service.podcheck import (
     Key,
@@ -51,6 +50,7 @@ from nri_cni.service.podcheck import (
     verdicts_of,
 )
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
+from nri_cni.service.roster import Roster
 from nri_cni.service.runtime_ips import (
     ip_mismatch,
     missed_reason,
@@ -75,14 +75,14 @@ class Verifier:
         mode: Callable[[], Mode],
         *,
         plan: PodPlan,
-        ledger: PodLedger,
+        roster: Roster,
         locks: PodLocks,
         health: HealthBook,
         inspector: NodeInspector | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
-        self.ledger = ledger
+        self.roster = roster
         self.locks = locks
         self.health = health
         self.clock = clock  # the backoff's (tests move it)
@@ -133,16 +133,16 @@ class Verifier:
             # then on, not from whenever the first pod came
             _ = self.inspector
             if pod_id is not None:
-                pod = self.ledger.pods.get(pod_id)
+                pod = self.roster.pod(pod_id)
                 if pod is None:
                     # closest existing kind: the argument names nothing (exit code "usage")
                     raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
                 pods = [pod]
             else:
                 pods = [
-                    p
-                    for p in self.ledger.pods.values()
-                    if p.netns and not self.locks.busy(p.id) and p.id not in self.ledger.stopped
+                    r.pod
+                    for r in self.roster
+                    if r.pod is not None and r.pod.netns and not self.locks.busy(r.pod_id) and not r.stopped
                 ]
             self.rounds += 1
             by_pod: dict[str, list[CacheEntry]] = {}
@@ -152,7 +152,7 @@ class Verifier:
             for p in pods:
                 if p.netns and os.path.exists(p.netns):
                     live.append(p)
-                elif p.netns and self.ledger.running(p.id):
+                elif p.netns and self.roster.running(p.id):
                     lost.append(p)
             checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
             await self._inspect(checks)
@@ -172,7 +172,7 @@ class Verifier:
                     self._intact(c)
             if pod_id is None:  # every pod compared with the node: the round is done ...
                 self.health.round_done(started, time.time())
-                self.retain(set(self.ledger.pods))
+                self.retain(set(self.roster.pods()))
             # ... and its CHECKs of intact pods follow, check_parallel() at once, each under its
             # pod's lock, their plugins at GC's nice value (pod operations first); a CHECK that
             # fails leads to the repair as above
@@ -219,7 +219,7 @@ class Verifier:
 
     def _intact(self, c: PodCheck) -> PodHealth | None:
         """The verdict of a pod netlink found as recorded (unreadable parts are not ok)."""
-        if c.pod.id not in self.ledger.pods:
+        if self.roster.pod(c.pod.id) is None:
             return None
         self._retries.pop(c.pod.id, None)
         if c.unreadable:
@@ -243,10 +243,10 @@ class Verifier:
     async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
         pod = c.pod
         if c.netns_gone:
-            if self.ledger.running(pod.id):
+            if self.roster.running(pod.id):
                 return self._netns_unreadable(pod, c.entries)
             return None  # the reaper's
-        lost = runtime_network_lost(self.mode, self.ledger, c)
+        lost = runtime_network_lost(self.mode, self.roster.record(pod.id), c)
         if lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
             self._retries.pop(pod.id, None)
             return self._broken(pod, BrokenCode.TORN_DOWN, f"{lost}; {ADMIN_ACTION}", verdicts_of(c, {}))
@@ -256,17 +256,18 @@ class Verifier:
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
-            pod = self.ledger.pods.get(pod.id) or pod
-            if pod.id not in self.ledger.pods or not os.path.exists(pod.netns):
+            record = self.roster.record(pod.id)
+            if record.pod is None or not os.path.exists(record.pod.netns):
                 return None
-            if pod.id in self.ledger.stopped:
+            pod = record.pod
+            if record.stopped:
                 return None  # torn down (while the round read it): never attached again
             now = self.plan.cached(pod.id)
             if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
                 c = self._plan(pod, now)  # an operation ran since the round read it
                 await self._inspect([c])
                 if c.netns_gone:
-                    return self._netns_unreadable(pod, c.entries) if self.ledger.running(pod.id) else None
+                    return self._netns_unreadable(pod, c.entries) if self.roster.running(pod.id) else None
             return await self._settle_locked(c, forced=forced, explicit=explicit, nice=nice)
 
     async def _settle_locked(
@@ -294,7 +295,7 @@ class Verifier:
             wrong.append(mismatch)
         if not wrong:
             self._retries.pop(pod.id, None)
-            self.ledger.repair.pop(pod.id, None)
+            self.roster.settled(pod.id)
             if c.unreadable:
                 return self._unreadable(pod, c, verdicts)
             return self._ok(pod, verdicts)
@@ -307,7 +308,7 @@ class Verifier:
         ):
             # shim mode, nothing of ours and no IP the runtime reports: no network it knows of
             # to make true (a pod in creation, or one the runtime never networked) ...
-            if pod.id not in self.ledger.relisted:
+            if not self.roster.record(pod.id).relisted:
                 return None
             # ... or one whose network the runtime deleted (its CNI DEL) before a restart cut
             # its stop short: listed READY again, with no IP, which a new ADD would not change
@@ -324,8 +325,8 @@ class Verifier:
         ):
             readd = native_readd(c, mismatch)
             if not readd:
-                reason = missed_reason(self.ledger, c, mismatch, ADMIN_ACTION)
-                self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
+                reason = missed_reason(self.roster.record(pod.id), c, mismatch, ADMIN_ACTION)
+                self.roster.settled(pod.id)  # nothing to retry: it is reported instead
                 return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
         if self.cfg.repair != "on":
             reason = f"{what} (repair is {self.cfg.repair}: nothing was changed)"
@@ -364,7 +365,7 @@ class Verifier:
             reason = f"{what}; {exc}: never taken from it; {ADMIN_ACTION}"
             return self._broken(pod, BrokenCode.IP_TAKEN, reason, verdicts)
         except IpsNotRequestable as exc:
-            self.ledger.repair.pop(pod.id, None)  # nothing was touched, nothing to retry
+            self.roster.settled(pod.id)  # nothing was touched, nothing to retry
             reason = f"{what}; {exc}; {ADMIN_ACTION}"
             return self._broken(pod, BrokenCode.IPS_NOT_REQUESTABLE, reason, verdicts)
         except NriCniError as exc:
@@ -375,7 +376,7 @@ class Verifier:
             still = "; ".join(f.reason for f in after.findings.values() if f.damaged) or "networks missing"
             return self._repair_failed(pod, retry, what, f"still differs after the repair: {still}", verdicts)
         self._retries.pop(pod.id, None)
-        self.ledger.repair.pop(pod.id, None)
+        self.roster.settled(pod.id)
         log.info("pod %s id=%s repaired: %s", pod.label(), pod.id, what)
         return self.health.repaired(pod.id, what, verdicts_of(after, {}))
 

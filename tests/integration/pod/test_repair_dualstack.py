@@ -140,7 +140,7 @@ def test_a_flushed_ipv6_address_is_repaired_with_both_of_the_pods_addresses(node
             assert await asyncio.to_thread(w.addrs, p) == sorted(p.ips)
         a6, b6 = family(a.ips, True)[0], family(b.ips, True)[0]
         assert await wait_reaches(w, a, b6) and await wait_reaches(w, b, a6)
-        w.svc.ledger.synchronized([a, b])
+        w.svc.roster.listed([a, b])
         assert {h.pod_id: h.state for h in await w.svc.verify()} == {a.id: PodState.OK, b.id: PodState.OK}
         veth_b = (await asyncio.to_thread(get_link, "eth0", w.ns[b.id])).index
 
@@ -173,7 +173,7 @@ def test_an_ipv6_only_pod_whose_eth0_was_deleted_gets_its_address_back(node, pod
         a, b = await asyncio.to_thread(w.pod), await asyncio.to_thread(w.pod)
         a, b = await w.attach(a), await w.attach(b)
         assert len(a.ips) == 1 and ":" in a.ips[0]
-        w.svc.ledger.synchronized([a, b])
+        w.svc.roster.listed([a, b])
         await asyncio.to_thread(w.ns[a.id].run, "ip", "link", "del", "eth0")
         verdicts = {h.pod_id: h.state for h in await w.svc.verify()}
         assert verdicts == {a.id: PodState.REPAIRED, b.id: PodState.OK}
@@ -208,7 +208,7 @@ def test_a_del_that_keeps_failing_is_reported_by_name_until_gc_releases_the_pod(
 
     async def scenario():
         a = await w.attach(await asyncio.to_thread(w.pod))
-        w.svc.ledger.synchronized([a])
+        w.svc.roster.listed([a])
         w.gate.touch()
         with pytest.raises(PodError, match="del gate closed"):
             await w.svc.detach(a)  # the runtime's stop
@@ -217,7 +217,7 @@ def test_a_del_that_keeps_failing_is_reported_by_name_until_gc_releases_the_pod(
         health = w.svc.health.get(a.id)
         assert health is not None and health.code is BrokenCode.DEL_FAILED, w.svc.health.all()
         assert "del gate closed" in health.reason and health.state is PodState.BROKEN
-        w.svc.ledger.synchronized([])
+        w.svc.roster.listed([])
         await w.svc.gc("test")  # GC retries, fails again: still reported
         assert w.svc.health.get(a.id).code is BrokenCode.DEL_FAILED
         w.gate.unlink()

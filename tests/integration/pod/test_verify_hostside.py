@@ -97,7 +97,7 @@ def test_host_side_damage_is_noticed_in_the_next_round_and_repaired_intact_pods_
 
     async def scenario():
         victim, *intact = [await w.pod(n) for n in ("victim", "intact1", "intact2")]
-        w.svc.ledger.synchronized([victim, *intact])
+        w.svc.roster.listed([victim, *intact])
         first = {h.pod_id: h.state for h in await w.svc.verify()}
         assert set(first.values()) == {PodState.OK}, first
         for pod in (victim, *intact):  # what the checks below look at is there to begin with

@@ -99,7 +99,7 @@ def test_masquerade_deleted_or_flushed_is_noticed_and_repaired_with_the_same_ips
         victim, *intact = [await w.pod(n) for n in ("victim", "intact1", "intact2")]
         ids.extend(p.id for p in (victim, *intact))
         pods = [victim, *intact]
-        w.svc.ledger.synchronized(pods)
+        w.svc.roster.listed(pods)
         first = {h.pod_id: h.state for h in await w.svc.verify()}
         assert set(first.values()) == {PodState.OK}, first
         for pod in pods:  # the rules are there to begin with, one per address

@@ -84,7 +84,7 @@ class World:
 
     def listed(self, *pods: PodInfo) -> None:
         """The runtime's pod list (as Synchronize brings it), without the background work."""
-        self.svc.ledger.synchronized(list(pods))
+        self.svc.roster.listed(list(pods))
 
     async def teardown(self) -> None:
         self.fail_file.unlink(missing_ok=True)
@@ -432,7 +432,7 @@ def test_native_pod_answered_through_run_pod_sandbox_is_verified_against_the_ans
         pod = await asyncio.to_thread(w.pod)
         w.svc.seen(pod)  # the RunPodSandbox event, before the attach
         ip = await w.attach(pod)
-        assert w.svc.ledger.pods[pod.id].ips == (ip,)
+        assert (listed := w.svc.roster.pod(pod.id)) is not None and listed.ips == (ip,)
         (health,) = await w.svc.verify()
         assert health.state is PodState.OK, health.to_dict()
         await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
@@ -491,7 +491,7 @@ def test_shim_pod_the_runtime_deleted_and_lists_again_without_an_ip_is_reported_
         assert {h.pod_id: h.code for h in await w.svc.verify()} == {cut.id: BrokenCode.TORN_DOWN}
         await w.svc.remove(cut)
         w.listed(listed_as(fresh))
-        assert cut.id not in w.svc.ledger.relisted and w.svc.health.get(cut.id) is None
+        assert not w.svc.roster.record(cut.id).relisted and w.svc.health.get(cut.id) is None
         await w.teardown()
 
     asyncio.run(scenario())

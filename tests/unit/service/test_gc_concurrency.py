@@ -131,7 +131,7 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
         service.plan.intents.write(
             Intent(LEFTOVER, "", [IntendedNetwork("podnet", "eth0", config)], rollback_error="earlier")
         )
-        service.ledger.synchronized([])  # the runtime's (empty) pod list: GC may run
+        service.roster.listed([])  # the runtime's (empty) pod list: GC may run
         setup = len(world.events())
         gc = asyncio.create_task(service.gc(reason="test"))
         try:
@@ -164,7 +164,7 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
         assert calls[-1] == ("GC", "")
         assert {e.container_id for e in service.attachments()} == {"fresh", held}
         # both attached during the GC and not yet listed by the runtime: valid for the next GC
-        assert {"fresh", held} <= service.ledger.valid_pod_ids(())
+        assert {"fresh", held} <= service.roster.valid_pod_ids(())
         assert len(service.locks) == 0
 
     asyncio.run(scenario())
