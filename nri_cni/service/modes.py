@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.pod.model import PodInfo, PrimaryNetwork, RuntimePrimary
 
 
@@ -121,6 +121,12 @@ class SecondaryMode:
         if not self.primary.name:
             return []
         return [e for e in self.runtime_cache.entries(network=self.primary.name) if e.ifname == "eth0"]
+
+
+def mode_in_force(source: ConfigSource) -> Mode:
+    """The mode of the config in force (made once per config; a reload may change its
+    primary_network): the one object every part of the pod service asks."""
+    return source.derived("mode", mode_for)
 
 
 def mode_for(cfg: Config) -> Mode:

@@ -71,23 +71,25 @@ class PodRecord:
     def empty(self) -> bool:
         return self == PodRecord(self.pod_id)
 
+    @property
+    def removal_overdue(self) -> bool:
+        """Listed, torn down, and no NRI stop of it came: its RemovePodSandbox will not either."""
+        return self.pod is not None and self.stopped and not self.stop_event
+
 
 class Roster:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock  # the grace's (tests move it)
         self.synced = False  # a Synchronize arrived: GC may run
         self._records: dict[str, PodRecord] = {}
-        self._lists = 0
+        # how many pod lists (Synchronizes) have come: an event's age, told at its arrival
+        self.lists = 0
 
     # -- what a pod is -----------------------------------------------------------------------
 
     def record(self, pod_id: str) -> PodRecord:
         """The pod's record (an empty one for a pod nothing is known of)."""
         return self._records.get(pod_id) or PodRecord(pod_id)
-
-    def pod(self, pod_id: str) -> PodInfo | None:
-        """The pod as the runtime has it, or None when it does not (as far as we know)."""
-        return self.record(pod_id).pod
 
     def pods(self) -> dict[str, PodInfo]:
         """The runtime's pods, as far as we know (a copy)."""
@@ -102,65 +104,45 @@ class Roster:
         rec = self.record(pod_id)
         return rec.pod is not None and not rec.stopped and pause_alive(rec.pod.pid)
 
-    @property
-    def lists(self) -> int:
-        """How many pod lists (Synchronizes) have come: an event's age, told at its arrival."""
-        return self._lists
-
     def listed_since(self, pod_id: str, lists: int) -> bool:
         """A pod list newer than `lists` has the pod: the runtime's newest word, which an older
         event of the pod (a stop or remove sent before a runtime restart that kept the pod,
         handled after the new runtime's list) must not undo."""
-        return self._lists > lists and self.record(pod_id).pod is not None
+        return self.lists > lists and self.record(pod_id).pod is not None
 
     def pending_repair(self) -> frozenset[str]:
         """Pods whose attach failed and is retried."""
         return frozenset(r.pod_id for r in self._records.values() if r.attach_failed)
 
-    def unconfirmed_count(self) -> int:
-        return sum(1 for r in self._records.values() if r.unconfirmed is not None)
-
-    def removal_overdue(self, pod_id: str) -> bool:
-        """Listed, torn down, and no NRI stop of it came: its RemovePodSandbox will not either."""
-        rec = self.record(pod_id)
-        return rec.pod is not None and rec.stopped and not rec.stop_event
-
     # -- events ------------------------------------------------------------------------------
-
-    def _put(self, pod_id: str, **changes: object) -> None:
-        rec = dataclasses.replace(self.record(pod_id), **changes)  # type: ignore[arg-type]
-        if rec.empty:
-            self._records.pop(pod_id, None)
-        else:
-            self._records[pod_id] = rec
 
     def seen(self, pod: PodInfo) -> None:
         """The runtime told us about the pod (an NRI pod event). Not yet a confirmation: the
         runtime stores the pod only after the event, so a Synchronize may still miss it."""
-        self._put(pod.id, pod=pod, stopped=False, relisted=False)
+        _put(self._records, pod.id, pod=pod, stopped=False, relisted=False)
 
     def attached(self, pod: PodInfo) -> None:
         """An ADD for the pod finished; the runtime lists the pod only later (and a
         Synchronize that comes first must not make it garbage)."""
         now = self.clock()
-        unconfirmed = Unconfirmed(self._lists, pod.netns, now)
-        self._put(pod.id, unconfirmed=unconfirmed, attached_at=now, stopped=False, relisted=False)
+        unconfirmed = Unconfirmed(self.lists, pod.netns, now)
+        _put(self._records, pod.id, unconfirmed=unconfirmed, attached_at=now, stopped=False, relisted=False)
 
     def answered(self, pod_id: str, ips: tuple[str, ...]) -> None:
         """Native mode: nri-cni answered RunPodSandbox with these IPs. The event's PodSandbox
         carried none (the runtime learns them from the answer); until a Synchronize says what
         the runtime really took, the answer is the best knowledge of its view."""
-        pod = self.pod(pod_id)
+        pod = self.record(pod_id).pod
         if pod is not None and not pod.ips:
-            self._put(pod_id, pod=dataclasses.replace(pod, ips=ips))
+            _put(self._records, pod_id, pod=dataclasses.replace(pod, ips=ips))
 
     def stop_announced(self, pod_id: str) -> None:
         """The runtime's NRI StopPodSandbox of the pod came (its RemovePodSandbox will)."""
-        self._put(pod_id, stop_event=True)
+        _put(self._records, pod_id, stop_event=True)
 
     def stopped(self, pod_id: str) -> None:
         """The pod was torn down (NRI stop, the runtime's CNI DEL)."""
-        self._put(pod_id, unconfirmed=None, attached_at=None, stopped=True)
+        _put(self._records, pod_id, unconfirmed=None, attached_at=None, stopped=True)
 
     def removed(self, pod_id: str) -> None:
         """The pod is gone (NRI RemovePodSandbox, or reaped): nothing of it is kept."""
@@ -169,32 +151,33 @@ class Roster:
     def missed(self, pod_id: str, why: str) -> None:
         """Native mode: nri-cni's RunPodSandbox answer missed the runtime's deadline. The
         runtime holds the pod without nri-cni's IPs (it learns IPs only from that answer)."""
-        pod = self.pod(pod_id)
+        pod = self.record(pod_id).pod
         changes: dict[str, object] = {"late": why, "unconfirmed": None, "relisted": False}
         if pod is not None:
             changes["pod"] = dataclasses.replace(pod, ips=())
-        self._put(pod_id, **changes)
+        _put(self._records, pod_id, **changes)
 
     def attach_failed(self, pod_id: str) -> None:
         """The pod's attach failed (failure_policy keep): verify retries it."""
-        self._put(pod_id, attach_failed=True)
+        _put(self._records, pod_id, attach_failed=True)
 
     def settled(self, pod_id: str) -> None:
         """Verify made the pod true, or reported it with nothing to retry: no attach retry."""
-        self._put(pod_id, attach_failed=False)
+        _put(self._records, pod_id, attach_failed=False)
 
     def listed(self, pods: list[PodInfo]) -> None:
         """The runtime's full pod list (every (re)connection): the list is the roster, what is
         kept per pod goes with the pods it does not list."""
         new = {p.id: p for p in pods}
-        self._lists += 1
+        self.lists += 1
         now = self.clock()
         for pod_id in set(self._records) | set(new):
             rec = self.record(pod_id)
             pod = new.get(pod_id)
             if pod is not None:
                 before_ips = rec.pod is not None and bool(rec.pod.ips)
-                self._put(
+                _put(
+                    self._records,
                     pod_id,
                     pod=pod,
                     ips_lost=not pod.ips and (rec.ips_lost or before_ips),
@@ -210,8 +193,9 @@ class Roster:
                 # a pod the runtime had (listed, or an event) that this list misses gets until
                 # the next one; a pod nri-cni never saw the runtime have (it was down) does not
                 at = rec.attached_at if rec.attached_at is not None else now
-                unconfirmed = Unconfirmed(self._lists - 1, rec.pod.netns, at)
-            self._put(
+                unconfirmed = Unconfirmed(self.lists - 1, rec.pod.netns, at)
+            _put(
+                self._records,
                 pod_id,
                 pod=None,
                 unconfirmed=unconfirmed,
@@ -228,11 +212,11 @@ class Roster:
         """After a GC: forget the unconfirmed pods it deleted (names network/pod/ifname), and
         the ones no longer valid that have nothing left."""
         for name in deleted:
-            self._put(name.split("/")[1], unconfirmed=None, attached_at=None)
+            _put(self._records, name.split("/")[1], unconfirmed=None, attached_at=None)
         still_valid = self.unconfirmed_valid(grace)
         for rec in list(self._records.values()):
             if rec.unconfirmed is not None and rec.pod_id not in still_valid | attached:
-                self._put(rec.pod_id, unconfirmed=None, attached_at=None)
+                _put(self._records, rec.pod_id, unconfirmed=None, attached_at=None)
 
     # -- GC's valid pods ---------------------------------------------------------------------
 
@@ -246,10 +230,19 @@ class Roster:
             r.pod_id
             for r in self._records.values()
             if (u := r.unconfirmed) is not None
-            and self._lists - u.since <= 1
+            and self.lists - u.since <= 1
             and now - u.at < grace
             and not netns_gone(u.netns)
         }
 
     def valid_pod_ids(self, in_flight: Iterable[str], grace: float = UNLISTED_GRACE) -> set[str]:
         return set(self.pods()) | set(in_flight) | self.unconfirmed_valid(grace)
+
+
+def _put(records: dict[str, PodRecord], pod_id: str, **changes: object) -> None:
+    """The pod's record with `changes`; a record left with nothing in it goes."""
+    rec = dataclasses.replace(records.get(pod_id) or PodRecord(pod_id), **changes)  # type: ignore[arg-type]
+    if rec.empty:
+        records.pop(pod_id, None)
+    else:
+        records[pod_id] = rec

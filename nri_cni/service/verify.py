@@ -133,7 +133,7 @@ class Verifier:
             # then on, not from whenever the first pod came
             _ = self.inspector
             if pod_id is not None:
-                pod = self.roster.pod(pod_id)
+                pod = self.roster.record(pod_id).pod
                 if pod is None:
                     # closest existing kind: the argument names nothing (exit code "usage")
                     raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
@@ -219,7 +219,7 @@ class Verifier:
 
     def _intact(self, c: PodCheck) -> PodHealth | None:
         """The verdict of a pod netlink found as recorded (unreadable parts are not ok)."""
-        if self.roster.pod(c.pod.id) is None:
+        if self.roster.record(c.pod.id).pod is None:
             return None
         self._retries.pop(c.pod.id, None)
         if c.unreadable:

@@ -15,7 +15,7 @@ from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon, build_daemon
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.upkeep import pause_alive
-from nri_cni.service import service
+from nri_cni.service import verbs
 from nri_cni.service.podcheck import Retry
 from nri_cni.service.podstate import BrokenCode
 from nri_cni.service.roster import Roster
@@ -76,7 +76,7 @@ def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
 
     async def scenario():
         svc = daemon.pods
-        svc.synchronized([gone, kept])
+        svc.timers.synchronized([gone, kept])
         await svc.close()  # the background GC/verify of that Synchronize: not this test's
         _everywhere(daemon, gone)
         svc.health.ok(kept.id)
@@ -89,7 +89,7 @@ def test_a_synchronize_without_a_pod_forgets_it_everywhere(tmp_path):
             "roster.pod",
             "roster.stopped",
         ]
-        svc.synchronized([kept])  # RemovePodSandbox of `gone` was lost with the connection
+        svc.timers.synchronized([kept])  # RemovePodSandbox of `gone` was lost with the connection
         await svc.close()
         assert _known(daemon, gone.id) == []
         assert _known(daemon, kept.id) == ["health", "report", "roster.pod"]
@@ -104,7 +104,7 @@ def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_h
 
     async def scenario():
         svc = daemon.pods
-        svc.synchronized([kept])
+        svc.timers.synchronized([kept])
         await svc.close()
         # a verdict written between the list and its pod's removal event (which was lost)
         svc.roster.seen(held)
@@ -122,7 +122,7 @@ def test_a_gc_forgets_verdicts_of_pods_the_runtime_dropped_and_reports_what_it_h
             )
         )
         svc.roster.attached(held)  # not listed yet: GC leaves it (roster.py)
-        report = await svc.gc("test")
+        report = await svc.timers.gc("test")
         assert report["deleted"] == [], report
         # its stale verdict (repair-failed) is gone; what GC could not DEL of it (the cached
         # config is no list) is named instead, with the error: del-failed
@@ -177,7 +177,7 @@ def test_an_unlisted_pod_is_valid_only_within_the_grace_whatever_its_netns(tmp_p
     now[0] += 2
     assert roster.valid_pod_ids((), grace=30) == {kept.id}
     roster.collected([], set(), grace=30)
-    assert roster.unconfirmed_count() == 0 and all(r.attached_at is None for r in roster)
+    assert all(r.unconfirmed is None and r.attached_at is None for r in roster)
 
 
 def test_a_pod_listed_with_ips_and_then_without_has_lost_them():
@@ -218,23 +218,23 @@ def test_a_teardown_no_removal_follows_asks_the_runtime_for_a_fresh_list(tmp_pat
     remove; its teardown by the shim's DEL with no NRI stop makes the roster stale (the daemon
     then reconnects for a new list). Not when the pod's events come, and never in native mode
     (a reconnect there makes pods miss nri-cni's answer)."""
-    monkeypatch.setattr(service, "REMOVAL_GRACE", 0.01)
+    monkeypatch.setattr(verbs, "REMOVAL_GRACE", 0.01)
     restored, removed, stopped = _pod(GONE, "restored"), _pod(KEPT, "removed"), _pod(HELD, "stopped")
 
     async def scenario(mode: str) -> tuple[bool, bool]:
         svc = daemon_for(tmp_path / mode, mode=mode).pods
-        svc.synchronized([restored, removed, stopped])
+        svc.timers.synchronized([restored, removed, stopped])
         await svc.close()
-        await svc.remove(removed)  # stop and remove as usual
-        svc._removal_due(removed.id)  # what its timer would find: nothing stale
-        await svc.detach(stopped, stop_event=True)  # its NRI stop came: its remove will too
-        svc._removal_due(stopped.id)
-        gone_well = not svc.roster_stale.is_set()
-        await svc.detach(restored)  # its teardown, and nothing after
+        await svc.verbs.remove(removed)  # stop and remove as usual
+        svc.verbs._removal_due(removed.id)  # what its timer would find: nothing stale
+        await svc.verbs.detach(stopped, stop_event=True)  # its NRI stop came: its remove will too
+        svc.verbs._removal_due(stopped.id)
+        gone_well = not svc.verbs.roster_stale.is_set()
+        await svc.verbs.detach(restored)  # its teardown, and nothing after
         try:
-            if not svc._timers:  # native mode: no timer, nothing will ever be asked
+            if not svc.verbs._removals:  # native mode: no timer, nothing will ever be asked
                 return gone_well, False
-            await asyncio.wait_for(svc.roster_stale.wait(), 30)  # the event the timer sets
+            await asyncio.wait_for(svc.verbs.roster_stale.wait(), 30)  # the event the timer sets
             return gone_well, True
         finally:
             await svc.close()
@@ -254,15 +254,15 @@ def test_a_stop_or_remove_older_than_the_newest_pod_list_that_has_the_pod_change
 
     async def scenario() -> None:
         svc = daemon.pods
-        svc.synchronized([kept, removed])
+        svc.timers.synchronized([kept, removed])
         await svc.close()
         for pod in (kept, removed):
             async with svc.locks.pod(pod.id):  # an operation in flight: the events wait for it
-                stop = asyncio.create_task(svc.detach(pod, stop_event=True))
-                remove = asyncio.create_task(svc.remove(pod))
+                stop = asyncio.create_task(svc.verbs.detach(pod, stop_event=True))
+                remove = asyncio.create_task(svc.verbs.remove(pod))
                 await asyncio.sleep(0.01)  # both arrived
                 if pod is kept:
-                    svc.synchronized([kept])  # the restarted runtime's list, before they run
+                    svc.timers.synchronized([kept])  # the restarted runtime's list, before they run
             await asyncio.gather(stop, remove)
         await svc.close()
 
