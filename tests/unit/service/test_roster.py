@@ -247,8 +247,11 @@ def test_a_stop_or_remove_older_than_the_newest_pod_list_that_has_the_pod_change
     """containerd stopped in the middle of a RunPodSandbox sends the pod's NRI stop and remove
     as it goes and, restarted, lists the pod READY with its IP. Events that arrived before that
     list, handled after it (they wait for the pod's lock), neither detach nor forget the pod:
-    the list is the runtime's newest word, and verify makes it true. The same events with no
-    newer list do as always."""
+    the list is the runtime's newest word, and verify makes it true.
+
+    Control case: `removed`, listed in that same newest list too, whose events arrived after it:
+    no list newer than its events has it, so they detach and forget it as always. (Dropping it
+    from the list instead let a product that ignores every stop or remove of a listed pod pass.)"""
     daemon = daemon_for(tmp_path, mode="shim")
     kept, removed = _pod(GONE, "kept", ips=("10.0.0.2",)), _pod(KEPT, "removed")
 
@@ -261,11 +264,12 @@ def test_a_stop_or_remove_older_than_the_newest_pod_list_that_has_the_pod_change
                 stop = asyncio.create_task(svc.verbs.detach(pod, stop_event=True))
                 remove = asyncio.create_task(svc.verbs.remove(pod))
                 await asyncio.sleep(0.01)  # both arrived
-                if pod is kept:
-                    svc.timers.synchronized([kept])  # the restarted runtime's list, before they run
+                if pod is kept:  # the restarted runtime's list, before they run: it has both
+                    svc.timers.synchronized([kept, removed])
+                    await svc.close()  # that list's background GC: not this test's
             await asyncio.gather(stop, remove)
         await svc.close()
 
     asyncio.run(scenario())
     assert _known(daemon, kept.id) == ["report", "roster.pod"]  # listed, not stopped: verify's
-    assert _known(daemon, removed.id) == []
+    assert _known(daemon, removed.id) == []  # listed, and its stop and remove did their work
