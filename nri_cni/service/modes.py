@@ -15,6 +15,7 @@ that read the mode's name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,23 @@ class Mode(Protocol):
         """The primary network's name and whether it is nri-cni's (eth0)."""
         ...
 
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        """A pod with no attachment of nri-cni's and no IP the runtime reports has no network the
+        runtime knows of for a repair to make true (shim: a pod in creation, or one the runtime
+        never networked)."""
+        ...
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        """A pod that lacks a network (or whose IPs the runtime did not take) is "missed", not
+        repaired, unless the IPs the runtime lists give that network back (native: the runtime
+        learns IPs only from the RunPodSandbox answer)."""
+        ...
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        """The addresses a repair asks for the primary network: the runtime's IPs of the pod
+        when they are eth0's (shim), else () (each network asks for its own)."""
+        ...
+
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         """The runtime's own primary network of the pod (FINALIZE runs for it too), or None
         when the primary is nri-cni's."""
@@ -76,6 +94,15 @@ class ShimMode:
     runtime_reports_our_ips: bool = True
     adds_behind_runtime: bool = True
 
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        return not entries and not pod.ips
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        return False
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        return pod.ips
+
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
 
@@ -93,6 +120,15 @@ class NativeMode:
     answers_run_pod: bool = True
     runtime_reports_our_ips: bool = True
     adds_behind_runtime: bool = False
+
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        return False
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        return missing or bool(mismatch)
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        return ()
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
@@ -112,6 +148,15 @@ class SecondaryMode:
     answers_run_pod: bool = False
     runtime_reports_our_ips: bool = False
     adds_behind_runtime: bool = True
+
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        return False
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        return False
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        return ()
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")

@@ -1,4 +1,4 @@
-"""One pod in one verify round (app/verify.py): its records, what the node showed, what it
+"""One pod in one verify round (service/verify.py): its records, what the node showed, what it
 lacks, and the per-attachment verdicts the health book keeps."""
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class PodCheck:
     # attachments nothing could be compared for: key -> (verdict kind, why): a cache entry
     # without a result ("no-result") or with one that cannot be read ("bad-result")
     unknown: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    path_gone: bool = False  # its netns path is gone (the round did not read the node)
 
     @property
     def missing(self) -> list[Selected]:
@@ -66,7 +67,7 @@ class PodCheck:
 
     @property
     def netns_gone(self) -> bool:
-        return any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
+        return self.path_gone or any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
 
     def signature(self) -> list[tuple[Key, object]]:
         return [(key_of(e), e.result) for e in self.entries]
