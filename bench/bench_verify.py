@@ -22,7 +22,7 @@ Then, alternating round by round so that drift of the machine hits all alike:
                  threads, pyroute2's helper can deadlock on a lock another thread held at the
                  fork (seen here: the reason the inspector forks nothing)
 
-  service        the daemon's own round, PodService.verify over the same pods with their cache
+  service        the daemon's own round, ServiceTimers.verify over the same pods with their cache
                  entries and the runtime's pod list (bench/verify_service.py): records read,
                  expectations built, netlink, verdicts written
 

@@ -17,7 +17,7 @@ of the attach is timed by wrapping the real object's method (wall time, medians 
   intent clear         IntentStore.clear
   op record            OperationLog.emit
 
-"whole attach" is PodService.attach; "own" is it minus the plugin execs. The NRI round trip
+"whole attach" is PodVerbs.attach; "own" is it minus the plugin execs. The NRI round trip
 is bench_ttrpc.py's figure (a bare request). Needs root. Subnet: a free /24.
 Run:  python bench/profile_secondary.py [--pods 40]
 """
@@ -183,13 +183,13 @@ async def run(
         runtime_cache.write(primary_entry(pod, "cbr0"))
         clock.pod = {}
         t0 = time.perf_counter()
-        await service.attach(pod)
+        await service.verbs.attach(pod)
         clock.pod["whole attach"] = (time.perf_counter() - t0) * 1000
         if i >= args.warmup:
             clock.pod_done()
         pods.append(pod)
     for pod in pods:
-        await service.detach(pod)
+        await service.verbs.detach(pod)
         runtime_cache.delete("cbr0", pod.id, "eth0")
     return clock.ms
 

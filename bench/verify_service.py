@@ -1,5 +1,5 @@
 """bench_verify's "service" method: the same pods verified the way the daemon does it, through
-PodService.verify: every listed pod's cache entries read, its expectations built, one
+ServiceTimers.verify: every listed pod's cache entries read, its expectations built, one
 netlink round, the verdicts written to the health book.
 
 Each bench pod gets a cache entry as the bridge plugin would have left it (eth0 in the pod with
@@ -173,7 +173,7 @@ def build(pods: Sequence[BenchPod], tmp: Path, *, host_side: bool = False) -> Po
         )
     cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, executor=PluginExecutor(trust_files=False))
     svc = pod_service(cfg, pod_plan(cfg, cni), mode=mode_for(cfg))
-    svc.ledger.synchronized(listed)
+    svc.roster.listed(listed)
     return svc
 
 
@@ -189,7 +189,7 @@ def _plugins(tmp: Path, host_side: bool) -> list[dict[str, Any]]:
 
 
 def measure(pods: Sequence[BenchPod], rounds: int, *, host_side: bool = False) -> dict[str, Any]:
-    """Median seconds of a full PodService.verify round over `pods` (after one warm-up round);
+    """Median seconds of a full ServiceTimers.verify round over `pods` (after one warm-up round);
     `host_side`: with a route per family, a hostPort's DNAT rules (both families) and a lease
     per address of each pod."""
     families = sorted({a.version for p in pods for a in p.addresses}) if host_side else []
@@ -212,7 +212,7 @@ def _measure(pods: Sequence[BenchPod], rounds: int, host_side: bool) -> dict[str
             try:
                 for r in range(rounds + 1):
                     t0 = time.perf_counter()
-                    verdicts = await svc.verify()
+                    verdicts = await svc.timers.verify()
                     if r:
                         times.append(time.perf_counter() - t0)
                     not_ok = max(not_ok, sum(h.state is not PodState.OK for h in verdicts))
@@ -240,7 +240,7 @@ def broken_after_damage(pods: Sequence[BenchPod]) -> set[str]:
 
         async def run() -> set[str]:
             try:
-                return {h.pod_id for h in await svc.verify() if h.state is PodState.BROKEN}
+                return {h.pod_id for h in await svc.timers.verify() if h.state is PodState.BROKEN}
             finally:
                 await svc.close()
 

@@ -127,7 +127,7 @@ class Config:
     failure_policy: str = "auto"
     gc_interval: float = 600.0
     gc_parallel: int = 0  # stale pods GC detaches at once; 0: sized for the machine (pod/upkeep.py)
-    # seconds an attached pod the runtime does not list stays valid for GC (service/ledger.py)
+    # seconds an attached pod the runtime does not list stays valid for GC (service/roster.py)
     gc_unlisted_grace: float = 120.0
     status_interval: float = 30.0
     refuse_when_not_ready: bool = False

@@ -38,9 +38,9 @@ from nri_cni.pod.intents import IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.plan import PodPlan
 from nri_cni.safety import files
-from nri_cni.service.ledger import PodLedger
 from nri_cni.service.podstate import HealthBook
 from nri_cni.service.readiness import NetworkReadiness
+from nri_cni.service.roster import Roster
 from nri_cni.service.service import PodService
 
 log = logging.getLogger("nri_cni.daemon")
@@ -105,7 +105,7 @@ class Daemon:
         cfg = self.cfg
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(asyncio.to_thread, self.cni.cache.flush)  # the last ADDs' entries
-            recovered = await self.pods.recover()  # before anything serves
+            recovered = await self.pods.timers.recover()  # before anything serves
             if recovered:
                 log.warning("rolled back %d interrupted ADD(s) at start-up", recovered)
             # after the rollbacks (their DELs count as attachments gone), before any ADD
@@ -157,19 +157,19 @@ class Daemon:
         """STATUS, the netns reaper, GC (with the repair retries), verify, systemd's READY."""
 
         async def upkeep() -> None:
-            await self.pods.upkeep(runtime_connected=self.stub.synchronized.is_set())
+            await self.pods.timers.upkeep(runtime_connected=self.stub.synchronized.is_set())
 
         async def verify() -> None:
-            await self.pods.verify_tick(runtime_connected=self.stub.synchronized.is_set())
+            await self.pods.timers.verify_tick(runtime_connected=self.stub.synchronized.is_set())
 
         # repair: off switches the verify timer off (verify on demand still reports)
         verify_interval = cfg.verify_interval if cfg.repair != "off" else 0.0
 
         async def resync() -> None:
-            """A stale roster (service/service.py): a fresh pod list, at most every RESYNC_EVERY."""
+            """A stale roster (service/verbs.py): a fresh pod list, at most every RESYNC_EVERY."""
             while True:
-                await self.pods.roster_stale.wait()
-                self.pods.roster_stale.clear()
+                await self.pods.verbs.roster_stale.wait()
+                self.pods.verbs.roster_stale.clear()
                 self.stub.resync()
                 await asyncio.sleep(RESYNC_EVERY)
 
@@ -177,7 +177,7 @@ class Daemon:
             asyncio.create_task(resync()),
             asyncio.create_task(_every(verify_interval, verify)),
             asyncio.create_task(_every(cfg.status_interval, self.readiness.refresh)),
-            asyncio.create_task(_every(cfg.status_interval, self.pods.reap)),
+            asyncio.create_task(_every(cfg.status_interval, self.pods.timers.reap)),
             asyncio.create_task(_every(cfg.gc_interval, upkeep)),
             asyncio.create_task(self._notify_ready()),
         ]
@@ -234,7 +234,7 @@ def build_daemon(cfg: Config) -> Daemon:
     pods = PodService(
         source,
         plan=plan,
-        ledger=PodLedger(),
+        roster=Roster(),
         locks=PodLocks(),
         health=health,
         inspector=NodeInspector.with_workers(),

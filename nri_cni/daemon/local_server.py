@@ -131,14 +131,14 @@ class LocalServer:
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
                 ifname = validate.check_ifname(env.get("CNI_IFNAME", "eth0"))
-                answer = await self.pods.attach(pod, AttachRequest(runtime_caps, primary_ifname=ifname))
+                answer = await self.pods.verbs.attach(pod, AttachRequest(runtime_caps, primary_ifname=ifname))
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":
-                await self.pods.detach(pod)
+                await self.pods.verbs.detach(pod)
                 return 0, b""
             if command == "CHECK":
-                await self.pods.check(pod, validate.check_ifname(env.get("CNI_IFNAME", "eth0")))
+                await self.pods.verbs.check(pod, validate.check_ifname(env.get("CNI_IFNAME", "eth0")))
                 return 0, b""
             raise NriCniError(f"unsupported CNI_COMMAND {validate.quote(command)}", kind=Kind.BAD_ENV)
         except NriCniError as exc:
@@ -170,7 +170,7 @@ class LocalServer:
     async def _gc(self, conf: dict[str, Any]) -> None:
         """The runtime's own GC of the shim's network: its valid attachments are its pods."""
         pod_ids = validate.gc_valid_ids(conf)
-        report = await self.pods.gc_listed(pod_ids)
+        report = await self.pods.timers.gc_listed(pod_ids)
         if report["errors"]:
             raise NriCniError(
                 f"GC left {len(report['errors'])} error(s), retried by the next GC",
@@ -186,7 +186,7 @@ class LocalServer:
             elif op == "pods":
                 payload = self.reports.pods()
             elif op == "gc":
-                payload = await self.pods.gc(reason="requested by the CLI")
+                payload = await self.pods.timers.gc(reason="requested by the CLI")
             elif op == "verify":
                 pod_id, check = _verify_args(body)
                 payload = await self.reports.verify(pod_id, check=check)

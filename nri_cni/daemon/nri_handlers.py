@@ -73,11 +73,11 @@ class NriHandlers:
         infos = [pod_info(p) for p in pods]
         for info in infos:
             log.info("Synchronize: pod %s id=%s netns=%s", info.label(), info.id, info.netns or "-")
-        self.pods.synchronized(infos)
+        self.pods.timers.synchronized(infos)
 
     async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse | None:
         info = _event("RunPodSandbox", pod)
-        self.pods.seen(info)
+        self.pods.verbs.seen(info)
         if not self.mode.attaches_on_run or info.host_network:
             return None
         try:
@@ -85,7 +85,7 @@ class NriHandlers:
             # pod anyway); the attach goes on regardless (a shielded task), its state is kept,
             # and the Synchronize after the reconnect (GC, repair) makes the pod whole; in
             # native mode it is released at once (below): the runtime never got its IPs.
-            answer = await self.pods.attach(info)
+            answer = await self.pods.verbs.attach(info)
         except NriCniError as exc:
             if self._fail_pods():
                 raise
@@ -95,13 +95,13 @@ class NriHandlers:
                 self.runtime_name,
                 self.runtime_version,
             )
-            self.pods.needs_repair(info)
+            self.pods.verbs.attach_failed(info)
             return None
         if not self.mode.answers_run_pod:
             return None
         late = self._late()
         if late:
-            await self.pods.missed(info, late)
+            await self.pods.verbs.missed(info, late)
             return None
         return run_pod_response(answer)
 
@@ -134,10 +134,10 @@ class NriHandlers:
         return runtime_fails_cleanly(self.runtime_name, self.runtime_version)
 
     async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        await self.pods.detach(_event("StopPodSandbox", pod), stop_event=True)
+        await self.pods.verbs.detach(_event("StopPodSandbox", pod), stop_event=True)
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        await self.pods.remove(_event("RemovePodSandbox", pod))
+        await self.pods.verbs.remove(_event("RemovePodSandbox", pod))
 
     async def on_disconnect(self) -> None:
         log.warning("disconnected from the runtime; pod events wait for the reconnect")

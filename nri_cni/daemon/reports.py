@@ -40,7 +40,7 @@ class DaemonReports:
 
     def status(self) -> dict[str, Any]:
         # asked often (probes, benches): no cache entry is read, only counted
-        snap, stub = self.service.snapshot(attachments=False), self.stub
+        snap, stub = self.service.view.snapshot(attachments=False), self.stub
         cfg = snap.cfg
         # not ready: STATUS fails, or INIT failed (docs/lifecycle.md), or a pod is broken
         # (docs/reliability.md: its networks are wrong and an admin must act)
@@ -84,7 +84,7 @@ class DaemonReports:
 
     def pods(self) -> list[dict[str, Any]]:
         """Every pod, in the shape of Multus's network-status (nri_cni/daemon/podreport.py)."""
-        snap = self.service.snapshot(runtime_attachments=True)
+        snap = self.service.view.snapshot(runtime_attachments=True)
         return podreport.pods_report(
             list(snap.attachments),
             podreport.PodsView(
@@ -99,9 +99,9 @@ class DaemonReports:
 
     async def verify(self, pod_id: str | None = None, *, check: bool = False) -> list[dict[str, Any]]:
         """`nri-cni verify`: one verify now (of one pod, or all), each pod's verdict."""
-        wanted = _pod_id(pod_id, self.service.snapshot(attachments=False).listed) if pod_id else None
-        verdicts = await self.service.verify(wanted, check=check)
-        listed = self.service.snapshot(attachments=False).listed
+        wanted = _pod_id(pod_id, self.service.view.snapshot(attachments=False).listed) if pod_id else None
+        verdicts = await self.service.timers.verify(wanted, check=check)
+        listed = self.service.view.snapshot(attachments=False).listed
         return sorted(
             (_verdict(h, listed) for h in verdicts), key=lambda v: (v["namespace"], v["name"], v["pod"])
         )

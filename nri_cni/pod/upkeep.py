@@ -154,7 +154,7 @@ class Upkeep:
 
         async def one(pod_id: str) -> None:
             async with slots:
-                # An operation in flight makes the pod valid (ledger.py) and its own DEL or ADD
+                # An operation in flight makes the pod valid (service/roster.py) and its own DEL or ADD
                 # handles its intent record: the pod is left for the next GC rather than
                 # holding a slot, and the stale pods behind it, while that operation runs.
                 if locks.busy(pod_id):

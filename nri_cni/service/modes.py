@@ -15,11 +15,12 @@ that read the mode's name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
 from nri_cni.pod.model import PodInfo, PrimaryNetwork, RuntimePrimary
 
 
@@ -54,6 +55,23 @@ class Mode(Protocol):
         """The primary network's name and whether it is nri-cni's (eth0)."""
         ...
 
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        """A pod with no attachment of nri-cni's and no IP the runtime reports has no network the
+        runtime knows of for a repair to make true (shim: a pod in creation, or one the runtime
+        never networked)."""
+        ...
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        """A pod that lacks a network (or whose IPs the runtime did not take) is "missed", not
+        repaired, unless the IPs the runtime lists give that network back (native: the runtime
+        learns IPs only from the RunPodSandbox answer)."""
+        ...
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        """The addresses a repair asks for the primary network: the runtime's IPs of the pod
+        when they are eth0's (shim), else () (each network asks for its own)."""
+        ...
+
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         """The runtime's own primary network of the pod (FINALIZE runs for it too), or None
         when the primary is nri-cni's."""
@@ -76,6 +94,15 @@ class ShimMode:
     runtime_reports_our_ips: bool = True
     adds_behind_runtime: bool = True
 
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        return not entries and not pod.ips
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        return False
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        return pod.ips
+
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
 
@@ -93,6 +120,15 @@ class NativeMode:
     answers_run_pod: bool = True
     runtime_reports_our_ips: bool = True
     adds_behind_runtime: bool = False
+
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        return False
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        return missing or bool(mismatch)
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        return ()
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
@@ -113,6 +149,15 @@ class SecondaryMode:
     runtime_reports_our_ips: bool = False
     adds_behind_runtime: bool = True
 
+    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+        return False
+
+    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
+        return False
+
+    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
+        return ()
+
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")
         return RuntimePrimary(self.primary.name, entry)
@@ -121,6 +166,12 @@ class SecondaryMode:
         if not self.primary.name:
             return []
         return [e for e in self.runtime_cache.entries(network=self.primary.name) if e.ifname == "eth0"]
+
+
+def mode_in_force(source: ConfigSource) -> Mode:
+    """The mode of the config in force (made once per config; a reload may change its
+    primary_network): the one object every part of the pod service asks."""
+    return source.derived("mode", mode_for)
 
 
 def mode_for(cfg: Config) -> Mode:

@@ -44,6 +44,7 @@ class PodCheck:
     # attachments nothing could be compared for: key -> (verdict kind, why): a cache entry
     # without a result ("no-result") or with one that cannot be read ("bad-result")
     unknown: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    path_gone: bool = False  # its netns path is gone (the round did not read the node)
 
     @property
     def missing(self) -> list[Selected]:
@@ -65,7 +66,7 @@ class PodCheck:
 
     @property
     def netns_gone(self) -> bool:
-        return any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
+        return self.path_gone or any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
 
     def signature(self) -> list[tuple[Key, object]]:
         return [(key_of(e), e.result) for e in self.entries]

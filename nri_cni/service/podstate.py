@@ -19,6 +19,11 @@ from typing import Any
 
 log = logging.getLogger("nri_cni.daemon")
 
+DEL_ACTION = (
+    "find why in the plugin's error (a plugin binary missing or failing); once fixed, GC or the "
+    "runtime's next stop releases it"
+)
+
 
 class PodState(Enum):
     OK = "ok"  # what the records say is what the node has
@@ -160,6 +165,18 @@ class HealthBook:
             health.since = old.since
         self._pods[pod_id] = health
         return health
+
+    def del_failed(self, pod_id: str, error: str, *, label: str = "") -> PodHealth:
+        """A DEL that fails is named, with its reason, in `nri-cni status` and `nri-cni pods`
+        (once in the log as it starts failing); GC retries it while the runtime does not list
+        the pod, the runtime's stop retries it while it does."""
+        reason = f"its DEL fails, so nri-cni still holds its networks: {error}; {DEL_ACTION}"
+        return self.broken(pod_id, BrokenCode.DEL_FAILED, reason, label=label)
+
+    def fails_del(self, pod_id: str) -> bool:
+        """The pod's last DEL failed (broken del-failed)."""
+        health = self._pods.get(pod_id)
+        return health is not None and health.code is BrokenCode.DEL_FAILED
 
     def forget(self, pod_id: str) -> None:
         """The pod is gone (removed, or collected)."""

@@ -8,9 +8,9 @@ attachment holds gets that network again with them; else it is "missed".
 from __future__ import annotations
 
 from nri_cni.pod.repair import plain, result_ips
-from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
 from nri_cni.service.podcheck import Key, PodCheck, key_of, selected_key
+from nri_cni.service.roster import PodRecord
 
 
 def primary_key(mode: Mode, c: PodCheck) -> Key | None:
@@ -41,12 +41,12 @@ def ip_mismatch(mode: Mode, c: PodCheck) -> str:
     return ""
 
 
-def runtime_network_lost(mode: Mode, ledger: PodLedger, c: PodCheck) -> str:
+def runtime_network_lost(mode: Mode, record: PodRecord, c: PodCheck) -> str:
     """Secondary mode: a pod with nri-cni's networks that the runtime listed with IPs and now
     lists without has lost the runtime's own network, or the runtime its record of it: CRI-O
     restarted in the middle of the pod's stop (after its CNI DEL) lists such a pod READY
     without an IP. "" otherwise."""
-    if mode.primary.ours or not c.entries or c.pod.ips or c.pod.id not in ledger.ips_lost:
+    if mode.primary.ours or not c.entries or c.pod.ips or not record.ips_lost:
         return ""
     return (
         "the runtime reports no IP for it: its own network of the pod is gone or unknown to it "
@@ -68,12 +68,12 @@ def native_readd(c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
     return {selected_key(c.missing[0]): left} if left else {}
 
 
-def missed_reason(ledger: PodLedger, c: PodCheck, mismatch: str, action: str) -> str:
+def missed_reason(record: PodRecord, c: PodCheck, mismatch: str, action: str) -> str:
     """Why a native pod is reported missed, in words an admin can act on."""
-    late = ledger.late.get(c.pod.id)
+    late = record.late
     if late and not c.entries:
         why = late
-    elif not c.entries and c.pod.id in ledger.repair:
+    elif not c.entries and record.attach_failed:
         why = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
     elif not c.entries:
         why = (

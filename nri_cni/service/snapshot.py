@@ -1,15 +1,19 @@
 """What the pod service offers the reports (`nri-cni status`, `pods`, `verify`): one snapshot,
-taken at once, of what it knows. The reports read it and never the service's parts."""
+taken at once, of what it knows (ServiceView). The reports read it and never the service's parts."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.config import Config
+from nri_cni.config import Config, ConfigSource
+from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
-from nri_cni.service.podstate import PodHealth, PodState
+from nri_cni.pod.plan import PodPlan
+from nri_cni.service.modes import mode_in_force
+from nri_cni.service.podstate import HealthBook, PodHealth, PodState
+from nri_cni.service.roster import Roster
 
 
 @dataclass(frozen=True)
@@ -40,3 +44,58 @@ class ServiceSnapshot:
 
     def broken(self) -> list[PodHealth]:
         return [h for h in self.verdicts if h.state is PodState.BROKEN]
+
+
+class ServiceView:
+    """The pod service's side the reports read: one snapshot at a time, and a pod's attachments."""
+
+    def __init__(
+        self,
+        source: ConfigSource,
+        *,
+        plan: PodPlan,
+        roster: Roster,
+        locks: PodLocks,
+        health: HealthBook,
+        background: Callable[[], int],
+    ) -> None:
+        self.source = source
+        self.plan = plan
+        self.roster = roster
+        self.locks = locks
+        self.health = health
+        self.background = background  # how many background tasks run (GC, verify after a Synchronize)
+
+    def snapshot(self, *, attachments: bool = True, runtime_attachments: bool = False) -> ServiceSnapshot:
+        """What the reports show, taken at once. The caches are read only when asked for:
+        `attachments` (nri-cni's own), `runtime_attachments` (the runtime's, secondary mode);
+        the count of nri-cni's entries always (their names, no file opened)."""
+        book, mode = self.health, mode_in_force(self.source)
+        held = tuple(self.attachments()) if attachments else ()
+        return ServiceSnapshot(
+            cfg=self.source.current,
+            mode=mode.name,
+            listed=self.roster.pods(),
+            pending_repair=self.roster.pending_repair(),
+            pending_rollback=tuple(self.pending_rollbacks()),
+            unconfirmed=sum(1 for r in self.roster if r.unconfirmed is not None),
+            operations=len(self.locks),
+            background=self.background(),
+            verdicts=tuple(book.all()),
+            counts=book.counts(),
+            rounds=Rounds(book.rounds, book.last_round, book.last_round_seconds),
+            attachments=held,
+            attachment_count=len(held) if attachments else self.plan.cached_count(),
+            runtime_attachments=tuple(mode.runtime_attachments()) if runtime_attachments else (),
+        )
+
+    def busy(self, pod_id: str) -> bool:
+        return self.locks.busy(pod_id)
+
+    def attachments(self, pod_id: str | None = None) -> list[CacheEntry]:
+        return self.plan.cached(pod_id)
+
+    def pending_rollbacks(self) -> list[str]:
+        """Pods with an intent record and no operation in flight: a rollback waiting to be
+        retried (or, for an instant, an ADD about to take its lock)."""
+        return [p for p in self.plan.intent_pod_ids() if not self.locks.busy(p)]

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.plugin_process import PLUGIN_NICE
@@ -32,9 +32,9 @@ from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.plan import PodPlan
-from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection, result_ips
+from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
-from nri_cni.service.ledger import PodLedger
+from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
 from nri_cni.service.modes import Mode
 from nri_cni.service.podcheck import (
     Key,
@@ -46,26 +46,20 @@ from nri_cni.service.podcheck import (
     expect,
     key_of,
     netns_unreadable,
-    selected_key,
-    unreadable_reason,
     verdicts_of,
 )
-from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth
+from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
+from nri_cni.service.roster import Roster
 from nri_cni.service.runtime_ips import (
     ip_mismatch,
-    missed_reason,
-    native_readd,
-    primary_key,
     runtime_network_lost,
 )
 
 log = logging.getLogger("nri_cni.daemon")
 
 
-MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
-ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
 
 
 class Verifier:
@@ -75,14 +69,14 @@ class Verifier:
         mode: Callable[[], Mode],
         *,
         plan: PodPlan,
-        ledger: PodLedger,
+        roster: Roster,
         locks: PodLocks,
         health: HealthBook,
         inspector: NodeInspector | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
-        self.ledger = ledger
+        self.roster = roster
         self.locks = locks
         self.health = health
         self.clock = clock  # the backoff's (tests move it)
@@ -93,10 +87,6 @@ class Verifier:
         self.rounds = 0
         self.source = ConfigSource.of(cfg)
         self._mode = mode  # the pod service's: one mode object for every part
-
-    @property
-    def cfg(self) -> Config:
-        return self.source.current
 
     @property
     def mode(self) -> Mode:
@@ -133,30 +123,30 @@ class Verifier:
             # then on, not from whenever the first pod came
             _ = self.inspector
             if pod_id is not None:
-                pod = self.ledger.pods.get(pod_id)
+                pod = self.roster.record(pod_id).pod
                 if pod is None:
                     # closest existing kind: the argument names nothing (exit code "usage")
                     raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
                 pods = [pod]
             else:
                 pods = [
-                    p
-                    for p in self.ledger.pods.values()
-                    if p.netns and not self.locks.busy(p.id) and p.id not in self.ledger.stopped
+                    r.pod
+                    for r in self.roster
+                    if r.pod is not None and r.pod.netns and not self.locks.busy(r.pod_id) and not r.stopped
                 ]
             self.rounds += 1
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            live, lost = [], []
-            for p in pods:
-                if p.netns and os.path.exists(p.netns):
-                    live.append(p)
-                elif p.netns and self.ledger.running(p.id):
-                    lost.append(p)
-            checks = [self._plan(p, by_pod.get(p.id, [])) for p in live]
+            checks = [  # a pod whose netns path is gone: nothing to read (its pause may still run)
+                self._plan(p, by_pod.get(p.id, []))
+                if os.path.exists(p.netns)
+                else PodCheck(p, attach_order(by_pod.get(p.id, [])), [], path_gone=True)
+                for p in pods
+                if p.netns
+            ]
             await self._inspect(checks)
-            out = [self._netns_unreadable(p, by_pod.get(p.id, [])) for p in lost]
+            out: list[PodHealth] = []
             explicit = pod_id is not None
             # pods netlink found intact whose only business is a CHECK: several at once, last
             first: list[PodCheck] = []
@@ -169,10 +159,10 @@ class Verifier:
                     out.append(health)
             for c in later:  # their verdict from netlink and the host side, until CHECKed
                 if not self.locks.busy(c.pod.id):
-                    self._intact(c)
+                    self._unlocked(c, explicit=False)
             if pod_id is None:  # every pod compared with the node: the round is done ...
                 self.health.round_done(started, time.time())
-                self.retain(set(self.ledger.pods))
+                self.retain(set(self.roster.pods()))
             # ... and its CHECKs of intact pods follow, check_parallel() at once, each under its
             # pod's lock, their plugins at GC's nice value (pod operations first); a CHECK that
             # fails leads to the repair as above
@@ -217,15 +207,6 @@ class Verifier:
 
     # -- one pod -----------------------------------------------------------------------------
 
-    def _intact(self, c: PodCheck) -> PodHealth | None:
-        """The verdict of a pod netlink found as recorded (unreadable parts are not ok)."""
-        if c.pod.id not in self.ledger.pods:
-            return None
-        self._retries.pop(c.pod.id, None)
-        if c.unreadable:
-            return self._unreadable(c.pod, c, verdicts_of(c, {}))
-        return self._ok(c.pod, verdicts_of(c, {}))
-
     def _due(self, c: PodCheck, forced: bool) -> list[CacheEntry]:
         """The attachments this round CHECKs."""
         return [
@@ -240,180 +221,132 @@ class Verifier:
             )
         ]
 
+    def _decide(
+        self, c: PodCheck, *, explicit: bool, failed: Mapping[Key, str] | None = None
+    ) -> Verdict | RepairOrder:
+        """What the round read of the pod leads to (decide.py): its reading, its record, the mode,
+        the repair policy with the pod's failed tries."""
+        reading = Reading(c, failed or {}, self.roster.running(c.pod.id))
+        policy = Policy(self.source.current.repair, self._retries.get(c.pod.id), self.clock(), explicit)
+        return decide(reading, self.roster.record(c.pod.id), self.mode, policy)
+
+    def _unlocked(self, c: PodCheck, *, explicit: bool) -> PodHealth | None:
+        """The verdict of a pod with nothing to run (nothing differs, no CHECK due, or nothing
+        nri-cni can change): no lock needed, nothing awaited."""
+        decision = self._decide(c, explicit=explicit)
+        assert isinstance(decision, Verdict)  # a repair is ordered only when something differs
+        return self._report(c, decision, verdicts_of(c, {}))
+
     async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
+        """The pod's part of the round: without its lock when there is nothing to run, else
+        under it, its records read again when an operation ran since the round read them."""
         pod = c.pod
-        if c.netns_gone:
-            if self.ledger.running(pod.id):
-                return self._netns_unreadable(pod, c.entries)
-            return None  # the reaper's
-        lost = runtime_network_lost(self.mode, self.ledger, c)
-        if lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
-            self._retries.pop(pod.id, None)
-            return self._broken(pod, BrokenCode.TORN_DOWN, f"{lost}; {ADMIN_ACTION}", verdicts_of(c, {}))
         quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
-        if quiet and not self.locks.busy(pod.id):
-            return self._intact(c)  # nothing to run: no lock needed, nothing awaited
+        lost = runtime_network_lost(self.mode, self.roster.record(pod.id), c)
+        if c.netns_gone or lost or (quiet and not self.locks.busy(pod.id)):
+            return self._unlocked(c, explicit=explicit)
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
-            pod = self.ledger.pods.get(pod.id) or pod
-            if pod.id not in self.ledger.pods or not os.path.exists(pod.netns):
+            record = self.roster.record(pod.id)
+            if record.pod is None or not os.path.exists(record.pod.netns):
                 return None
-            if pod.id in self.ledger.stopped:
-                return None  # torn down (while the round read it): never attached again
+            if record.stopped:  # torn down while the round read it: read no further
+                return self._unlocked(c, explicit=explicit)
+            pod = record.pod
             now = self.plan.cached(pod.id)
             if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
                 c = self._plan(pod, now)  # an operation ran since the round read it
                 await self._inspect([c])
-                if c.netns_gone:
-                    return self._netns_unreadable(pod, c.entries) if self.ledger.running(pod.id) else None
-            return await self._settle_locked(c, forced=forced, explicit=explicit, nice=nice)
+            failed: dict[Key, str] = {}  # the CHECKs due this round that failed -> the error
+            niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
+            try:
+                for entry in self._due(c, forced) if not c.netns_gone else []:
+                    error = await self.plan.check_entry(entry, c.pod.netns)
+                    if error:
+                        failed[key_of(entry)] = error
+            finally:
+                PLUGIN_NICE.reset(niced)
+            return await self._apply_locked(c, self._decide(c, explicit=explicit, failed=failed), failed)
 
-    async def _settle_locked(
-        self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0
+    async def _apply_locked(
+        self, c: PodCheck, decision: Verdict | RepairOrder, failed: Mapping[Key, str]
     ) -> PodHealth | None:
-        pod = c.pod
-        failed_checks: dict[Key, str] = {}
-        niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
-        try:
-            for entry in self._due(c, forced):
-                error = await self.plan.check_entry(entry, pod.netns)
-                if error:
-                    failed_checks[key_of(entry)] = error
-        finally:
-            PLUGIN_NICE.reset(niced)
-        verdicts = verdicts_of(c, failed_checks)
-        damaged = [
-            e for e in c.entries if key_of(e) in {key_of(d) for d in c.damaged} or key_of(e) in failed_checks
-        ]
-        wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in map(key_of, c.damaged)]
-        wrong += [f"{n}/{i}: CHECK failed: {err}" for (n, i), err in failed_checks.items()]
-        wrong += [f"{n}/{i}: not attached" for n, i in map(selected_key, c.missing)]
-        mismatch = ip_mismatch(self.mode, c)
-        if mismatch:
-            wrong.append(mismatch)
-        if not wrong:
-            self._retries.pop(pod.id, None)
-            self.ledger.repair.pop(pod.id, None)
-            if c.unreadable:
-                return self._unreadable(pod, c, verdicts)
-            return self._ok(pod, verdicts)
-        what = "; ".join(wrong)
-        if (
-            not c.entries
-            and not pod.ips
-            and self.mode.runtime_reports_our_ips
-            and self.mode.adds_behind_runtime
-        ):
-            # shim mode, nothing of ours and no IP the runtime reports: no network it knows of
-            # to make true (a pod in creation, or one the runtime never networked) ...
-            if pod.id not in self.ledger.relisted:
-                return None
-            # ... or one whose network the runtime deleted (its CNI DEL) before a restart cut
-            # its stop short: listed READY again, with no IP, which a new ADD would not change
-            reason = (
-                f"{what}: the runtime deleted its network and, restarted, lists it READY without "
-                "an IP; stop or delete the pod"
-            )
-            return self._broken(pod, BrokenCode.TORN_DOWN, reason, verdicts)
-        readd: dict[Key, tuple[str, ...]] = {}
-        if (
-            self.mode.runtime_reports_our_ips
-            and not self.mode.adds_behind_runtime
-            and (c.missing or mismatch)
-        ):
-            readd = native_readd(c, mismatch)
-            if not readd:
-                reason = missed_reason(self.ledger, c, mismatch, ADMIN_ACTION)
-                self.ledger.repair.pop(pod.id, None)  # nothing to retry: it is reported instead
-                return self._broken(pod, BrokenCode.MISSED, reason, verdicts)
-        if self.cfg.repair != "on":
-            reason = f"{what} (repair is {self.cfg.repair}: nothing was changed)"
-            return self._broken(pod, BrokenCode.REPAIR_OFF, reason, verdicts)
-        primary = primary_key(self.mode, c)
-        retry = self._retries.setdefault(pod.id, Retry())
-        if retry.failures and self.clock() < retry.next_at and not explicit:
-            return self.health.get(pod.id)  # backing off
-        ips = dict(retry.ips) | readd
-        for entry in damaged:
-            ips.setdefault(key_of(entry), result_ips(entry))
-        if (
-            primary is not None
-            and pod.ips
-            and self.mode.runtime_reports_our_ips
-            and self.mode.adds_behind_runtime
-        ):
-            # shim mode: the runtime's IPs are eth0's, and what it reports is what the repair
-            # makes true (native mode's are every network's: each asks for its own, equal ones)
-            ips[primary] = pod.ips
-        if mismatch and primary is not None:
-            damaged += [e for e in c.entries if key_of(e) == primary and e not in damaged]
-        retry.ips = {k: v for k, v in ips.items() if v}
+        if isinstance(decision, Verdict):
+            return self._report(c, decision, verdicts_of(c, dict(failed)))
+        retry = self._retries.setdefault(c.pod.id, Retry())
+        retry.ips = dict(decision.ips)
+        verdicts = verdicts_of(c, dict(failed))
         try:
             async with self._repairing:  # one at a time, also when pods settle at once
                 await self.plan.repair(
-                    pod,
-                    selected=repair_selection(c.selected, c.entries, map(key_of, damaged)),
-                    damaged=damaged,
+                    c.pod,
+                    selected=repair_selection(c.selected, c.entries, map(key_of, decision.damaged)),
+                    damaged=list(decision.damaged),
                     ips=retry.ips,
-                    wrong=wrong,
-                    runtime_primary=self.mode.runtime_primary(pod),
+                    wrong=list(decision.wrong),
+                    runtime_primary=self.mode.runtime_primary(c.pod),
                 )
         except IpTaken as exc:
             self._failed(retry)
-            reason = f"{what}; {exc}: never taken from it; {ADMIN_ACTION}"
-            return self._broken(pod, BrokenCode.IP_TAKEN, reason, verdicts)
-        except IpsNotRequestable as exc:
-            self.ledger.repair.pop(pod.id, None)  # nothing was touched, nothing to retry
-            reason = f"{what}; {exc}; {ADMIN_ACTION}"
-            return self._broken(pod, BrokenCode.IPS_NOT_REQUESTABLE, reason, verdicts)
+            reason = f"{decision.what}; {exc}: never taken from it; {ADMIN_ACTION}"
+            return self._report(c, Verdict(PodState.BROKEN, BrokenCode.IP_TAKEN, reason), verdicts)
+        except IpsNotRequestable as exc:  # nothing was touched, nothing to retry
+            reason = f"{decision.what}; {exc}; {ADMIN_ACTION}"
+            verdict = Verdict(PodState.BROKEN, BrokenCode.IPS_NOT_REQUESTABLE, reason, settles=True)
+            return self._report(c, verdict, verdicts)
         except NriCniError as exc:
-            return self._repair_failed(pod, retry, what, str(exc), verdicts)
-        after = self._plan(pod, self.plan.cached(pod.id))
+            return self._judged(c, decision, retry, verdicts, error=str(exc))
+        after = self._plan(c.pod, self.plan.cached(c.pod.id))  # the pod read again
         await self._inspect([after])
-        if after.damaged or after.missing:
-            still = "; ".join(f.reason for f in after.findings.values() if f.damaged) or "networks missing"
-            return self._repair_failed(pod, retry, what, f"still differs after the repair: {still}", verdicts)
-        self._retries.pop(pod.id, None)
-        self.ledger.repair.pop(pod.id, None)
-        log.info("pod %s id=%s repaired: %s", pod.label(), pod.id, what)
-        return self.health.repaired(pod.id, what, verdicts_of(after, {}))
+        return self._judged(c, decision, retry, verdicts, after=after)
 
-    def _unreadable(self, pod: PodInfo, c: PodCheck, verdicts: list[AttachmentVerdict]) -> PodHealth:
-        """Something the pod needs could not be read: unknown is not ok, nothing is changed."""
-        return self._broken(pod, BrokenCode.UNREADABLE, unreadable_reason(c, ADMIN_ACTION), verdicts)
+    def _judged(
+        self,
+        c: PodCheck,
+        order: RepairOrder,
+        retry: Retry,
+        verdicts: list[AttachmentVerdict],
+        *,
+        after: PodCheck | None = None,
+        error: str = "",
+    ) -> PodHealth | None:
+        if error or after is None or after.damaged or after.missing:
+            self._failed(retry)
+        verdict = judge_repair(after or c, order, retry.failures, error)
+        if verdict.state is PodState.REPAIRED:
+            log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, order.what)
+            return self._report(c, verdict, verdicts_of(after or c, {}))
+        if verdict.state is None:
+            log.warning(
+                "pod %s id=%s: %s (again in %.0f s)",
+                c.pod.label(),
+                c.pod.id,
+                verdict.why,
+                retry.next_at - self.clock(),
+            )
+        return self._report(c, verdict, verdicts)
 
-    def _netns_unreadable(self, pod: PodInfo, entries: list[CacheEntry]) -> PodHealth:
-        """The runtime lists the pod, its pause process runs, its netns path is no netns."""
-        self._retries.pop(pod.id, None)
-        why, verdicts = netns_unreadable(pod, attach_order(entries))
-        return self._broken(pod, BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", verdicts)
+    def _report(self, c: PodCheck, verdict: Verdict, verdicts: list[AttachmentVerdict]) -> PodHealth | None:
+        """The verdict into the health book (None: nothing reported this round; the pod's last
+        verdict, if any, stands)."""
+        pod = c.pod
+        if verdict.ends_retries:
+            self._retries.pop(pod.id, None)
+        if verdict.settles:
+            self.roster.settled(pod.id)
+        if verdict.state is None:
+            return self.health.get(pod.id) if verdict.stands else None
+        if verdict.state is PodState.OK:
+            return self.health.ok(pod.id, verdicts, label=pod.label())
+        if verdict.state is PodState.REPAIRED:
+            return self.health.repaired(pod.id, verdict.reason, verdicts)
+        assert verdict.code is not None
+        if verdict.code is BrokenCode.NETNS_UNREADABLE:
+            verdicts = netns_unreadable(pod, attach_order(c.entries))[1]
+        return self.health.broken(
+            pod.id, verdict.code, verdict.reason, verdicts, label=f"{pod.namespace}/{pod.name}"
+        )
 
     def _failed(self, retry: Retry) -> None:
-        retry.failed(self.clock(), FIRST_RETRY, (self.cfg.verify_interval or 30.0) * BACKOFF_CAP)
-
-    def _repair_failed(
-        self, pod: PodInfo, retry: Retry, what: str, error: str, verdicts: list[AttachmentVerdict]
-    ) -> PodHealth | None:
-        self._failed(retry)
-        if retry.failures < MAX_FAILURES:
-            log.warning(
-                "pod %s id=%s: repair failed (try %d of %d, again in %.0f s): %s",
-                pod.label(),
-                pod.id,
-                retry.failures,
-                MAX_FAILURES,
-                retry.next_at - self.clock(),
-                error,
-            )
-            return self.health.get(pod.id)
-        reason = f"{what}; repair failed {retry.failures} times, the last: {error} (retried with backoff)"
-        return self._broken(pod, BrokenCode.REPAIR_FAILED, reason, verdicts)
-
-    def _ok(self, pod: PodInfo, verdicts: list[AttachmentVerdict]) -> PodHealth:
-        return self.health.ok(pod.id, verdicts, label=pod.label())
-
-    def _broken(
-        self, pod: PodInfo, code: BrokenCode, reason: str, verdicts: list[AttachmentVerdict]
-    ) -> PodHealth:
-        return self.health.broken(pod.id, code, reason, verdicts, label=f"{pod.namespace}/{pod.name}")
+        retry.failed(self.clock(), FIRST_RETRY, (self.source.current.verify_interval or 30.0) * BACKOFF_CAP)

@@ -196,7 +196,7 @@ class DaemonHarness:
         """Wait for the background work started by Synchronize (GC, repair); the deadline
         only fails a hang."""
         deadline = time.monotonic() + 60
-        while self.daemon.pods.background():
+        while self.daemon.pods.timers.background():
             if time.monotonic() > deadline:
                 raise AssertionError("background work after Synchronize did not finish")
             await asyncio.sleep(0.02)

@@ -12,9 +12,9 @@ from nri_cni.pod.intents import IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.oprecord import NoSink, OperationSink
 from nri_cni.pod.plan import PodPlan
-from nri_cni.service.ledger import PodLedger
 from nri_cni.service.modes import Mode
 from nri_cni.service.podstate import HealthBook
+from nri_cni.service.roster import Roster
 from nri_cni.service.service import PodService
 
 
@@ -39,7 +39,7 @@ def pod_service(
         cfg,
         plan=plan,
         mode=mode,
-        ledger=PodLedger(),
+        roster=Roster(),
         locks=PodLocks(),
         health=HealthBook(),
         inspector=inspector,

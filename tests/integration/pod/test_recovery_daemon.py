@@ -59,7 +59,7 @@ def test_a_native_answer_past_the_runtime_deadline_is_a_missed_pod(node):
             health = h.daemon.pods.health
             for _ in range(400):  # the cut-off attach is still in its FINALIZE: wait for its end
                 verdict = health.get(pod.id)
-                if verdict is not None and not h.daemon.pods.busy(pod.id):
+                if verdict is not None and not h.daemon.pods.view.busy(pod.id):
                     break
                 await asyncio.sleep(0.05)
             assert verdict is not None, h.daemon.reports.status()
@@ -69,14 +69,14 @@ def test_a_native_answer_past_the_runtime_deadline_is_a_missed_pod(node):
             (named,) = h.daemon.reports.status()["broken"]
             assert (named["pod"], named["name"], named["code"]) == (pod.id, pod.name, "missed")
             # released at once, nothing left behind the runtime's back
-            assert h.daemon.pods.attachments(pod.id) == []
+            assert h.daemon.pods.view.attachments(pod.id) == []
             assert await asyncio.to_thread(get_link, "eth0", ns) is None
             assert node.reservations() == []
             assert list((node.state_dir / "intents").iterdir()) == []
             commands = [c["command"] for c in node.calls()]
             assert commands[0] == "FINALIZE" and commands.count("FINALIZE") == 1, commands
             # a verify round later: still missed, nothing attached again
-            await h.daemon.pods.verify()
+            await h.daemon.pods.timers.verify()
             assert health.get(pod.id).code.value == "missed"
             assert node.reservations() == []
             await h.runtime.stop_pod_sandbox(pod)
@@ -100,7 +100,7 @@ def test_a_native_answer_in_time_is_kept(node):
             assert len(resp.adjust.network.ips) == 1
             assert [r.container_id for r in node.reservations()] == [pod.id]
             assert h.daemon.pods.health.get(pod.id) is None
-            assert h.daemon.pods.ledger.late == {}
+            assert not [r.pod_id for r in h.daemon.pods.roster if r.late]
             await h.runtime.stop_pod_sandbox(pod)
             await h.runtime.remove_pod_sandbox(pod)
         assert node.reservations() == []
@@ -138,7 +138,7 @@ def test_pod_missing_from_one_synchronize_is_kept_once(node, listed_before):
             await h.runtime.wait_plugin(n + 1)
             await h.settle()
             assert node.reservations() == []
-            assert h.daemon.pods.attachments() == []
+            assert h.daemon.pods.view.attachments() == []
             assert h.daemon.reports.status()["unconfirmed"] == 0
 
     run(scenario())
@@ -202,7 +202,7 @@ def test_gc_runs_alone_between_pod_operations(node):
             block.arm()
             first = asyncio.create_task(h.runtime.run_pod_sandbox(a))
             finalize_a = await asyncio.to_thread(block.wait_blocked, "FINALIZE", a.id, timeout=60)
-            gc = asyncio.create_task(h.daemon.pods.gc(reason="test"))
+            gc = asyncio.create_task(h.daemon.pods.timers.gc(reason="test"))
             await until(lambda: locks._gc_waiting == 1)  # GC waits for A's operation
             second = asyncio.create_task(h.runtime.run_pod_sandbox(b))
             await until(lambda: locks._operations == 2)  # B's ADD waits too: behind GC
@@ -261,10 +261,10 @@ def test_gc_timer_retries_a_failed_del_until_it_succeeds(node):
             (control / "del-fail").unlink()
             # the reservation goes while the DEL chain runs, the cache entry once it finished
             for _ in range(100):
-                if not node.reservations() and not h.daemon.pods.attachments():
+                if not node.reservations() and not h.daemon.pods.view.attachments():
                     break
                 await asyncio.sleep(0.05)
             assert node.reservations() == []
-            assert h.daemon.pods.attachments() == []
+            assert h.daemon.pods.view.attachments() == []
 
     run(scenario())

@@ -81,7 +81,7 @@ class DualWorld:
 
     async def attach(self, pod: PodInfo) -> PodInfo:
         """The shim's ADD; returns the pod as the runtime then lists it (with every IP)."""
-        answer = await self.svc.attach(pod)
+        answer = await self.svc.verbs.attach(pod)
         return PodInfo(pod.id, pod.name, pod.namespace, pod.uid, pod.netns, {}, tuple(answer.ips()))
 
     def addrs(self, pod: PodInfo) -> list[str]:
@@ -98,10 +98,10 @@ class DualWorld:
     async def teardown(self) -> None:
         self.gate.unlink(missing_ok=True)
         for pod in self.pods:
-            await self.svc.detach(pod)
+            await self.svc.verbs.detach(pod)
         await self.svc.close()
         assert self.node.reservations() == [], "an IP leaked"
-        assert self.svc.attachments() == [], "a cache entry leaked"
+        assert self.svc.view.attachments() == [], "a cache entry leaked"
 
 
 def records(caplog, op: str) -> list[dict]:
@@ -142,13 +142,16 @@ def test_a_flushed_ipv6_address_is_repaired_with_both_of_the_pods_addresses(node
             assert await asyncio.to_thread(w.addrs, p) == sorted(p.ips)
         a6, b6 = family(a.ips, True)[0], family(b.ips, True)[0]
         assert await wait_reaches(w, a, b6) and await wait_reaches(w, b, a6)
-        w.svc.ledger.synchronized([a, b])
-        assert {h.pod_id: h.state for h in await w.svc.verify()} == {a.id: PodState.OK, b.id: PodState.OK}
+        w.svc.roster.listed([a, b])
+        assert {h.pod_id: h.state for h in await w.svc.timers.verify()} == {
+            a.id: PodState.OK,
+            b.id: PodState.OK,
+        }
         veth_b = (await asyncio.to_thread(get_link, "eth0", w.ns[b.id])).index
 
         await asyncio.to_thread(w.ns[a.id].run, "ip", "-6", "addr", "flush", "dev", "eth0", "scope", "global")
         assert await asyncio.to_thread(w.addrs, a) == family(a.ips, False)
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         assert verdicts[a.id].state is PodState.REPAIRED, verdicts[a.id].to_dict()
         assert verdicts[b.id].state is PodState.OK  # the intact pod is left alone
         assert (await asyncio.to_thread(get_link, "eth0", w.ns[b.id])).index == veth_b
@@ -156,10 +159,10 @@ def test_a_flushed_ipv6_address_is_repaired_with_both_of_the_pods_addresses(node
         (record,) = records(podop_log, "repair")
         assert record["result"] == "ok" and sorted(record["asked"]["podnet/eth0"]) == sorted(a.ips)
         assert await wait_reaches(w, b, a6) and await wait_reaches(w, b, family(a.ips, False)[0])
-        again = {h.pod_id: h for h in await w.svc.verify(a.id, check=True)}
+        again = {h.pod_id: h for h in await w.svc.timers.verify(a.id, check=True)}
         assert [v.finding for v in again[a.id].attachments] == ["ok"]
         # the pod's DEL after the repair carries no request: it succeeds, the leases go
-        await w.svc.detach(a)
+        await w.svc.verbs.detach(a)
         assert sorted((r.ip, r.container_id) for r in node.reservations()) == sorted(
             (ip, b.id) for ip in b.ips
         )
@@ -175,9 +178,9 @@ def test_an_ipv6_only_pod_whose_eth0_was_deleted_gets_its_address_back(node, pod
         a, b = await asyncio.to_thread(w.pod), await asyncio.to_thread(w.pod)
         a, b = await w.attach(a), await w.attach(b)
         assert len(a.ips) == 1 and ":" in a.ips[0]
-        w.svc.ledger.synchronized([a, b])
+        w.svc.roster.listed([a, b])
         await asyncio.to_thread(w.ns[a.id].run, "ip", "link", "del", "eth0")
-        verdicts = {h.pod_id: h.state for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h.state for h in await w.svc.timers.verify()}
         assert verdicts == {a.id: PodState.REPAIRED, b.id: PodState.OK}
         assert await asyncio.to_thread(w.addrs, a) == list(a.ips)
         assert await wait_reaches(w, b, a.ips[0])
@@ -193,13 +196,13 @@ def test_the_del_of_an_entry_cached_with_cni_args_ip_list_succeeds(node, podop_l
 
     async def scenario():
         a = await w.attach(await asyncio.to_thread(w.pod))
-        (entry,) = w.svc.attachments(a.id)
+        (entry,) = w.svc.view.attachments(a.id)
         cached = json.loads(open(entry.path).read())
         cached["cniArgs"] = [*cached.get("cniArgs", []), ["IP", ",".join(a.ips)]]
         with open(entry.path, "w") as f:
             json.dump(cached, f)
-        await w.svc.detach(a)  # raised PodError ("invalid IP address") before
-        assert node.reservations() == [] and w.svc.attachments() == []
+        await w.svc.verbs.detach(a)  # raised PodError ("invalid IP address") before
+        assert node.reservations() == [] and w.svc.view.attachments() == []
         await w.teardown()
 
     asyncio.run(scenario())
@@ -210,22 +213,22 @@ def test_a_del_that_keeps_failing_is_reported_by_name_until_gc_releases_the_pod(
 
     async def scenario():
         a = await w.attach(await asyncio.to_thread(w.pod))
-        w.svc.ledger.synchronized([a])
+        w.svc.roster.listed([a])
         w.gate.touch()
         with pytest.raises(PodError, match="del gate closed"):
-            await w.svc.detach(a)  # the runtime's stop
+            await w.svc.verbs.detach(a)  # the runtime's stop
         with pytest.raises(PodError, match="del gate closed"):
-            await w.svc.remove(a)  # its remove: the pod leaves the runtime's list
+            await w.svc.verbs.remove(a)  # its remove: the pod leaves the runtime's list
         health = w.svc.health.get(a.id)
         assert health is not None and health.code is BrokenCode.DEL_FAILED, w.svc.health.all()
         assert "del gate closed" in health.reason and health.state is PodState.BROKEN
-        w.svc.ledger.synchronized([])
-        await w.svc.gc("test")  # GC retries, fails again: still reported
+        w.svc.roster.listed([])
+        await w.svc.timers.gc("test")  # GC retries, fails again: still reported
         assert w.svc.health.get(a.id).code is BrokenCode.DEL_FAILED
         w.gate.unlink()
-        report = await w.svc.gc("test")
+        report = await w.svc.timers.gc("test")
         assert report["errors"] == [] and w.svc.health.get(a.id) is None
-        assert node.reservations() == [] and w.svc.attachments() == []
+        assert node.reservations() == [] and w.svc.view.attachments() == []
         await w.teardown()
 
     asyncio.run(scenario())

@@ -52,7 +52,7 @@ class Hostside:
         pod = PodInfo(new_pod_id(), name=f"ncver-{name}", namespace="default", netns=ns.path)
         port = random.randrange(20000, 40000)
         caps = {"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]}
-        answer = await self.svc.attach(pod, AttachRequest(runtime_caps=caps))
+        answer = await self.svc.verbs.attach(pod, AttachRequest(runtime_caps=caps))
         pod = PodInfo(pod.id, pod.name, pod.namespace, netns=pod.netns, ips=tuple(answer.ips()))
         self.pods[pod.id] = (pod, ns, port)
         return pod
@@ -73,10 +73,10 @@ class Hostside:
 
     async def teardown(self) -> None:
         for pod, _, _ in self.pods.values():
-            await self.svc.detach(pod)
+            await self.svc.verbs.detach(pod)
         await self.svc.close()
         assert self.node.reservations() == [], "an IP leaked"
-        assert self.svc.attachments() == [], "a cache entry leaked"
+        assert self.svc.view.attachments() == [], "a cache entry leaked"
 
 
 DAMAGE = {
@@ -99,8 +99,8 @@ def test_host_side_damage_is_noticed_in_the_next_round_and_repaired_intact_pods_
 
     async def scenario():
         victim, *intact = [await w.pod(n) for n in ("victim", "intact1", "intact2")]
-        w.svc.ledger.synchronized([victim, *intact])
-        first = {h.pod_id: h.state for h in await w.svc.verify()}
+        w.svc.roster.listed([victim, *intact])
+        first = {h.pod_id: h.state for h in await w.svc.timers.verify()}
         assert set(first.values()) == {PodState.OK}, first
         for pod in (victim, *intact):  # what the checks below look at is there to begin with
             assert ROUTED in await asyncio.to_thread(w.routes, pod)
@@ -109,7 +109,7 @@ def test_host_side_damage_is_noticed_in_the_next_round_and_repaired_intact_pods_
         index = {p.id: await asyncio.to_thread(w.ifindex, p) for p in intact}
 
         await asyncio.to_thread(do, w, victim)
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}  # the next round
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}  # the next round
         health = verdicts[victim.id]
         assert health.state is PodState.REPAIRED, health.to_dict()
         assert words in health.reason, health.reason
@@ -125,7 +125,7 @@ def test_host_side_damage_is_noticed_in_the_next_round_and_repaired_intact_pods_
             assert await asyncio.to_thread(w.ifindex, pod) == index[pod.id]
         records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "nri_cni.podop"]
         assert [r["podId"] for r in records if r["op"] == "repair"] == [victim.id]
-        again = {h.pod_id: h for h in await w.svc.verify()}
+        again = {h.pod_id: h for h in await w.svc.timers.verify()}
         assert [a.finding for a in again[victim.id].attachments] == ["ok"]
         await w.teardown()
 

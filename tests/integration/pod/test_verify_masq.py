@@ -69,7 +69,7 @@ class Masqueraded:
     async def pod(self, name: str) -> PodInfo:
         ns = await asyncio.to_thread(self.node.jan.netns)
         pod = PodInfo(new_pod_id(), name=f"ncmasq-{name}", namespace="default", netns=ns.path)
-        answer = await self.svc.attach(pod, AttachRequest())
+        answer = await self.svc.verbs.attach(pod, AttachRequest())
         pod = PodInfo(pod.id, pod.name, pod.namespace, netns=pod.netns, ips=tuple(answer.ips()))
         assert len(pod.ips) == 2, pod.ips  # one address of each family
         self.pods[pod.id] = (pod, ns)
@@ -102,8 +102,8 @@ def test_masquerade_deleted_or_flushed_is_noticed_and_repaired_with_the_same_ips
         victim, *intact = [await w.pod(n) for n in ("victim", "intact1", "intact2")]
         ids.extend(p.id for p in (victim, *intact))
         pods = [victim, *intact]
-        w.svc.ledger.synchronized(pods)
-        first = {h.pod_id: h.state for h in await w.svc.verify()}
+        w.svc.roster.listed(pods)
+        first = {h.pod_id: h.state for h in await w.svc.timers.verify()}
         assert set(first.values()) == {PodState.OK}, first
         for pod in pods:  # the rules are there to begin with, one per address
             assert await asyncio.to_thread(w.masq, pod) == set(pod.ips)
@@ -112,7 +112,7 @@ def test_masquerade_deleted_or_flushed_is_noticed_and_repaired_with_the_same_ips
         index = {p.id: (await asyncio.to_thread(w.eth0, p)).index for p in intact}
         await asyncio.to_thread(drop_masq, host, backend, victim.id)
         await asyncio.to_thread(w.before_del, victim)
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         health = verdicts[victim.id]
         assert health.state is PodState.REPAIRED, health.to_dict()
         assert "masquerade rule" in health.reason, health.reason
@@ -130,17 +130,17 @@ def test_masquerade_deleted_or_flushed_is_noticed_and_repaired_with_the_same_ips
         for pod in pods:
             assert await asyncio.to_thread(w.masq, pod) == set()
         await asyncio.to_thread(w.before_del, *pods)
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         for pod in pods:
             assert verdicts[pod.id].state is PodState.REPAIRED, verdicts[pod.id].to_dict()
             assert "masquerade rule" in verdicts[pod.id].reason
             assert await asyncio.to_thread(w.masq, pod) == set(pod.ips)
-        again = {h.pod_id: h for h in await w.svc.verify()}
+        again = {h.pod_id: h for h in await w.svc.timers.verify()}
         assert {a.finding for h in again.values() for a in h.attachments} == {"ok"}
 
         await asyncio.to_thread(w.before_del, *pods)
         for pod, _ in w.pods.values():
-            await w.svc.detach(pod)
+            await w.svc.verbs.detach(pod)
         for pod in pods:  # the DEL took its rules
             assert await asyncio.to_thread(w.masq, pod) == set()
         await w.svc.close()
@@ -154,7 +154,7 @@ def test_masquerade_deleted_or_flushed_is_noticed_and_repaired_with_the_same_ips
             if w.svc is not None:
                 await asyncio.to_thread(w.before_del, *(p for p, _ in w.pods.values()))
                 for pod, _ in w.pods.values():
-                    await w.svc.detach(pod)
+                    await w.svc.verbs.detach(pod)
                 await w.svc.close()
 
     try:

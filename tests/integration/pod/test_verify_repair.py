@@ -82,20 +82,20 @@ class World:
 
     async def attach(self, pod: PodInfo, request: AttachRequest | None = None) -> str:
         """The shim's ADD; returns the pod's IP (plain)."""
-        answer = await self.svc.attach(pod, request)
+        answer = await self.svc.verbs.attach(pod, request)
         return answer.ips()[0]
 
     def listed(self, *pods: PodInfo) -> None:
         """The runtime's pod list (as Synchronize brings it), without the background work."""
-        self.svc.ledger.synchronized(list(pods))
+        self.svc.roster.listed(list(pods))
 
     async def teardown(self) -> None:
         self.fail_file.unlink(missing_ok=True)
         for pod in self.pods:
-            await self.svc.detach(pod)
+            await self.svc.verbs.detach(pod)
         await self.svc.close()
         assert self.node.reservations() == [], "an IP leaked"
-        assert self.svc.attachments() == [], "a cache entry leaked"
+        assert self.svc.view.attachments() == [], "a cache entry leaked"
 
 
 NS: dict = {}  # netns path -> the test's Netns
@@ -120,7 +120,7 @@ async def addrs(pod, ifname: str = "eth0") -> list[str]:
 
 
 def host_veth(svc: PodService, pod: PodInfo, bridge: str) -> str:
-    (entry,) = svc.attachments(pod.id)
+    (entry,) = svc.view.attachments(pod.id)
     return next(i["name"] for i in entry.result["interfaces"] if not i.get("sandbox") and i["name"] != bridge)
 
 
@@ -156,12 +156,12 @@ def test_external_damage_is_repaired_with_the_same_ip(node, podop_log, damage):
         ip_a, ip_b = await w.attach(a), await w.attach(b)
         a, b = listed_as(a, ip_a), listed_as(b, ip_b)
         w.listed(a, b)
-        first = {h.pod_id: h.state for h in await w.svc.verify()}
+        first = {h.pod_id: h.state for h in await w.svc.timers.verify()}
         assert first == {a.id: PodState.OK, b.id: PodState.OK}
         mac_before = (await asyncio.to_thread(get_link, "eth0", ns_of(a))).mac
 
         await asyncio.to_thread(DAMAGE[damage], w, a)
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         health = verdicts[a.id]
         assert health.state is PodState.REPAIRED, health.to_dict()
         assert health.repairs == 1 and health.reason
@@ -183,7 +183,7 @@ def test_external_damage_is_repaired_with_the_same_ip(node, podop_log, damage):
         assert record["wrong"] and record["asked"] == {"podnet/eth0": [ip_a]}  # the runtime's
         assert [(s["network"], s["op"]) for s in record["networks"]] == [("podnet", "del"), ("podnet", "add")]
         # the next round finds it true (and it stays "repaired", with its count)
-        again = {h.pod_id: h for h in await w.svc.verify(a.id, check=True)}
+        again = {h.pod_id: h for h in await w.svc.timers.verify(a.id, check=True)}
         assert again[a.id].state is PodState.REPAIRED and again[a.id].repairs == 1
         assert [v.finding for v in again[a.id].attachments] == ["ok"]
         await w.teardown()
@@ -199,11 +199,11 @@ def test_pod_listed_with_the_runtimes_ip_and_no_attachment_gets_that_ip(node, po
     async def scenario():
         pod = await asyncio.to_thread(w.pod)
         ip = await w.attach(pod)
-        await w.svc.detach(pod)  # the cut ADD's undoing: no eth0, the IP released
+        await w.svc.verbs.detach(pod)  # the cut ADD's undoing: no eth0, the IP released
         assert await addrs(pod) == [] and node.reservations() == []
         listed = listed_as(pod, ip)
         w.listed(listed)
-        (health,) = await w.svc.verify()
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.REPAIRED, health.to_dict()
         assert await addrs(pod) == [ip]
         assert [r.ip for r in node.reservations()] == [ip]
@@ -220,12 +220,12 @@ def test_runtimes_ip_held_by_another_pod_is_never_taken(node, podop_log):
     async def scenario():
         victim = await asyncio.to_thread(w.pod)
         ip = await w.attach(victim)
-        await w.svc.detach(victim)
+        await w.svc.verbs.detach(victim)
         # on purpose: another pod gets that very IP meanwhile
         holder = await asyncio.to_thread(w.pod)
         assert await w.attach(holder, AttachRequest(ips={("podnet", "eth0"): (ip,)})) == ip
         w.listed(listed_as(victim, ip), listed_as(holder, ip))
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         broken = verdicts[victim.id]
         assert broken.state is PodState.BROKEN and broken.code is BrokenCode.IP_TAKEN, broken.to_dict()
         assert ip in broken.reason and holder.id[:12] in broken.reason
@@ -234,14 +234,14 @@ def test_runtimes_ip_held_by_another_pod_is_never_taken(node, podop_log):
         assert [r.container_id for r in node.reservations()] == [holder.id]
         lines = [r.getMessage() for r in podop_log.records if "is broken (ip-taken)" in r.getMessage()]
         assert len(lines) == 1 and victim.id in lines[0]
-        await w.svc.verify()  # still broken: no second log line
+        await w.svc.timers.verify()  # still broken: no second log line
         lines = [r.getMessage() for r in podop_log.records if "is broken (ip-taken)" in r.getMessage()]
         assert len(lines) == 1
         # the holder goes: after its backoff the victim gets its own IP back
-        await w.svc.remove(listed_as(holder, ip))
+        await w.svc.verbs.remove(listed_as(holder, ip))
         w.listed(listed_as(victim, ip))
         now[0] += 10_000
-        (health,) = await w.svc.verify()
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.REPAIRED and await addrs(victim) == [ip]
         await w.teardown()
 
@@ -268,18 +268,18 @@ def test_a_repair_that_keeps_failing_backs_off_then_is_broken(node, podop_log):
         # seconds the clock moves before each round: the backoff is 1 s after the first failure, 2 s after the second
         for step in (0, 0, 1, 0, 2, 0):
             now[0] += step
-            (health,) = await w.svc.verify() or [None]
+            (health,) = await w.svc.timers.verify() or [None]
             states.append((gate_calls(), health.state.value if health else None))
         # tries at rounds 1, 3 and 5 (each after its backoff), none while backing off
         assert [n for n, _ in states] == [1, 1, 2, 2, 3, 3], states
         assert states[-1][1] == "broken"
         health = w.svc.health.get(pod.id)
         assert health.code is BrokenCode.REPAIR_FAILED and "gate closed" in health.reason
-        assert node.reservations() == [] and w.svc.attachments(pod.id) == []  # every try rolled back
+        assert node.reservations() == [] and w.svc.view.attachments(pod.id) == []  # every try rolled back
         # the plugin recovers: the next try (after its backoff) repairs it with the same IP
         w.fail_file.unlink()
         now[0] += 10_000
-        (health,) = await w.svc.verify()
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
         await w.teardown()
 
@@ -295,7 +295,7 @@ def test_verify_only_reports_and_touches_nothing(node, podop_log, setting):
         ip = await w.attach(pod)
         w.listed(listed_as(pod, ip))
         await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
-        (health,) = await w.svc.verify()
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.BROKEN and health.code is BrokenCode.REPAIR_OFF
         assert "lacks" in health.reason and f"repair is {setting}" in health.reason
         assert await addrs(pod) == []
@@ -318,18 +318,18 @@ def test_native_mode_reports_missed_pods_and_attaches_nothing_behind_the_runtime
         good = await asyncio.to_thread(w.pod)
         good_ip = await w.attach(good)
         w.listed(listed_as(down), listed_as(late), listed_as(good, good_ip))
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         for pod in (down, late):
             health = verdicts[pod.id]
             assert health.state is PodState.BROKEN and health.code is BrokenCode.MISSED, health.to_dict()
             assert "delete the pod" in health.reason
         assert "without nri-cni's answer" in verdicts[down.id].reason
         assert "did not take nri-cni's answer" in verdicts[late.id].reason
-        assert w.svc.attachments(down.id) == [] and await addrs(down) == []
+        assert w.svc.view.attachments(down.id) == [] and await addrs(down) == []
         assert verdicts[good.id].state is PodState.OK
         # damage to a pod the runtime knows the IPs of is repaired, with those IPs
         await asyncio.to_thread(ns_of(good).run, "ip", "link", "del", "eth0")
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         assert verdicts[good.id].state is PodState.REPAIRED and await addrs(good) == [good_ip]
         await w.teardown()
 
@@ -341,10 +341,10 @@ def test_secondary_mode_repairs_extra_networks_and_attaches_missing_ones(node, p
 
     async def scenario():
         attached, missed = await asyncio.to_thread(w.pod), await asyncio.to_thread(w.pod)
-        ip = (await w.svc.attach(attached)).ips()[0]
+        ip = (await w.svc.verbs.attach(attached)).ips()[0]
         await asyncio.to_thread(ns_of(attached).run, "ip", "link", "del", "net1")
         w.listed(attached, missed)  # the runtime reports its own network's IPs: none here
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         assert verdicts[attached.id].state is PodState.REPAIRED, verdicts[attached.id].to_dict()
         assert await addrs(attached, "net1") == [ip]
         # nri-cni was down when `missed` started: its extra network is attached now
@@ -363,16 +363,16 @@ def test_synchronize_runs_gc_then_verify(node, podop_log):
         pod = await asyncio.to_thread(w.pod)
         ip = await w.attach(pod)
         await asyncio.to_thread(ns_of(pod).run, "ip", "link", "del", "eth0")
-        w.svc.synchronized([listed_as(pod, ip)])
+        w.svc.timers.synchronized([listed_as(pod, ip)])
         for _ in range(500):
-            if not w.svc.background():
+            if not w.svc.timers.background():
                 break
             await asyncio.sleep(0.02)
         assert w.svc.health.rounds == 1
         assert w.svc.health.get(pod.id).state is PodState.REPAIRED
         assert await addrs(pod) == [ip]
         with pytest.raises(NriCniError):
-            await w.svc.verify("no-such-pod")
+            await w.svc.timers.verify("no-such-pod")
         await w.teardown()
 
     asyncio.run(scenario())
@@ -388,13 +388,13 @@ def test_a_pod_the_runtime_tore_down_is_never_attached_again(node, podop_log):
         ip = await w.attach(pod)
         listed = listed_as(pod, ip)
         w.listed(listed)
-        await w.svc.detach(listed)
-        assert await w.svc.verify() == []
-        assert await w.svc.verify(pod.id) == []
-        assert w.svc.attachments(pod.id) == [] and node.reservations() == []
+        await w.svc.verbs.detach(listed)
+        assert await w.svc.timers.verify() == []
+        assert await w.svc.timers.verify(pod.id) == []
+        assert w.svc.view.attachments(pod.id) == [] and node.reservations() == []
         # listed again by a Synchronize (the runtime says it runs): verify's business again
         w.listed(listed)
-        (health,) = await w.svc.verify()
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
         await w.teardown()
 
@@ -409,16 +409,16 @@ def test_an_ip_the_ipam_refuses_is_reported_taken(node, podop_log):
     async def scenario():
         pod = await asyncio.to_thread(w.pod)
         ip = await w.attach(pod)
-        await w.svc.detach(pod)
+        await w.svc.verbs.detach(pod)
         (reserved_dir,) = [d for d in node.ipam_dir.iterdir() if d.is_dir()]
         outsider = reserved_dir / ip
         outsider.write_text("someone-else\r\neth0")
         try:
             w.listed(listed_as(pod, ip))
-            (health,) = await w.svc.verify()
+            (health,) = await w.svc.timers.verify()
             assert health.state is PodState.BROKEN and health.code is BrokenCode.IP_TAKEN, health.to_dict()
             assert f"the IPAM refused its address {ip}" in health.reason
-            assert await addrs(pod) == [] and w.svc.attachments(pod.id) == []
+            assert await addrs(pod) == [] and w.svc.view.attachments(pod.id) == []
         finally:
             outsider.unlink()
         await w.teardown()
@@ -433,13 +433,13 @@ def test_native_pod_answered_through_run_pod_sandbox_is_verified_against_the_ans
 
     async def scenario():
         pod = await asyncio.to_thread(w.pod)
-        w.svc.seen(pod)  # the RunPodSandbox event, before the attach
+        w.svc.verbs.seen(pod)  # the RunPodSandbox event, before the attach
         ip = await w.attach(pod)
-        assert w.svc.ledger.pods[pod.id].ips == (ip,)
-        (health,) = await w.svc.verify()
+        assert (listed := w.svc.roster.record(pod.id).pod) is not None and listed.ips == (ip,)
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.OK, health.to_dict()
         await asyncio.to_thread(ns_of(pod).run, "ip", "addr", "flush", "dev", "eth0")
-        (health,) = await w.svc.verify()
+        (health,) = await w.svc.timers.verify()
         assert health.state is PodState.REPAIRED and await addrs(pod) == [ip]
         await w.teardown()
 
@@ -460,7 +460,7 @@ def test_a_bridge_mac_that_changed_is_no_damage(node, podop_log):
         set_mac = ["ip", "link", "set", w.bridge, "address", "02:00:00:00:00:01"]
         await asyncio.to_thread(subprocess.run, set_mac, check=True)
         assert (await asyncio.to_thread(get_link, w.bridge)).mac != bridge.mac
-        (health,) = await w.svc.verify(a.id, check=True)
+        (health,) = await w.svc.timers.verify(a.id, check=True)
         assert health.state is PodState.OK, health.to_dict()
         assert [r for r in repair_records(podop_log) if r["op"] == "repair"] == []
         await w.teardown()
@@ -479,22 +479,22 @@ def test_shim_pod_the_runtime_deleted_and_lists_again_without_an_ip_is_reported_
         cut = await asyncio.to_thread(w.pod)
         ip = await w.attach(cut)
         w.listed(listed_as(cut, ip))
-        await w.svc.detach(cut)  # the runtime's CNI DEL
+        await w.svc.verbs.detach(cut)  # the runtime's CNI DEL
         fresh = await asyncio.to_thread(w.pod)  # listed, not attached yet
         w.listed(listed_as(cut), listed_as(fresh))  # after the runtime's restart
-        verdicts = {h.pod_id: h for h in await w.svc.verify()}
+        verdicts = {h.pod_id: h for h in await w.svc.timers.verify()}
         health = verdicts[cut.id]
         assert health.state is PodState.BROKEN and health.code is BrokenCode.TORN_DOWN, health.to_dict()
         assert "lists it READY without an IP" in health.reason
         assert fresh.id not in verdicts
-        assert w.svc.attachments(cut.id) == [] and await addrs(cut) == []
+        assert w.svc.view.attachments(cut.id) == [] and await addrs(cut) == []
         assert not [r for r in repair_records(podop_log) if r["op"] == "repair"]
         # listed again in a later Synchronize, it is still what it was; removed, it is forgotten
         w.listed(listed_as(cut), listed_as(fresh))
-        assert {h.pod_id: h.code for h in await w.svc.verify()} == {cut.id: BrokenCode.TORN_DOWN}
-        await w.svc.remove(cut)
+        assert {h.pod_id: h.code for h in await w.svc.timers.verify()} == {cut.id: BrokenCode.TORN_DOWN}
+        await w.svc.verbs.remove(cut)
         w.listed(listed_as(fresh))
-        assert cut.id not in w.svc.ledger.relisted and w.svc.health.get(cut.id) is None
+        assert not w.svc.roster.record(cut.id).relisted and w.svc.health.get(cut.id) is None
         await w.teardown()
 
     asyncio.run(scenario())
@@ -511,9 +511,9 @@ def test_a_runtimes_check_is_an_operation_of_its_own(node, podop_log):
     async def scenario():
         pod = await asyncio.to_thread(w.pod)
         await w.attach(pod)
-        await w.svc.check(pod)
-        await w.svc.check(pod)
-        await w.svc.detach(pod)
+        await w.svc.verbs.check(pod)
+        await w.svc.verbs.check(pod)
+        await w.svc.verbs.detach(pod)
         ops = [r for r in repair_records(podop_log) if r["podId"] == pod.id]
         assert [r["op"] for r in ops] == ["add", "check", "check", "del"]
         first, second = ops[1:3]
@@ -525,7 +525,7 @@ def test_a_runtimes_check_is_an_operation_of_its_own(node, podop_log):
         assert (first["from"], first["plugins"]) == ("records", [])
         assert second["from"] == "plugins" and {p["command"] for p in second["plugins"]} == {"CHECK"}
         assert ops[3]["networks"][0]["op"] == "del"
-        await w.svc.check(pod)  # nothing of the pod's left: no record
+        await w.svc.verbs.check(pod)  # nothing of the pod's left: no record
         assert sum(r["op"] == "check" for r in repair_records(podop_log)) == 2
         await w.teardown()
 

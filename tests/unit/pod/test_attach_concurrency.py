@@ -146,7 +146,7 @@ def test_networks_are_added_at_once_within_the_limit_and_finalized_after_all(tmp
     w = World(tmp_path, per_pod=per_pod)
 
     async def scenario():
-        attach = asyncio.create_task(w.service.attach(w.pod))
+        attach = asyncio.create_task(w.service.verbs.attach(w.pod))
         # `per_pod` ADDs are held at once: they were started together, none waited for another
         await _until(lambda: len(w.running("ADD")) == per_pod, f"{per_pod} ADDs running together")
         w.release()
@@ -162,9 +162,9 @@ def test_networks_are_added_at_once_within_the_limit_and_finalized_after_all(tmp
         adds = [s for s in record["networks"] if s["op"] == "add"]
         assert sorted(s["ifname"] for s in adds) == ["eth0", "net1", "net2"]
         assert all("at" in s and "ms" in s for s in adds)  # the record shows when each ran
-        await w.service.detach(w.pod)
+        await w.service.verbs.detach(w.pod)
         await w.service.close()
-        assert w.service.attachments() == []
+        assert w.service.view.attachments() == []
 
     asyncio.run(scenario())
 
@@ -174,7 +174,7 @@ def test_a_failing_network_rolls_back_every_network_started_even_those_still_run
     w = World(tmp_path, per_pod=3, failing="netb")
 
     async def scenario():
-        attach = asyncio.create_task(w.service.attach(w.pod))
+        attach = asyncio.create_task(w.service.verbs.attach(w.pod))
         await _until(lambda: w.running("ADD") == {"eth0", "net2"} and w.fake_log.exists(), "netb failed")
         assert not attach.done()  # the failure waits for the ADDs still running: none is cut
         w.release()
@@ -188,7 +188,7 @@ def test_a_failing_network_rolls_back_every_network_started_even_those_still_run
         fake_calls = [json.loads(line)["command"] for line in w.fake_log.read_text().splitlines()]
         assert fake_calls == ["ADD", "DEL"]  # the failed network gets its DEL too
         assert _overlapping_calls_of_one_attachment(events) == []
-        assert w.service.attachments() == [] and w.service.plan.intent_pod_ids() == []
+        assert w.service.view.attachments() == [] and w.service.plan.intent_pod_ids() == []
         await w.service.close()
 
     asyncio.run(scenario())

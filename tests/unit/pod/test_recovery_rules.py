@@ -159,7 +159,7 @@ def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
     kept = net.intents.load(POD)
     assert kept is not None and "ctl DEL failed" in kept.rollback_error
     assert [n.network for n in kept.networks] == ["podnet"]
-    assert pod_service(net.cfg, net, mode=mode_for(net.cfg)).pending_rollbacks() == [POD]
+    assert pod_service(net.cfg, net, mode=mode_for(net.cfg)).view.pending_rollbacks() == [POD]
 
     net.cni.fail = set()  # the plugin recovered: the next try (GC) finishes it
     report = asyncio.run(net.collect_garbage(set()))

@@ -19,7 +19,7 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.node import Difference, Expectation, Finding, FindingKind
 from nri_cni.pod.model import PodInfo
-from nri_cni.service import service as service_module
+from nri_cni.service import verbs
 from nri_cni.service.modes import mode_for
 from tests.support.pods import pod_plan, pod_service
 
@@ -91,8 +91,8 @@ def test_a_check_right_after_the_add_is_answered_from_the_records(tmp_path, reco
     w = World(tmp_path)
 
     async def scenario():
-        await w.svc.attach(w.pod)
-        await w.svc.check(w.pod, "eth0")
+        await w.svc.verbs.attach(w.pod)
+        await w.svc.verbs.check(w.pod, "eth0")
         await w.svc.close()
 
     asyncio.run(scenario())
@@ -107,9 +107,9 @@ def test_only_the_first_check_after_the_add_is_answered_from_the_records(tmp_pat
     w = World(tmp_path)
 
     async def scenario():
-        await w.svc.attach(w.pod)
-        await w.svc.check(w.pod, "eth0")
-        await w.svc.check(w.pod, "eth0")  # its last operation is a CHECK now, not the ADD
+        await w.svc.verbs.attach(w.pod)
+        await w.svc.verbs.check(w.pod, "eth0")
+        await w.svc.verbs.check(w.pod, "eth0")  # its last operation is a CHECK now, not the ADD
         await w.svc.close()
 
     asyncio.run(scenario())
@@ -121,8 +121,8 @@ def test_the_plugins_check_when_the_node_differs(tmp_path, records):
     w.inspector.differs = True
 
     async def scenario():
-        await w.svc.attach(w.pod)
-        await w.svc.check(w.pod, "eth0")
+        await w.svc.verbs.attach(w.pod)
+        await w.svc.verbs.check(w.pod, "eth0")
         await w.svc.close()
 
     asyncio.run(scenario())
@@ -137,9 +137,9 @@ def test_the_plugins_check_without_an_add_record(tmp_path, records):
     w = World(tmp_path)
 
     async def scenario():
-        await w.svc.attach(w.pod)
+        await w.svc.verbs.attach(w.pod)
         w.svc.plan.oplog.fresh.clear()  # what a restarted daemon knows: the cache only
-        await w.svc.check(w.pod, "eth0")
+        await w.svc.verbs.check(w.pod, "eth0")
         await w.svc.close()
 
     asyncio.run(scenario())
@@ -157,12 +157,12 @@ def test_the_plugins_check_when_the_check_is_not_of_that_add(tmp_path, records, 
     pod, ifname = w.pod, "eth0"
 
     async def scenario():
-        await w.svc.attach(w.pod)
+        await w.svc.verbs.attach(w.pod)
         if change == "deleted":
-            await w.svc.detach(w.pod)
+            await w.svc.verbs.detach(w.pod)
         if change == "old":  # the CHECK comes a second past the bound after the ADD's end
-            now[0] += service_module.CHECK_FROM_RECORDS_WITHIN + 1
-        await w.svc.check(pod, ifname)
+            now[0] += verbs.CHECK_FROM_RECORDS_WITHIN + 1
+        await w.svc.verbs.check(pod, ifname)
         await w.svc.close()
 
     if change == "netns":

@@ -127,18 +127,18 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
 
     async def scenario() -> None:
         for pod_id in STALE:
-            await service.attach(world.pod(pod_id))
+            await service.verbs.attach(world.pod(pod_id))
             os.unlink(world.netns_dir / pod_id)  # the runtime removed its netns: garbage
         config = parse_conflist(world.conflist).bytes
         service.plan.intents.write(
             Intent(LEFTOVER, "", [IntendedNetwork("podnet", "eth0", config)], rollback_error="earlier")
         )
-        service.ledger.synchronized([])  # the runtime's (empty) pod list: GC may run
+        service.roster.listed([])  # the runtime's (empty) pod list: GC may run
         setup = len(world.events())
-        gc = asyncio.create_task(service.gc(reason="test"))
+        gc = asyncio.create_task(service.timers.gc(reason="test"))
         try:
             await _until(lambda: world.started("DEL"), "GC's first DEL")
-            fresh = asyncio.create_task(service.attach(world.pod("fresh")))
+            fresh = asyncio.create_task(service.verbs.attach(world.pod("fresh")))
             # Every DEL of the GC is held until the test releases it: the ADD has nothing but
             # its own pod to wait for, so it finishes first (before, it waited for the GC).
             done, _ = await asyncio.wait({fresh, gc}, return_when=asyncio.FIRST_COMPLETED)
@@ -147,7 +147,7 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
             # the GC's slots fill up; then an ADD of a pod the GC is DELing right now
             await _until(lambda: len(world.started("DEL")) == PARALLEL, f"{PARALLEL} DELs at once")
             held = [p for p in world.started("DEL") if p in STALE][0]
-            again = asyncio.create_task(service.attach(world.pod(held)))
+            again = asyncio.create_task(service.verbs.attach(world.pod(held)))
         finally:
             (world.hold / "release").touch()
         report = await gc
@@ -164,9 +164,9 @@ def test_an_add_during_gc_of_many_stale_pods_completes_first_and_never_meets_gc_
         calls = [(e["command"], e["container_id"]) for e in events[setup:] if e["phase"] == "start"]
         assert calls.index(("ADD", held)) > calls.index(("DEL", held))
         assert calls[-1] == ("GC", "")
-        assert {e.container_id for e in service.attachments()} == {"fresh", held}
+        assert {e.container_id for e in service.view.attachments()} == {"fresh", held}
         # both attached during the GC and not yet listed by the runtime: valid for the next GC
-        assert {"fresh", held} <= service.ledger.valid_pod_ids(())
+        assert {"fresh", held} <= service.roster.valid_pod_ids(())
         assert len(service.locks) == 0
 
     asyncio.run(scenario())

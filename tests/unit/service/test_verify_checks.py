@@ -43,9 +43,9 @@ def test_the_round_is_done_before_its_checks_which_run_a_few_at_once(tmp_path):
     svc.plan.check_entry = check_entry  # what the round calls for each CHECK due
 
     async def scenario():
-        svc.synchronized(pods)
+        svc.timers.synchronized(pods)
         await svc.close()  # that Synchronize's background GC: not this test's
-        return await svc.verify()
+        return await svc.timers.verify()
 
     verdicts = asyncio.run(scenario())
     assert sorted(h.pod_id for h in verdicts) == sorted(p.id for p in pods)

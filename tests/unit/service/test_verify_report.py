@@ -1,7 +1,7 @@
 """Reporting: `nri-cni verify`, and the verdicts in `nri-cni status`, `nri-cni pods`
 and the metrics.
 
-The verify engine itself (PodService.verify: netlink, CHECK, repair) has its own tests; here the
+The verify engine itself (ServiceTimers.verify: netlink, CHECK, repair) has its own tests; here the
 daemon is real and its pod service's `verify` is a double that writes verdicts into the health
 book as the engine does, so what is tested is the path from the book (and the call) to what an
 admin reads: the local socket op, the CLI's tables, JSON and exit codes."""
@@ -47,7 +47,7 @@ async def cli(*args: str) -> tuple[int, str, str]:
 
 
 class VerifyDouble:
-    """PodService.verify's contract: verify one pod (or all), record each verdict in the health
+    """ServiceTimers.verify's contract: verify one pod (or all), record each verdict in the health
     book, finish a round when all were verified, return the verdicts."""
 
     def __init__(self, book: HealthBook, broken: set[str], ids: list[str]) -> None:
@@ -84,7 +84,7 @@ def test_verify_status_and_pods_report_the_verdicts(node):
         async with DaemonHarness(node, cfg, pods=[web, db]) as h:
             book = h.daemon.pods.health
             double = VerifyDouble(book, broken=set(), ids=[web.id, db.id])
-            h.daemon.pods.verify = double  # the engine's place (core's PodService.verify)
+            h.daemon.pods.timers.verify = double  # the engine's place (ServiceTimers.verify)
 
             # before any verify: ready, "not verified yet", no verdict in the pods report
             code, out, _ = await cli("status", "--socket", sock)

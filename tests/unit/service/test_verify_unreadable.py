@@ -74,9 +74,9 @@ def test_what_cannot_be_read_is_reported_never_ok(tmp_path):
     svc.verifier._inspector = FakeInspector({bad_netns.id}, {bad_host.id})
 
     async def scenario():
-        svc.synchronized([fine, bad_netns, bad_host, no_result, bad_result])
+        svc.timers.synchronized([fine, bad_netns, bad_host, no_result, bad_result])
         await svc.close()  # that Synchronize's background GC: not this test's
-        return await svc.verify()
+        return await svc.timers.verify()
 
     verdicts = {h.pod_id: h for h in asyncio.run(scenario())}
     assert set(verdicts) == {p.id for p in (fine, bad_netns, bad_host, no_result, bad_result)}
@@ -95,4 +95,4 @@ def test_what_cannot_be_read_is_reported_never_ok(tmp_path):
     named = {b["name"] for b in daemon.reports.status()["broken"]}
     assert named == {"ncver-2", "ncver-3", "ncver-4", "ncver-5"}
     # nothing was changed: every cache entry is still there, as written
-    assert len(svc.attachments()) == 5
+    assert len(svc.view.attachments()) == 5

@@ -1,0 +1,182 @@
+"""What a verify round reports in the cases a hand-made mutant of the round got past every test
+(issue 30): a repair that leaves a network missing, an unreadable pod whose CHECK was due, a pod
+torn down while the round read it. Each test states its control case: the same round with the
+one thing changed that must flip the outcome. Without root: the plugins are the fake
+executor's, the node inspector a fake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import parse_config
+from nri_cni.node import Difference, Expectation, Finding, FindingKind
+from nri_cni.pod.model import PodInfo
+from nri_cni.service.modes import mode_for
+from nri_cni.service.podstate import BrokenCode, PodHealth, PodState
+from tests.support.pods import pod_plan, pod_service
+
+POD = "d7" * 32
+IP = "10.77.0.2"
+# the `ips` capability: a repair can ask the chain for the pod's address again
+NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "d7-br", "capabilities": {"ips": True}}]}
+
+
+def _result(call) -> bytes:
+    return json.dumps(
+        {
+            "cniVersion": "1.1.0",
+            "interfaces": [{"name": "eth0", "sandbox": call.env["CNI_NETNS"], "mac": "02:00:00:00:d7:01"}],
+            "ips": [{"address": f"{IP}/24", "interface": 0}],
+        }
+    ).encode()
+
+
+class Inspector:
+    """What NodeInspector answers, round by round: `answers` is consumed one per inspect call
+    ("damaged": eth0's link missing, "unreadable": the host side could not be read, "ok"); once
+    empty, every attachment as expected. `on_inspect` runs inside the call (while the round reads)."""
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.on_inspect: Callable[[], Awaitable[None]] | None = None
+
+    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
+        if self.on_inspect is not None:
+            hook, self.on_inspect = self.on_inspect, None
+            await hook()
+        answer = self.answers.pop(0) if self.answers else "ok"
+        if answer == "damaged":
+            return [Finding(e, (Difference(FindingKind.LINK_MISSING, "no eth0"),)) for e in exps]
+        if answer == "unreadable":
+            return [
+                Finding(e, (Difference(FindingKind.UNREADABLE, "cannot read host links: EIO"),)) for e in exps
+            ]
+        return [Finding(e) for e in exps]
+
+    def close(self) -> None:
+        pass
+
+
+class World:
+    def __init__(self, tmp: Path, inspector: Inspector) -> None:
+        self.fake = FakeExecutor({"d7-br": {"ADD": _result}})
+        doc: dict[str, Any] = {
+            "mode": "shim",
+            "state_dir": str(tmp / "state"),
+            "networks": [{"name": "podnet", "default": True, "conflist": NET}],
+            "repair_on_sync": False,
+        }
+        cfg = parse_config(doc, str(tmp / "config.yaml"))
+        self.plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake))
+        self.svc = pod_service(cfg, self.plan, mode=mode_for(cfg), inspector=inspector)  # type: ignore[arg-type]
+        netns = tmp / "netns"
+        netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
+        self.pod = PodInfo(POD, name="d7-pod", namespace="default", netns=str(netns), ips=(IP,))
+
+    async def attached_and_listed(self) -> None:
+        await self.svc.verbs.attach(self.pod)
+        self.svc.roster.listed([self.pod])  # the runtime's list has it, with eth0's IP
+
+
+def run(w: World, scenario: Callable[[], Awaitable[Any]]) -> Any:
+    async def whole() -> Any:
+        try:
+            return await scenario()
+        finally:
+            await w.svc.close()
+
+    return asyncio.run(whole())
+
+
+@pytest.mark.parametrize("leaves_missing", [True, False], ids=["network-left-missing", "control-repaired"])
+def test_a_repair_that_leaves_a_network_missing_is_not_repaired(tmp_path, leaves_missing):
+    """eth0 found damaged; the repair DELs it and its ADD does not come back (a repair that
+    stopped short). Not "repaired": retried, and broken repair-failed after three tries, the
+    reason saying the network is missing. Control: the repair's ADD runs -> "repaired"."""
+    w = World(tmp_path, Inspector("damaged"))
+    repair = w.plan.repair
+
+    async def short_repair(pod: PodInfo, **kw: Any) -> Any:
+        return await repair(pod, **{**kw, "selected": []})  # DEL the damaged, ADD nothing
+
+    if leaves_missing:
+        w.plan.repair = short_repair  # type: ignore[method-assign]
+
+    async def scenario() -> list[PodHealth | None]:
+        await w.attached_and_listed()
+        first = await w.svc.timers.verify()
+        seen = [w.svc.health.get(POD)]
+        if leaves_missing:
+            assert first == [] and w.svc.view.attachments(POD) == []  # nothing claimed yet
+            for _ in range(2):  # explicit rounds: no backoff wait
+                await w.svc.timers.verify(POD)
+            seen.append(w.svc.health.get(POD))
+        return seen
+
+    seen = run(w, scenario)
+    if leaves_missing:
+        assert seen[0] is None
+        last = seen[-1]
+        assert last is not None and (last.state, last.code) == (PodState.BROKEN, BrokenCode.REPAIR_FAILED)
+        assert "networks missing" in last.reason
+    else:
+        (health,) = seen
+        assert health is not None and health.state is PodState.REPAIRED, health
+        assert w.fake.commands() == ["ADD", "CHECK", "DEL", "ADD"]
+
+
+@pytest.mark.parametrize("readable", [False, True], ids=["host-unreadable", "control-readable"])
+def test_an_unreadable_pod_whose_check_was_due_is_not_ok(tmp_path, readable):
+    """A forced CHECK (`nri-cni verify --check`) of a pod whose host side netlink could not read:
+    the CHECK passes, and the pod is still broken "unreadable" (unknown is never ok). Control:
+    the same round with everything read -> ok."""
+    w = World(tmp_path, Inspector("ok" if readable else "unreadable"))
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        return await w.svc.timers.verify(check=True)
+
+    (health,) = run(w, scenario)
+    assert w.fake.commands() == ["ADD", "CHECK"]  # the CHECK was due, and ran
+    assert w.svc.health.get(POD) is health
+    if readable:
+        assert health.state is PodState.OK, health
+    else:
+        assert (health.state, health.code) == (PodState.BROKEN, BrokenCode.UNREADABLE), health
+        assert "cannot read host links" in health.reason
+
+
+@pytest.mark.parametrize("stopped", [True, False], ids=["stopped-while-read", "control-repaired"])
+def test_a_pod_torn_down_while_the_round_read_it_is_not_attached_again(tmp_path, stopped):
+    """The round reads eth0 damaged; while it reads (before it takes the pod's lock) the runtime
+    tears the pod down (its stop: DEL, cache entry gone). The round then leaves the pod alone:
+    no ADD after the DEL, nothing cached, no verdict. Control: no stop while it reads -> the
+    same round repairs the pod (DEL and ADD) and says "repaired"."""
+    inspector = Inspector("damaged")
+    w = World(tmp_path, inspector)
+
+    async def stop() -> None:
+        await w.svc.verbs.detach(w.pod, stop_event=True)
+
+    if stopped:
+        inspector.on_inspect = stop
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        return await w.svc.timers.verify()
+
+    verdicts = run(w, scenario)
+    if stopped:
+        assert verdicts == [] and w.svc.health.get(POD) is None
+        assert w.fake.commands() == ["ADD", "DEL"] and w.svc.view.attachments(POD) == []
+    else:
+        assert [h.state for h in verdicts] == [PodState.REPAIRED]
+        assert w.fake.commands() == ["ADD", "CHECK", "DEL", "ADD"]
