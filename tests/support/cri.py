@@ -365,8 +365,16 @@ class CriClient:
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name),
-            image=pb.ImageSpec(image=image),
+            image=pb.ImageSpec(image=image, user_specified_image=image),
             command=list(command),
+            # a PID namespace of its own (CRI-O's test pods have no pod-wide one)
+            linux=pb.LinuxContainerConfig(
+                security_context=pb.LinuxContainerSecurityContext(
+                    namespace_options=pb.NamespaceOption(
+                        network=pb.NamespaceMode.POD, pid=pb.NamespaceMode.CONTAINER, ipc=pb.NamespaceMode.POD
+                    )
+                )
+            ),
         )
         resp = self._rt.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=sandbox),
