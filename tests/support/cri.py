@@ -416,3 +416,14 @@ class CriClient:
     def list_containers(self, *, timeout: float | None = None) -> list[str]:
         resp = self._rt.ListContainers(self.pb.ListContainersRequest(), timeout=timeout or self.timeout)
         return [c.id for c in resp.containers]
+
+    def stop_container(self, container_id: str, *, timeout: float | None = None) -> None:
+        self._rt.StopContainer(
+            self.pb.StopContainerRequest(container_id=container_id, timeout=0),
+            timeout=timeout or self.pod_timeout,
+        )
+
+    def remove_container(self, container_id: str, *, timeout: float | None = None) -> None:
+        self._rt.RemoveContainer(
+            self.pb.RemoveContainerRequest(container_id=container_id), timeout=timeout or self.pod_timeout
+        )
