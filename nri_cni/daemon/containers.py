@@ -24,6 +24,7 @@ from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import ConfigSource
 from nri_cni.daemon import podreport
 from nri_cni.daemon.adjust import STATUS_FILE, Adjustment, container_adjustment, status_json
+from nri_cni.errors import NriCniError
 from nri_cni.pod.oprecord import GcReport, OperationSink, OpRecord
 from nri_cni.safety import files, validate
 
@@ -145,7 +146,7 @@ class ContainerNetworks:
                 self.refresh(pod_id)
             elif record.op in REMOVE_AFTER:
                 self.forget(pod_id)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, NriCniError) as exc:
             log.error("pod id=%s: its containers' status file: %s", pod_id, exc)
 
     def observe_gc(self, report: GcReport) -> None:

@@ -155,7 +155,7 @@ class NriHandlers:
         label = f"{pod.namespace}/{pod.name}"
         try:
             adjustment = self.containers.adjust(pod.id, label)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, NriCniError) as exc:
             log.error(
                 "CreateContainer: pod %s id=%s container %s: no adjustment: %s",
                 label,

@@ -162,7 +162,11 @@ class PluginService:
         req = _decode(nri_pb2.CreateContainerRequest, payload)
         if self._plugin.create_container is None:
             return b""
-        _check_pod("CreateContainer", req.pod, whole=False)
+        if not validate.is_valid_id(req.pod.id):  # never fails the container: no adjustment
+            log.error(
+                "CreateContainer: pod id %s is not valid: no adjustment", validate.quote_whole(req.pod.id)
+            )
+            return b""
         resp = await self._plugin.create_container(req.pod, req.container)
         return resp.SerializeToString() if resp is not None else b""
 

@@ -132,3 +132,5 @@ def test_create_container_answer_carries_annotations_and_mounts(tmp_path):
     assert "ro" in mount.options
     # control: a pod without attachments gets an empty answer
     assert not ask(OTHER).HasField("adjust")
+    # a pod id that could name a path: no adjustment, and no error that would fail the container
+    assert not ask("../" + POD).HasField("adjust")
