@@ -271,12 +271,51 @@ class CreateContainerRequest(_message.Message):
     def __init__(self, pod: _Optional[_Union[PodSandbox, _Mapping]] = ..., container: _Optional[_Union[Container, _Mapping]] = ...) -> None: ...
 
 class CreateContainerResponse(_message.Message):
-    __slots__ = ("update", "evict")
+    __slots__ = ("adjust", "update", "evict")
+    ADJUST_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     EVICT_FIELD_NUMBER: _ClassVar[int]
+    adjust: ContainerAdjustment
     update: _containers.RepeatedCompositeFieldContainer[ContainerUpdate]
     evict: _containers.RepeatedCompositeFieldContainer[ContainerEviction]
-    def __init__(self, update: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ..., evict: _Optional[_Iterable[_Union[ContainerEviction, _Mapping]]] = ...) -> None: ...
+    def __init__(self, adjust: _Optional[_Union[ContainerAdjustment, _Mapping]] = ..., update: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ..., evict: _Optional[_Iterable[_Union[ContainerEviction, _Mapping]]] = ...) -> None: ...
+
+class ContainerAdjustment(_message.Message):
+    __slots__ = ("annotations", "mounts", "env")
+    class AnnotationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    annotations: _containers.ScalarMap[str, str]
+    mounts: _containers.RepeatedCompositeFieldContainer[Mount]
+    env: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    def __init__(self, annotations: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., env: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ...) -> None: ...
+
+class Mount(_message.Message):
+    __slots__ = ("destination", "type", "source", "options")
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    destination: str
+    type: str
+    source: str
+    options: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, destination: _Optional[str] = ..., type: _Optional[str] = ..., source: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KeyValue(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class PostCreateContainerRequest(_message.Message):
     __slots__ = ("pod", "container")

@@ -95,6 +95,28 @@ class MetricsServerSettings:
 
 
 @dataclass(frozen=True)
+class NetworkContainers:
+    """`networks[].containers`: what a container learns of this network (each also needs the
+    global switch of `containers:` on)."""
+
+    annotations: bool = True
+    file: bool = True
+    sockets: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    """`containers:` what nri-cni adds to a container at NRI CreateContainer (docs/containers.md):
+    the network-status annotations, the status file, and the vhost-user sockets' directories
+    (only those under `socket_dirs`)."""
+
+    annotations: bool = True
+    file: bool = True
+    sockets: bool = True
+    socket_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NetworkSpec:
     """One network nri-cni may attach: a CNI network list plus how pods get it."""
 
@@ -104,6 +126,7 @@ class NetworkSpec:
     default: bool = False  # attached to every pod
     namespaces: tuple[str, ...] = ()  # who may ask for it by annotation; "*" = every namespace
     nad: str = ""  # "namespace/name" of the NetworkAttachmentDefinition it came from (nri_cni/config/nad.py)
+    containers: NetworkContainers = field(default_factory=NetworkContainers)
 
     def allowed_in(self, namespace: str) -> bool:
         return "*" in self.namespaces or namespace in self.namespaces
@@ -147,6 +170,7 @@ class Config:
     # files.trust: conf dirs, network lists and plugin binaries another user can write are
     # refused ("enforce") or only warned about ("warn", for development).
     trust_files: bool = True
+    containers: ContainerSettings = field(default_factory=ContainerSettings)
 
     def network(self, name: str) -> NetworkSpec | None:
         for net in self.networks:

@@ -15,6 +15,7 @@ from typing import Any
 from nri_cni.cni import config as cniconf
 from nri_cni.cni.config import validate_ifname, validate_network_name
 from nri_cni.config import sections
+from nri_cni.config.containers import parse_containers, parse_network_containers
 from nri_cni.config.model import (
     _K8S_NAMESPACE,
     FAILURE_POLICIES,
@@ -48,8 +49,9 @@ _TOP_KEYS = {
     "reload",
     "limits",
     "files",
+    "containers",
 }
-_NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir"}
+_NETWORK_KEYS = {"name", "interface", "default", "namespaces", "conflist", "file", "conf_dir", "containers"}
 
 
 def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = None) -> Config:
@@ -100,6 +102,7 @@ def parse_config(data: Any, path: str = "<config>", *, base_dir: str | None = No
         limits=limits,
         metrics_server=metrics_server,
         trust_files=r.trust_files,
+        containers=parse_containers(r, data),
         **timers,
     )
     if r.errors:
@@ -203,6 +206,7 @@ def _parse_networks(r: _Reader, raw: Any, base_dir: str) -> list[NetworkSpec]:
                 interface=interface,
                 default=r.boolean(item, "default", False, where),
                 namespaces=namespaces,
+                containers=parse_network_containers(r, item, where),
             )
         )
     return out

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config, ConfigSource
+from nri_cni.daemon.containers import ContainerNetworks, OperationTee, PodEntries
 from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
 from nri_cni.daemon.reload import ConfigReloader
@@ -38,6 +39,7 @@ from nri_cni.pod.intents import IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.plan import PodPlan
 from nri_cni.safety import files
+from nri_cni.service.modes import mode_in_force
 from nri_cni.service.podstate import HealthBook
 from nri_cni.service.readiness import NetworkReadiness
 from nri_cni.service.roster import Roster
@@ -222,12 +224,24 @@ def build_daemon(cfg: Config) -> Daemon:
         retry_max=cfg.lifecycle.retry_max,
     )
     readiness = NetworkReadiness(source, cni, lifecycle)
+    # what a container learns of its pod's networks (NRI CreateContainer, docs/containers.md);
+    # its status files follow the pod's operations beside the metrics
+    containers = ContainerNetworks(
+        source,
+        PodEntries(
+            own=lambda pod_id: cni.cache.entries(container_id=pod_id),
+            runtime=lambda pod_id: [
+                e for e in mode_in_force(source).runtime_attachments() if e.container_id == pod_id
+            ],
+        ),
+        count_refusal=metrics.count_container_refusal,
+    )
     plan = PodPlan(
         source,
         cni,
         intents=IntentStore(cfg.state_dir),  # state_dir is read at start-up only
         finalized=FinalizedMarks(cfg.state_dir),
-        sink=metrics,
+        sink=OperationTee(metrics, containers),
         readiness=readiness,
         lifecycle=lifecycle,
     )
@@ -239,7 +253,7 @@ def build_daemon(cfg: Config) -> Daemon:
         health=health,
         inspector=NodeInspector.with_workers(),
     )
-    handlers = NriHandlers(pods, request_timeout=cfg.nri.request_timeout)
+    handlers = NriHandlers(pods, containers, request_timeout=cfg.nri.request_timeout)
 
     def observe_nri(method: str, seconds: float) -> None:
         # the deadline the runtime said (Configure), else the one asked for, else containerd's 2 s

@@ -1,6 +1,7 @@
 """NRI messages <-> the pod plan's plain types, on the daemon side: the pod layer never sees
 a protobuf. PodSandbox -> PodInfo for every event; the pod's networks -> the RunPodSandbox
-answer (NRI-native mode).
+answer (NRI-native mode); a container's Adjustment (daemon/adjust.py) -> the CreateContainer
+answer.
 
 `RunPodSandboxResponse.adjust.network.ips` is NRI PR #295's shape (plain addresses, primary
 first). `interfaces`, `routes` and `dns` are nri-cni's extension of PodSandboxNetwork (fields
@@ -11,6 +12,7 @@ metadata map, so a runtime can report more than one IP per pod and say where eac
 from __future__ import annotations
 
 from nri_cni.api import nri_pb2
+from nri_cni.daemon.adjust import Adjustment
 from nri_cni.pod.model import PodInfo, PodNetworks
 
 # Metadata keys nri-cni sets itself live under cni.dev/ (reserved for the runtime side).
@@ -81,3 +83,13 @@ def to_pod_network(answer: PodNetworks) -> nri_pb2.PodSandboxNetwork:
 
 def run_pod_response(answer: PodNetworks) -> nri_pb2.RunPodSandboxResponse:
     return nri_pb2.RunPodSandboxResponse(adjust=nri_pb2.PodSandboxAdjustment(network=to_pod_network(answer)))
+
+
+def container_response(adjustment: Adjustment) -> nri_pb2.CreateContainerResponse:
+    """CreateContainerResponse.adjust: the annotations and the bind mounts."""
+    adjust = nri_pb2.ContainerAdjustment(annotations=adjustment.annotations)
+    for mount in adjustment.mounts:
+        adjust.mounts.add(
+            destination=mount.destination, type="bind", source=mount.source, options=mount.options
+        )
+    return nri_pb2.CreateContainerResponse(adjust=adjust)

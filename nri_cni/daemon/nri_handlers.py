@@ -7,6 +7,8 @@
 | stop   | detach (first of NRI stop and the runtime's CNI DEL does it; the other finds nothing)       |
 | remove | detach again if needed (netns gone: DEL still runs so IPAM releases), forget the pod      |
 | sync   | the runtime's pod list: GC everything else, repair pods missing an attachment              |
+| create | a container of a pod with attachments: its networks as annotations, a file, sockets         |
+|        | (daemon/containers.py; docs/containers.md)                                                |
 
 Which column applies is the mode's answer (nri_cni/service/modes.py). A failed attach in
 RunPodSandbox fails the pod (CRI-O: measured clean), except where the runtime would then leak
@@ -22,7 +24,8 @@ import logging
 import re
 
 from nri_cni.api import nri_pb2
-from nri_cni.daemon.nri_answer import pod_info, run_pod_response
+from nri_cni.daemon.containers import ContainerNetworks
+from nri_cni.daemon.nri_answer import container_response, pod_info, run_pod_response
 from nri_cni.errors import NriCniError
 from nri_cni.pod.model import PodInfo
 from nri_cni.service.modes import Mode
@@ -50,10 +53,11 @@ def runtime_fails_cleanly(runtime_name: str, runtime_version: str) -> bool:
 class NriHandlers:
     """The plugin object the NRI stub dispatches to."""
 
-    def __init__(self, pods: PodService, *, request_timeout: float) -> None:
+    def __init__(self, pods: PodService, containers: ContainerNetworks, *, request_timeout: float) -> None:
         """The mode and the failure policy are read from the pod service's config in force, so
         a reload reaches them too (one mode object for the handlers and the service)."""
         self.pods = pods
+        self.containers = containers
         self.requested_timeout_ms = int(request_timeout * 1000)
         self.runtime_name = ""
         self.runtime_version = ""
@@ -74,6 +78,8 @@ class NriHandlers:
         for info in infos:
             log.info("Synchronize: pod %s id=%s netns=%s", info.label(), info.id, info.netns or "-")
         self.pods.timers.synchronized(infos)
+        # a pod removed while nri-cni was down: its containers' status directory goes
+        self.containers.retain({i.id for i in infos} | {e.container_id for e in self.pods.view.attachments()})
 
     async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RunPodSandboxResponse | None:
         info = _event("RunPodSandbox", pod)
@@ -137,7 +143,30 @@ class NriHandlers:
         await self.pods.verbs.detach(_event("StopPodSandbox", pod), stop_event=True)
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
-        await self.pods.verbs.remove(_event("RemovePodSandbox", pod))
+        try:
+            await self.pods.verbs.remove(_event("RemovePodSandbox", pod))
+        finally:
+            self.containers.forget(pod.id)
+
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse | None:
+        """Never fails the container: what cannot be given is left out and logged."""
+        label = f"{pod.namespace}/{pod.name}"
+        try:
+            adjustment = self.containers.adjust(pod.id, label)
+        except (OSError, ValueError, NriCniError) as exc:
+            log.error(
+                "CreateContainer: pod %s id=%s container %s: no adjustment: %s",
+                label,
+                pod.id,
+                container.name,
+                exc,
+            )
+            return None
+        if adjustment.empty:
+            return None
+        return container_response(adjustment)
 
     async def on_disconnect(self) -> None:
         log.warning("disconnected from the runtime; pod events wait for the reconnect")

@@ -2,7 +2,7 @@
 
 Each pod's list has the shape of the `k8s.v1.cni.cncf.io/network-status` annotation Multus
 writes (network-attachment-definition-client's `NetworkStatus`: name, interface, ips without
-prefix length, mac, default, dns, device-info), so a tool that reads that annotation reads
+prefix length, mac, mtu, default, dns, device-info), plus the interface's CNI `metadata` map, so a tool that reads that annotation reads
 nri-cni (schema: docs/network-status.schema.json). The daemon builds the report from what it
 holds: its own libcni cache, and in secondary mode the runtime's cache for the primary network
 (eth0 is not nri-cni's there, yet a pod has it); pods the runtime listed without any attachment
@@ -66,12 +66,16 @@ def network_status(entry: CacheEntry, name: str = "") -> dict:
     iface = iface or next((i for i in result.interfaces if i.name == entry.ifname), None)
     if iface is not None and iface.mac:
         element["mac"] = iface.mac
+    if iface is not None and iface.mtu:
+        element["mtu"] = iface.mtu
     if entry.ifname == PRIMARY_IFNAME:
         element["default"] = True
     element["dns"] = _dns(result)
     device = _device_info(iface.pci_id, iface.socket_path) if iface is not None else None
     if device:
         element["device-info"] = device
+    if iface is not None and iface.metadata:
+        element["metadata"] = dict(iface.metadata)
     return element
 
 
@@ -121,6 +125,29 @@ def _attached_at(entry: CacheEntry) -> float | None:
         return None
 
 
+def status_order(ifname: str) -> tuple[bool, int, str]:
+    """A pod's list is ordered eth0 first, then by interface name (net2 before net10)."""
+    return (ifname != PRIMARY_IFNAME, len(ifname), ifname)
+
+
+def pod_network_status(
+    entries: Iterable[CacheEntry],
+    runtime_entries: Iterable[CacheEntry] = (),
+    names: Mapping[str, str] | None = None,
+) -> list[tuple[str, dict]]:
+    """One pod's network-status list as `pods_report` gives it, each element with the CNI
+    network it came from: nri-cni's entries, then the runtime's eth0 if nri-cni has none."""
+    out: list[tuple[str, dict]] = []
+    for runtimes, source in ((False, entries), (True, runtime_entries)):
+        for entry in source:
+            if runtimes and any(e["interface"] == entry.ifname for _, e in out):
+                continue
+            name = (names or {}).get(entry.network_name, "")
+            out.append((entry.network_name, network_status(entry, name)))
+    out.sort(key=lambda s: status_order(s[1]["interface"]))
+    return out
+
+
 def runtime_primaries(cache: ResultCache | None, network: str) -> list[CacheEntry]:
     """Secondary mode: the runtime's own eth0 attachments, from its libcni cache."""
     if cache is None or not network:
@@ -168,7 +195,7 @@ def pods_report(
 
     out = []
     for pod in pods.values():
-        pod.status.sort(key=lambda s: (s[1] != PRIMARY_IFNAME, len(s[1]), s[1]))
+        pod.status.sort(key=lambda s: status_order(s[1]))
         out.append(
             {
                 "id": pod.id,

@@ -80,6 +80,13 @@ class Metrics:
             ("result",),
             registry=self.registry,
         )
+        self.container_refusals = Counter(
+            "nri_cni_container_refusals",
+            "Values left out of a container's adjustment at NRI CreateContainer, by reason "
+            "(a metadata key or value, a socket path; docs/containers.md).",
+            ("reason",),
+            registry=self.registry,
+        )
         if pod_states is not None:
             self.registry.register(_PodStates(pod_states))
 
@@ -92,6 +99,10 @@ class Metrics:
         self.exposition.observe_operation(record)
         if record.op == REPAIR_OP:
             self.repairs.labels("error" if record.error else "ok").inc()
+
+    def count_container_refusal(self, reason: str) -> None:
+        """One value left out of a container's adjustment (nri_cni/daemon/containers.py)."""
+        self.container_refusals.labels(reason).inc()
 
     def observe_nri_request(self, method: str, seconds: float, deadline: float) -> None:
         """One NRI request answered (the stub's observer): per method, and against the deadline."""

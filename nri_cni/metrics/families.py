@@ -49,6 +49,7 @@ NRI_METHODS = frozenset(
         "RunPodSandbox",
         "StopPodSandbox",
         "RemovePodSandbox",
+        "CreateContainer",
         "StateChange",
     }
 )

@@ -19,6 +19,9 @@ from nri_cni.api import nri_pb2
 NO_TIMEOUT_REQUEST = 0  # the runtime's own default applies
 PodHandler = Callable[[nri_pb2.PodSandbox], Awaitable[None]]
 RunPodHandler = Callable[[nri_pb2.PodSandbox], Awaitable["nri_pb2.RunPodSandboxResponse | None"]]
+CreateContainerHandler = Callable[
+    [nri_pb2.PodSandbox, nri_pb2.Container], Awaitable["nri_pb2.CreateContainerResponse | None"]
+]
 
 
 @runtime_checkable
@@ -54,6 +57,13 @@ class RemovesPods(Protocol):
 
 
 @runtime_checkable
+class CreatesContainers(Protocol):
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse | None: ...
+
+
+@runtime_checkable
 class HearsDisconnects(Protocol):
     """Not a request: the stub calls it when the runtime's connection is gone."""
 
@@ -75,6 +85,7 @@ class Handlers:
     run_pod_sandbox: RunPodHandler | None = None
     stop_pod_sandbox: PodHandler | None = None
     remove_pod_sandbox: PodHandler | None = None
+    create_container: CreateContainerHandler | None = None
     on_disconnect: Callable[[], Awaitable[None]] | None = None
     requested_timeout_ms: Callable[[], int] = lambda: NO_TIMEOUT_REQUEST
 
@@ -89,9 +100,12 @@ class Handlers:
         return None
 
     def events(self) -> list[int]:
-        """The pod events to subscribe to: those with a handler."""
+        """The events to subscribe to: those with a handler."""
         pod_events = (nri_pb2.RUN_POD_SANDBOX, nri_pb2.STOP_POD_SANDBOX, nri_pb2.REMOVE_POD_SANDBOX)
-        return [event for event in pod_events if self.pod_handler(event) is not None]
+        events: list[int] = [event for event in pod_events if self.pod_handler(event) is not None]
+        if self.create_container is not None:
+            events.append(nri_pb2.CREATE_CONTAINER)
+        return events
 
 
 def handlers_of(plugin: object) -> Handlers:
@@ -105,6 +119,7 @@ def handlers_of(plugin: object) -> Handlers:
         run_pod_sandbox=plugin.run_pod_sandbox if isinstance(plugin, RunsPods) else None,
         stop_pod_sandbox=plugin.stop_pod_sandbox if isinstance(plugin, StopsPods) else None,
         remove_pod_sandbox=plugin.remove_pod_sandbox if isinstance(plugin, RemovesPods) else None,
+        create_container=plugin.create_container if isinstance(plugin, CreatesContainers) else None,
         on_disconnect=plugin.on_disconnect if isinstance(plugin, HearsDisconnects) else None,
         **({"requested_timeout_ms": _timeout_of(plugin)} if isinstance(plugin, AsksTimeout) else {}),
     )

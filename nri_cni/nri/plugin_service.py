@@ -86,6 +86,7 @@ class PluginService:
             "RunPodSandbox": self.run_pod_sandbox,
             "StopPodSandbox": self.stop_pod_sandbox,
             "RemovePodSandbox": self.remove_pod_sandbox,
+            "CreateContainer": self.create_container,
             "StateChange": self.state_change,
         }
         if self._observe is None:
@@ -155,6 +156,19 @@ class PluginService:
             nri_pb2.REMOVE_POD_SANDBOX, _decode(nri_pb2.RemovePodSandboxRequest, payload).pod
         )
         return b""
+
+    async def create_container(self, payload: bytes) -> bytes:
+        """CreateContainer: the plugin's adjustment, or none (an empty answer changes nothing)."""
+        req = _decode(nri_pb2.CreateContainerRequest, payload)
+        if self._plugin.create_container is None:
+            return b""
+        if not validate.is_valid_id(req.pod.id):  # never fails the container: no adjustment
+            log.error(
+                "CreateContainer: pod id %s is not valid: no adjustment", validate.quote_whole(req.pod.id)
+            )
+            return b""
+        resp = await self._plugin.create_container(req.pod, req.container)
+        return resp.SerializeToString() if resp is not None else b""
 
     async def state_change(self, payload: bytes) -> bytes:
         """The deprecated catch-all (what containerd 2.1 sends). Other events: answered OK."""

@@ -347,3 +347,83 @@ class CriClient:
             self.pb.ImageStatusRequest(image=self.pb.ImageSpec(image=ref)), timeout=timeout or self.timeout
         )
         return bool(resp.image.id)
+
+    # -- containers ------------------------------------------------------------------------------
+
+    def create_container(
+        self,
+        pod_id: str,
+        sandbox: Any,
+        name: str,
+        image: str,
+        command: Iterable[str],
+        *,
+        timeout: float | None = None,
+    ) -> str:
+        """CreateContainer in the pod `pod_id` (`sandbox`: its PodSandboxConfig, pod_config());
+        returns the container id."""
+        pb = self.pb
+        config = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name=name),
+            image=pb.ImageSpec(image=image, user_specified_image=image),
+            command=list(command),
+            # a PID namespace of its own (CRI-O's test pods have no pod-wide one)
+            linux=pb.LinuxContainerConfig(
+                security_context=pb.LinuxContainerSecurityContext(
+                    namespace_options=pb.NamespaceOption(
+                        network=pb.NamespaceMode.POD, pid=pb.NamespaceMode.CONTAINER, ipc=pb.NamespaceMode.POD
+                    )
+                )
+            ),
+        )
+        resp = self._rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=sandbox),
+            timeout=timeout or self.pod_timeout,
+        )
+        return str(resp.container_id)
+
+    def start_container(self, container_id: str, *, timeout: float | None = None) -> None:
+        self._rt.StartContainer(
+            self.pb.StartContainerRequest(container_id=container_id), timeout=timeout or self.pod_timeout
+        )
+
+    def container_status(
+        self, container_id: str, *, timeout: float | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """(state name, the verbose info with JSON values decoded)."""
+        resp = self._rt.ContainerStatus(
+            self.pb.ContainerStatusRequest(container_id=container_id, verbose=True),
+            timeout=timeout or self.timeout,
+        )
+        info: dict[str, Any] = {}
+        for key, value in resp.info.items():
+            try:
+                info[key] = json.loads(value)
+            except ValueError:
+                info[key] = value
+        return self.pb.ContainerState.Name(resp.status.state), info
+
+    def exec_sync(
+        self, container_id: str, cmd: Iterable[str], *, timeout: float | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """(exit code, stdout, stderr) of `cmd` run in the container."""
+        resp = self._rt.ExecSync(
+            self.pb.ExecSyncRequest(container_id=container_id, cmd=list(cmd)),
+            timeout=timeout or self.pod_timeout,
+        )
+        return int(resp.exit_code), bytes(resp.stdout), bytes(resp.stderr)
+
+    def list_containers(self, *, timeout: float | None = None) -> list[str]:
+        resp = self._rt.ListContainers(self.pb.ListContainersRequest(), timeout=timeout or self.timeout)
+        return [c.id for c in resp.containers]
+
+    def stop_container(self, container_id: str, *, timeout: float | None = None) -> None:
+        self._rt.StopContainer(
+            self.pb.StopContainerRequest(container_id=container_id, timeout=0),
+            timeout=timeout or self.pod_timeout,
+        )
+
+    def remove_container(self, container_id: str, *, timeout: float | None = None) -> None:
+        self._rt.RemoveContainer(
+            self.pb.RemoveContainerRequest(container_id=container_id), timeout=timeout or self.pod_timeout
+        )

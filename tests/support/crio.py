@@ -387,7 +387,10 @@ class Crio(RuntimeProcess):
             raise
 
     def import_pause(self) -> None:
-        """The pause image into this instance's storage, with copyimg in a private mount
+        self.import_image(self.pause)
+
+    def import_image(self, image: PauseImage) -> None:
+        """An image archive into this instance's storage, with copyimg in a private mount
         namespace (tmpfs over /var/lib and /var/tmp: it writes there whatever its flags say)."""
         copy = [
             str(bin_dir() / "copyimg"),
@@ -400,9 +403,9 @@ class Crio(RuntimeProcess):
             "--signature-policy",
             str(self.etc / "policy.json"),
             "--image-name",
-            self.pause.ref,
+            image.ref,
             "--import-from",
-            f"oci-archive:{self.pause.archive}",
+            f"oci-archive:{image.archive}",
         ]
         script = 'mount -t tmpfs none /var/lib && mount -t tmpfs none /var/tmp && exec "$@"'
         proc = subprocess.run(

@@ -78,11 +78,21 @@ def test_an_element_has_multus_shape():
     }
     sriov = {
         "cniVersion": "1.1.0",
-        "interfaces": [{"name": "net1", "mac": "02:00:00:00:00:07", "pciID": "0000:03:00.2"}],
+        "interfaces": [
+            {
+                "name": "net1",
+                "mac": "02:00:00:00:00:07",
+                "mtu": 9000,
+                "pciID": "0000:03:00.2",
+                "metadata": {"example.com/vf": "2"},
+            }
+        ],
         "ips": [{"address": "fd00::7/64"}],
     }
     element = network_status(entry("p" * 64, "default/sriov", "net1", sriov))
     assert "default" not in element and element["ips"] == ["fd00::7"]
+    # the interface's MTU and its CNI metadata map travel with it (docs/containers.md)
+    assert element["mtu"] == 9000 and element["metadata"] == {"example.com/vf": "2"}
     assert element["device-info"] == {
         "type": "pci",
         "version": "1.1.0",

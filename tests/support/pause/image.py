@@ -61,24 +61,46 @@ def _tar_add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) ->
     tar.addfile(info, io.BytesIO(data))
 
 
-def _layer_tar(binary: bytes) -> bytes:
+def _layer_tar(files: dict[str, tuple[bytes, int]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _tar_add(tar, "pause", binary, mode=0o755)
+        for name, (data, mode) in files.items():
+            _tar_add(tar, name, data, mode=mode)
     return buf.getvalue()
 
 
 def pack_oci_archive(binary: bytes, ref: str, dest: Path, *, arch: str = "amd64") -> PauseImage:
     """Write a one-layer OCI image archive holding ``binary`` at /pause to ``dest``."""
-    layer = _layer_tar(binary)
+    return pack_files(
+        {"pause": (binary, 0o755)},
+        ref,
+        dest,
+        entrypoint=["/pause"],
+        arch=arch,
+        history=("nri-cni tests/support/pause", "static pause"),
+    )
+
+
+def pack_files(
+    files: dict[str, tuple[bytes, int]],
+    ref: str,
+    dest: Path,
+    *,
+    entrypoint: list[str],
+    arch: str = "amd64",
+    history: tuple[str, str],
+) -> PauseImage:
+    """Write a one-layer OCI image archive holding `files` (path in the image -> (bytes,
+    mode)) to ``dest``; `history`: its (created_by, comment)."""
+    layer = _layer_tar(files)
     layer_digest = _digest(layer)  # uncompressed layer: its diff_id is its digest
     config = _json_bytes(
         {
             "architecture": arch,
             "os": "linux",
-            "config": {"Entrypoint": ["/pause"], "WorkingDir": "/"},
+            "config": {"Entrypoint": entrypoint, "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            "history": [{"created_by": "nri-cni tests/support/pause", "comment": "static pause"}],
+            "history": [{"created_by": history[0], "comment": history[1]}],
         }
     )
     config_digest = _digest(config)
@@ -114,7 +136,7 @@ def pack_oci_archive(binary: bytes, ref: str, dest: Path, *, arch: str = "amd64"
     return PauseImage(archive=dest, ref=ref, manifest_digest=manifest_digest, config_digest=config_digest)
 
 
-def _go_arch() -> str:
+def go_arch() -> str:
     machine = os.uname().machine
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
@@ -123,9 +145,9 @@ def build_pause_image(cache_dir: Path | None = None, *, cc: str = "gcc") -> Paus
     """Compile pause.c and pack it, or return the cached archive for the same inputs."""
     cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        source + b"\0" + _gcc_version(cc).encode() + b"\0" + _go_arch().encode()
-    ).hexdigest()[:16]
+    key = hashlib.sha256(source + b"\0" + _gcc_version(cc).encode() + b"\0" + go_arch().encode()).hexdigest()[
+        :16
+    ]
     ref = f"{IMAGE_NAME}:{key}"
     final = cache_dir / "pause" / key
     meta_path = final / "image.json"
@@ -148,7 +170,7 @@ def build_pause_image(cache_dir: Path | None = None, *, cc: str = "gcc") -> Paus
         )
         if proc.returncode != 0:
             raise RuntimeError(f"compiling {SOURCE} failed:\n{proc.stderr}")
-        image = pack_oci_archive(binary.read_bytes(), ref, work / "pause.oci.tar", arch=_go_arch())
+        image = pack_oci_archive(binary.read_bytes(), ref, work / "pause.oci.tar", arch=go_arch())
         (work / "image.json").write_text(
             json.dumps(
                 {

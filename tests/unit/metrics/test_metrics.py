@@ -306,6 +306,8 @@ STABLE_FAMILIES = {
     "nri_cni_gc_deleted_attachments": "counter",
     "nri_cni_gc_errors": "counter",
     "nri_cni_pod_repairs": "counter",
+    # values left out of a container's adjustment at NRI CreateContainer, by reason
+    "nri_cni_container_refusals": "counter",
     # what the runtime waits for: per NRI method, per shim verb, per plugin and verb
     "nri_cni_nri_request_duration_seconds": "histogram",
     "nri_cni_shim_request_duration_seconds": "histogram",

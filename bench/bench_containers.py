@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Container creation with and without nri-cni's CreateContainer adjustment (docs/containers.md).
+
+Two containerd 2.1.9 instances side by side, each with its nri-cni daemon in shim mode and the
+same bridge network:
+
+  adjusted  `containers:` as shipped: the network-status annotation, the per-key metadata
+            annotations and the status file (written, its directory bind-mounted read-only)
+     vs
+  plain     `containers: {annotations: false, file: false, sockets: false}`: CreateContainer is
+            still answered, with nothing in it
+
+A few pods per instance, made once; then busybox containers (tests/support/busybox.py) are
+created and started in them, one at a time, ALTERNATED container by container (the order rotates
+each round), so that a shared, noisy machine's drift hits both alike. Measured per container:
+CreateContainer + StartContainer as kubelet sees them. Each container of `adjusted` is checked
+outside the timing (its OCI spec has the annotation), each of `plain` has none; then it is
+stopped and removed, untimed.
+
+Output: per side median and p90 (ms), the median ratio adjusted/plain (goal <= 1.02).
+Run:  ./.venv/bin/python bench/bench_containers.py [--containers 40] [--pods 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.bench_pods import NAMESPACE, Bench, Interrupted, _on_sigterm, _summary  # noqa: E402
+from tests.support.busybox import BUSYBOX, build_busybox_image  # noqa: E402
+from tests.support.machine import machine_turn  # noqa: E402
+
+SUBNETS = {"adjusted": "10.246.170.0/24", "plain": "10.246.171.0/24"}
+OFF = {"annotations": False, "file": False, "sockets": False}
+ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
+
+
+@dataclass
+class Side:
+    name: str
+    ctd: object
+    pods: list[tuple[str, object]] = field(default_factory=list)  # (pod id, its sandbox config)
+    ms: list[float] = field(default_factory=list)
+
+
+def _setup(bench: Bench, image, name: str, containers: dict) -> Side:
+    daemons = bench.daemons()
+    net = bench.bridge_net_named(name)
+    setup = bench.shim_setup(name)
+    ctd = bench.containerd(name, setup.conf_dir, [setup.bin_dir])
+    ctd.import_image(image.archive)
+    ctd._wait_image(image.ref)
+    cfg = setup.config(ctd.nri_socket, [{"name": net.name, "default": True, "conflist": net.conflist}])
+    cfg["containers"] = containers
+    bench.nri_cni(daemons, setup, cfg)
+    return Side(name, ctd)
+
+
+def measure(args) -> dict:
+    image = build_busybox_image()
+    with contextlib.ExitStack() as stack:
+        bench = ContainerBench(args, stack)
+        sides = [_setup(bench, image, "adjusted", {}), _setup(bench, image, "plain", OFF)]
+        for side in sides:
+            for i in range(args.pods):
+                name, uid = f"{side.name}-{i}-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
+                pod = side.ctd.cri.run_pod(name, NAMESPACE, uid)
+                side.pods.append((pod, side.ctd.cri.pod_config(name, NAMESPACE, uid)))
+        print(
+            f"containers: adjusted vs plain, {args.containers} each (+{args.warmup} warm-up) in "
+            f"{args.pods} pods, alternated",
+            flush=True,
+        )
+        for i in range(args.warmup + args.containers):
+            k = i % len(sides)
+            for side in sides[k:] + sides[:k]:
+                pod, sandbox = side.pods[i % len(side.pods)]
+                t0 = time.perf_counter()
+                cid = side.ctd.cri.create_container(
+                    pod, sandbox, f"c{i}", image.ref, [BUSYBOX, "sleep", "1000"]
+                )
+                side.ctd.cri.start_container(cid)
+                took = (time.perf_counter() - t0) * 1000
+                _state, info = side.ctd.cri.container_status(cid)
+                has = ANNOTATION in info["info"]["runtimeSpec"].get("annotations", {})
+                if has != (side.name == "adjusted"):
+                    raise RuntimeError(f"{side.name}: container {cid[:12]} annotation present: {has}")
+                side.ctd.cri.stop_container(cid)
+                side.ctd.cri.remove_container(cid)
+                if i >= args.warmup:
+                    side.ms.append(took)
+        for side in sides:
+            for pod, _ in side.pods:
+                side.ctd.cri.stop_pod(pod)
+                side.ctd.cri.remove_pod(pod)
+        out = {s.name: _summary(s.ms) for s in sides}
+        out["ratio"] = round(out["adjusted"]["median"] / out["plain"]["median"], 3)
+        out["per_round_ratio_median"] = round(
+            statistics.median(a / p for a, p in zip(sides[0].ms, sides[1].ms, strict=True)), 3
+        )
+        out["raw"] = {s.name: [round(x, 2) for x in s.ms] for s in sides}
+        problems = bench.problems
+    if problems:
+        raise RuntimeError(f"cleanup: {problems}")
+    return out
+
+
+class ContainerBench(Bench):
+    def bridge_net_named(self, side: str):
+        from tests.e2e.hostnet import BridgeNetwork
+        from tests.support.names import unique_name
+
+        d = self.tmp / f"net-{side}"
+        d.mkdir()
+        net = BridgeNetwork(
+            d, bridge=unique_name("bc"), subnet=SUBNETS[side], name=f"nct-bench-{side}-{os.getpid()}"
+        )
+        self.stack.callback(lambda: self.problems.extend(net.cleanup()))
+        return net
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--containers", type=int, default=40, help="measured containers per side (default 40)")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured containers first (default 3)")
+    ap.add_argument("--pods", type=int, default=4, help="pods per side the containers go to (default 4)")
+    ap.add_argument("--json", metavar="FILE", help="also write the raw times and summary here")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with machine_turn("bench_containers"):  # no integration test or bench beside it
+            out = measure(args)
+    except Interrupted as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return 130
+    for name in ("adjusted", "plain"):
+        s = out[name]
+        print(f"  {name:9} median {s['median']:.1f} ms  p90 {s['p90']:.1f} ms")
+    print(
+        f"  adjusted/plain median ratio {out['ratio']:.3f} (goal <= 1.02); per-round {out['per_round_ratio_median']:.3f}"
+    )
+    print(f"  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
