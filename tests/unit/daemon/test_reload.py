@@ -66,10 +66,19 @@ class Applied:
         return self.configs[-1]
 
 
-async def quiet(reloader, seconds=0.4):
-    """Gives the watcher time to react before the test looks for what must NOT have happened
-    (a second apply): it can only make such a check pass too early, never fail."""
-    await asyncio.sleep(seconds)
+def rounds_from_now(reloader) -> list[bool]:
+    """What each reload round that starts from now on returns (True: a change applied), as it
+    ends: the event after which a change would have been applied."""
+    done: list[bool] = []
+    reload_now = reloader.reload_now
+
+    async def recording(reason: str) -> bool:
+        changed = await reload_now(reason)
+        done.append(changed)
+        return changed
+
+    reloader.reload_now = recording
+    return done
 
 
 async def until_true(predicate, timeout: float = 60.0) -> None:
@@ -108,10 +117,11 @@ def test_a_rewritten_config_is_seen_by_inotify_and_applied(tmp_path):
         cfg = await applied.next()
         assert [n.name for n in cfg.networks] == ["one", "two"]
         assert reloader.cfg is cfg and reloader.report()["applied"] == 1
-        # touching the file without changing it applies nothing
+        # touching the file without changing it applies nothing: a round that read it ends
+        done = rounds_from_now(reloader)
         write(path, path.read_text())
-        await quiet(reloader)
-        assert len(applied.configs) == 1
+        await until_true(lambda: done)
+        assert done[0] is False and len(applied.configs) == 1
         await reloader.close()
 
     asyncio.run(scenario())
@@ -220,7 +230,7 @@ def test_drop_in_plugins_are_appended_reloaded_and_turned_off_by_load_only_inlin
         assert [p.conf.get("n") for p in reloader.cfg.networks[0].conflist.plugins] == [0]
         # the drop-in dir does not exist yet: its creation in the watched conf dir is seen
         (conf_dir / "dropnet").mkdir()
-        await quiet(reloader)
+        await until_true(lambda: str(conf_dir / "dropnet") in reloader._watcher.watched)
         write(conf_dir / "dropnet" / "20-second.conf", json.dumps({"type": "fake-ok", "n": 2}))
         write(conf_dir / "dropnet" / "10-first.conf", json.dumps({"type": "fake-ok", "n": 1}))
         (conf_dir / "dropnet" / "30-ignored.json").write_text(json.dumps({"type": "x"}))
