@@ -346,7 +346,8 @@ class RecoveryNode:
 
 def wait_settled(daemon: NriCni, log_offset: int = 0, timeout: float = 60) -> None:
     """Until the daemon has synchronized, the GC that follows logged its result (in the log
-    written after `log_offset`) and no repair is pending."""
+    written after `log_offset`), the work that Synchronize started (GC, then a verify round)
+    has ended and no repair is pending. The timeout only fails a hang."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if daemon.proc is not None and daemon.proc.poll() is not None:
@@ -359,7 +360,8 @@ def wait_settled(daemon: NriCni, log_offset: int = 0, timeout: float = 60) -> No
         with open(daemon.log_path, "rb") as f:
             f.seek(log_offset)
             text = f.read().decode(errors="replace")
-        if st["nri"]["synchronized"] and "nri_cni.pod: gc:" in text and not st["pendingRepair"]:
+        idle = st["tracked"]["background"] == 0 and not st["pendingRepair"]
+        if st["nri"]["synchronized"] and "nri_cni.pod: gc:" in text and idle:
             return
         time.sleep(0.05)
     raise AssertionError(f"nri-cni did not settle:\n{daemon.log_tail()}")

@@ -256,9 +256,10 @@ def test_sighup_reloads_the_configuration(node):
             }
             changed = {**cfg, "networks": cfg["networks"] + [extra]}
             daemon.config_path.write_text(yaml.safe_dump(changed))
-            await asyncio.sleep(0.3)  # written; without a signal nothing reads it
             status = daemon.status()
             assert list(status["networks"]) == ["podnet"] and status["reload"]["applied"] == 0
+            # written, and nothing to read it but a signal: no inotify watch, no rescan (0)
+            assert status["reload"]["inotify"] is False
             daemon.proc.send_signal(signal.SIGHUP)
 
             async def reloaded():

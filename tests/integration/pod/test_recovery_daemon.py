@@ -57,11 +57,9 @@ def test_a_native_answer_past_the_runtime_deadline_is_a_missed_pod(node):
             await h.runtime.wait_plugin(2)  # the stub reconnected at once
             await h.settle()
             health = h.daemon.pods.health
-            for _ in range(400):  # the cut-off attach is still in its FINALIZE: wait for its end
-                verdict = health.get(pod.id)
-                if verdict is not None and not h.daemon.pods.view.busy(pod.id):
-                    break
-                await asyncio.sleep(0.05)
+            # the cut-off attach is still in its FINALIZE: wait for its end and its verdict
+            await until(lambda: health.get(pod.id) is not None and not h.daemon.pods.view.busy(pod.id))
+            verdict = health.get(pod.id)
             assert verdict is not None, h.daemon.reports.status()
             assert (verdict.state.value, verdict.code.value) == ("broken", "missed")
             assert "past the runtime's 0.3 s NRI request timeout" in verdict.reason
@@ -252,18 +250,12 @@ def test_gc_timer_retries_a_failed_del_until_it_succeeds(node):
             assert "ctl: DEL fails as told" in str(err.value)
             with pytest.raises(RPCError):
                 await h.runtime.remove_pod_sandbox(pod)
-            for _ in range(200):  # timer GCs retry (stop, remove, then at least two of them)
-                if len([c for c in read_calls(control) if c[0] == "DEL"]) >= 4:
-                    break
-                await asyncio.sleep(0.05)
-            assert len([c for c in read_calls(control) if c[0] == "DEL"]) >= 4
+            # timer GCs retry (stop, remove, then at least two of them)
+            await until(lambda: len([c for c in read_calls(control) if c[0] == "DEL"]) >= 4)
             assert [r.container_id for r in node.reservations()] == [pod.id]  # still failing
             (control / "del-fail").unlink()
             # the reservation goes while the DEL chain runs, the cache entry once it finished
-            for _ in range(100):
-                if not node.reservations() and not h.daemon.pods.view.attachments():
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: not node.reservations() and not h.daemon.pods.view.attachments())
             assert node.reservations() == []
             assert h.daemon.pods.view.attachments() == []
 

@@ -11,6 +11,7 @@ import pytest
 
 from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.exec import PluginExecutor
+from nri_cni.cni.plugin_process import ChildRun
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from tests.support.jsonlines import read_json_lines
 
@@ -93,3 +94,19 @@ def rt() -> RuntimeConf:
             "bandwidth": {"ingressRate": 1000},
         },
     )
+
+
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The PIDs of the plugins the executor starts, in order, known from the spawn itself (a
+    plugin killed at its timeout may not have run a line yet: nothing it writes can be waited
+    for)."""
+    pids: list[int] = []
+    spawn = ChildRun.spawn
+
+    def recording(self: ChildRun, path: str, env: dict[str, str]) -> None:
+        spawn(self, path, env)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(ChildRun, "spawn", recording)
+    return pids

@@ -124,14 +124,18 @@ def test_killed_by_signal(fake_bin, tmp_path):
         run(PluginExecutor().exec(str(script), ENV, b"", 10))
 
 
-def test_timeout_kills_process_group(fake_bin, tmp_path):
+def test_timeout_kills_process_group(fake_bin, tmp_path, spawned):
+    """Whatever of its group the plugin started before its timeout is killed with it (the
+    group it surely started: test_cancel_kills_and_reaps, the same kill)."""
     pidfile = tmp_path / "hang.pid"
     before = open_fds()
     with pytest.raises(PluginTimeout) as err:  # the plugin hangs: only its timeout ends the call
         run(PluginExecutor().exec(str(fake_bin / "hang"), dict(ENV, HANG_PIDFILE=str(pidfile)), b"{}", 0.5))
     assert "timeout" in str(err.value)
-    pgid = int(pidfile.read_text())
+    [pgid] = spawned  # known from the spawn: the plugin may be killed before it writes its pidfile
     assert group_gone(pgid), "the plugin's process group survived the timeout"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)  # reaped: no zombie left
     assert open_fds() == before
 
 

@@ -430,9 +430,8 @@ def test_failed_add_no_cache(runtime, make_net, call_log, rt):
     assert not cache_file(runtime, "testnet", rt).exists() and cache_files(runtime) == []
 
 
-def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
-    pidfile = tmp_path / "hang.pid"
-    monkeypatch.setenv("HANG_PIDFILE", str(pidfile))  # passed on by name (cni.plugin_env)
+def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch, spawned):
+    monkeypatch.setenv("HANG_PIDFILE", str(tmp_path / "hang.pid"))  # passed on by name (cni.plugin_env)
     runtime = CNIRuntime(
         [str(fake_bin)],
         cache_dir=str(tmp_path / "cache"),
@@ -440,11 +439,12 @@ def test_add_timeout(fake_bin, tmp_path, make_net, rt, monkeypatch):
         pass_env=["HANG_PIDFILE"],
         executor=PluginExecutor(),
     )
-    with pytest.raises(PluginTimeout) as err:
+    with pytest.raises(PluginTimeout) as err:  # the plugin never answers, however fast it runs
         run(runtime.add(make_net(["hang"]), rt))
     assert err.value.ref.network == "testnet"
+    [pid] = spawned  # known from the spawn: the plugin may be killed before it writes a line
     with pytest.raises(ProcessLookupError):
-        os.kill(int(pidfile.read_text()), 0)  # the plugin itself is gone and reaped
+        os.kill(pid, 0)  # the plugin itself is gone and reaped
     assert cache_files(runtime) == []
 
 

@@ -28,7 +28,12 @@ async def slow_echo(payload: bytes) -> bytes:
     return payload
 
 
+HANGING: list[bytes] = []
+
+
 async def hang(payload: bytes) -> bytes:
+    """Records that it started, then never answers (on its own)."""
+    HANGING.append(payload)
     await asyncio.sleep(60)
     return b""
 
@@ -310,8 +315,9 @@ def test_malformed_frame_closes_connection_and_server_keeps_serving(arun, sock_d
             # a call in flight on the connection that goes bad is cancelled with it
             bad = TtrpcClient()
             transport, _ = await asyncio.get_running_loop().create_unix_connection(lambda: bad, path)
+            hanging = len(HANGING)
             pending = asyncio.ensure_future(bad.call(SVC, "Hang", b""))
-            await asyncio.sleep(0.05)
+            await until(lambda: len(HANGING) > hanging)  # in flight: its handler runs
             transport.write(garbage)
             with pytest.raises(Unavailable):
                 await pending
@@ -333,8 +339,9 @@ def test_malformed_frame_closes_connection_and_server_keeps_serving(arun, sock_d
 def test_connection_lost_fails_calls_in_flight_and_later_calls(arun):
     async def main():
         client, server_conn = await pair()
+        hanging = len(HANGING)
         pending = asyncio.ensure_future(client.call(SVC, "Hang", b""))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(HANGING) > hanging)  # in flight: its handler runs
         server_conn.close()
         with pytest.raises(Unavailable):
             await pending
