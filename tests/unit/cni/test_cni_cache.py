@@ -233,3 +233,26 @@ def test_flush_waits_for_pending_syncs(tmp_path, monkeypatch):
     assert not cache.flush(0.2)  # still syncing
     gate.set()
     assert cache.flush(5)
+
+
+@pytest.mark.parametrize(
+    "cid, ifname, net, listed",
+    [
+        ("c1", "eth0", "net-a", True),  # the control case: every field named
+        ("", "eth0", "net-a", False),  # each of the three left empty
+        ("c1", "", "net-a", False),
+        ("c1", "eth0", "", False),
+    ],
+)
+def test_entries_skip_an_entry_with_an_empty_id_ifname_or_network(tmp_path, cid, ifname, net, listed):
+    """An entry no DEL could name (another writer's, or a hand-made file) is not listed: GC would
+    otherwise pass it on as a valid attachment or try to DEL it. Only the JSON decides; the file
+    name is a valid one in every case."""
+    cache = ResultCache(str(tmp_path))
+    results = tmp_path / "results"
+    results.mkdir()
+    entry = CacheEntry(container_id=cid, ifname=ifname, network_name=net, config=b"{}")
+    (results / "net-a-c1-eth0").write_bytes(entry.to_json())
+    assert [(e.container_id, e.ifname, e.network_name) for e in cache.entries()] == (
+        [("c1", "eth0", "net-a")] if listed else []
+    )
