@@ -18,6 +18,8 @@ from nri_cni.safety.validate import (
     cni_args_pairs,
     cni_version,
     gc_valid_ids,
+    ifname_problem,
+    is_valid_id,
     quote,
     quote_whole,
     shown,
@@ -221,3 +223,32 @@ def test_check_selection_limits():
     assert "network 'a' attached 2 times to one pod, more than the limit of 1" in refusal(
         check_selection, ["a", "b", "a"], max_networks=3, max_per_network=1, where="pod p"
     )
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("eth0", ""),
+        ("X1", ""),  # letters beyond the refused ones are fine (control of the next rows)
+        ("a/b", "has '/', ':', whitespace or a control character"),
+        ("a:b", "has '/', ':', whitespace or a control character"),
+        ("a b", "has '/', ':', whitespace or a control character"),
+        ("a\x01b", "has '/', ':', whitespace or a control character"),  # a control, not a space
+        ("a\u200bb", "has '/', ':', whitespace or a control character"),  # Cf: a format character
+        ("..", "is not allowed"),
+        ("", "is empty"),
+        (None, "must be a string"),
+        ("x" * 16, "is 16 bytes long (at most 15)"),
+    ],
+)
+def test_ifname_problem(name, problem):
+    assert ifname_problem(name) == problem
+
+
+def test_check_ifname_names_cni_ifname_by_default():
+    assert refusal(check_ifname, "") == "CNI_IFNAME: interface name '' is empty"
+
+
+@pytest.mark.parametrize("value, valid", [("a" * 128, True), ("a" * 129, False), ("a", True), ("", False)])
+def test_an_id_is_1_to_128_characters(value, valid):
+    assert is_valid_id(value) is valid
