@@ -251,3 +251,26 @@ def test_result_numbers_are_written_as_libcni_writes_them_through_a_float64(numb
     test_libcni_oracle.py checks the same against libcni itself)."""
     entry = CacheEntry(container_id="c", ifname="eth0", network_name="n", config=b"{}", result={"n": number})
     assert entry.to_json().endswith(b'"result":{"n":' + written + b"}}")
+
+
+@pytest.mark.parametrize(
+    "cid, ifname, net, listed",
+    [
+        ("c1", "eth0", "net-a", True),  # the control case: every field named
+        ("", "eth0", "net-a", False),  # each of the three left empty
+        ("c1", "", "net-a", False),
+        ("c1", "eth0", "", False),
+    ],
+)
+def test_entries_skip_an_entry_with_an_empty_id_ifname_or_network(tmp_path, cid, ifname, net, listed):
+    """An entry no DEL could name (another writer's, or a hand-made file) is not listed: GC would
+    otherwise pass it on as a valid attachment or try to DEL it. Only the JSON decides; the file
+    name is a valid one in every case."""
+    cache = ResultCache(str(tmp_path))
+    results = tmp_path / "results"
+    results.mkdir()
+    entry = CacheEntry(container_id=cid, ifname=ifname, network_name=net, config=b"{}")
+    (results / "net-a-c1-eth0").write_bytes(entry.to_json())
+    assert [(e.container_id, e.ifname, e.network_name) for e in cache.entries()] == (
+        [("c1", "eth0", "net-a")] if listed else []
+    )

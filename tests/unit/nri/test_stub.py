@@ -286,9 +286,10 @@ def test_socket_removed_and_recreated(arun, sock_dir, caplog):
     async def main():
         async with Harness(sock_dir, Recorder()) as h:
             await h.runtime.wait_plugin()
-            await h.runtime.stop()  # the runtime goes away, socket file and all
-            assert not os.path.exists(h.path)
-            await asyncio.sleep(0.3)  # the stub retries meanwhile (backoff 0.05, 0.1, 0.2...)
+            with Logged("not reachable") as retrying:
+                await h.runtime.stop()  # the runtime goes away, socket file and all
+                assert not os.path.exists(h.path)
+                await retrying.seen.wait()  # the stub retries meanwhile (backoff 0.05, 0.1, 0.2...)
             assert not h.stub.registered.is_set()
             second = NriRuntime(h.path, runtime_name="restarted")
             await second.start()
@@ -326,32 +327,63 @@ def test_without_reconnect_no_runtime_is_unavailable(arun, sock_dir):
     arun(main())
 
 
+class Logged(logging.Handler):
+    """`seen` is set once the stub logs a warning holding `text`: the event a test waits for."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text = text
+        self.seen = asyncio.Event()
+        self.logger = logging.getLogger("nri_cni.nri.stub")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+    def __enter__(self) -> Logged:
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self)
+
+
 def test_stop_ends_run_while_retrying(arun, sock_dir):
+    """The stub waits out an hour's backoff; stop() must end run() at once. Were the backoff
+    not cut short, run() would not return and the test would never end (the suite's timeout
+    fails it). Control case: the same stub with reconnect=False has no backoff to wait out
+    and run() raises Unavailable (test_without_reconnect_no_runtime_is_unavailable)."""
+
     async def main():
         stub = Stub(
             Recorder(),
             name="x",
             idx="01",
             socket_path=str(sock_dir / "none.sock"),
-            backoff_initial=10,
-            backoff_max=10,
+            backoff_initial=3600,
+            backoff_max=3600,
         )
-        task = asyncio.create_task(stub.run())
-        await asyncio.sleep(0.1)
+        with Logged("retrying in") as backing_off:
+            task = asyncio.create_task(stub.run())
+            await backing_off.seen.wait()  # the first attempt failed: the backoff has begun
+        assert not task.done()
         await stub.stop()
-        await asyncio.wait_for(task, 60)
+        await task
 
     arun(main())
 
 
 def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir):
     async def main():
-        attempts: list[float] = []
+        attempts: list[float] = []  # when each arrived
+        third = asyncio.Event()
 
         async def register(payload: bytes) -> bytes:
             attempts.append(loop.time())
+            if len(attempts) == 3:
+                third.set()
             if len(attempts) == 1:
-                await asyncio.sleep(10)  # never answers: the stub's registration timeout
+                await asyncio.Event().wait()  # never answers: only the registration timeout ends it
             if len(attempts) == 2:
                 raise ProtocolError("not now", grpc_code=GrpcCode.PERMISSION_DENIED)
             return b""
@@ -367,11 +399,11 @@ def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir)
         )
         task = asyncio.create_task(stub.run())
         try:
-            while len(attempts) < 3:
-                await asyncio.sleep(0.02)
-            gaps = [b - a for a, b in zip(attempts, attempts[1:])]
-            assert 0.3 <= gaps[0] < 1.0  # 0.2 s timeout + 0.1 s backoff
-            assert 0.2 <= gaps[1] < 1.0  # 0.2 s backoff
+            # refused twice (the first time by the stub's own timeout: that registration never
+            # answers), tried a third time; no gap is measured (the server sees an attempt
+            # when it arrives, and a timer may fire a clock tick early)
+            await third.wait()
+            assert len(attempts) == 3
         finally:
             await stub.stop()
             await asyncio.wait_for(task, 60)

@@ -1,0 +1,1 @@
+"""Mutation testing of the decision modules (mutmut): `python -m tests.mutation [MODULE...]`."""
