@@ -1,4 +1,4 @@
-"""A runtime-side NRI test double: what containerd does to a plugin, over a real socket.
+"""A runtime-side NRI test double: what containerd, or CRI-O, does to a plugin, over a real socket.
 
 It listens on a unix socket (external plugins) or launches a command with one end of a
 socketpair as fd 3 (pre-registered plugins), serves Runtime.RegisterPlugin, then runs the
@@ -8,8 +8,8 @@ drives pod events with the dedicated RPCs or StateChange, or stops a pod as the 
 (`stop_pod`: NRI STOP and the runtime's own teardown in the runtime's order). The pod at REMOVE
 carries the netns path the runtime gives it there (`pod_at_event`). Every call is bounded by the
 request timeout; when it passes, the double closes the plugin's connection, as containerd does.
-What the double does per runtime (`RuntimeKind`) is pinned to the real runtime by
-tests/e2e/test_nri_containerd.py.
+What the double does per runtime (`RuntimeKind`) is pinned to the real runtimes by
+tests/e2e/test_nri_containerd.py and tests/e2e/test_crio_nri.py.
 
 Only the newest connection is "the plugin"; older ones are closed when a new one registers.
 """
@@ -58,9 +58,9 @@ class RuntimeKind:
     version: str  # Configure's runtime_version
     registration_timeout_ms: int
     request_timeout_ms: int
-    # the runtime's own CNI DEL and netns removal run before NRI STOP, not after it (containerd)
+    # the runtime's own CNI DEL and netns removal run before NRI STOP (CRI-O), not after it (containerd)
     teardown_before_stop: bool
-    # REMOVE carries the pod's netns path, not "" (containerd)
+    # REMOVE carries the pod's netns path (CRI-O), not "" (containerd)
     netns_at_remove: bool
 
 
@@ -72,6 +72,15 @@ CONTAINERD = RuntimeKind(
     request_timeout_ms=2000,
     teardown_before_stop=False,
     netns_at_remove=False,
+)
+# CRI-O 1.36.3 (../shared/crio/README.md, "How CRI-O drives CNI and NRI")
+CRIO = RuntimeKind(
+    name="cri-o",
+    version="1.36.3",
+    registration_timeout_ms=5000,
+    request_timeout_ms=2000,
+    teardown_before_stop=True,
+    netns_at_remove=True,
 )
 
 STOP = "stop"  # NRI STOP_POD_SANDBOX
@@ -224,8 +233,8 @@ class NriRuntime:
         return nri_pb2.Empty.FromString(out)
 
     async def stop_pod(self, pod: nri_pb2.PodSandbox, teardown: Callable[[], Awaitable[None]]) -> None:
-        """StopPodSandbox as the runtime runs it: NRI STOP (a StateChange event, as containerd
-        sends it) and `teardown` (the runtime's own CNI DEL and netns removal), in its order."""
+        """StopPodSandbox as the runtime runs it: NRI STOP (a StateChange event, as both runtimes
+        send it) and `teardown` (the runtime's own CNI DEL and netns removal), in its order."""
         for step in stop_steps(self.kind):
             if step == STOP:
                 await self.state_change(nri_pb2.STOP_POD_SANDBOX, pod)
