@@ -4,11 +4,15 @@ calls, with a plugin that records what the runtime sends."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from nri_cni.api import nri_pb2
+from tests.support.nri_runtime import STOP, TEARDOWN, RuntimeKind, pod_at_event
 
 T = TypeVar("T")
 
@@ -20,6 +24,7 @@ class PodRecord:
     namespace: str
     uid: str
     netns: str  # "" when the pod carries no network namespace path
+    netns_exists: bool  # whether that path existed when the event arrived
     ips: tuple[str, ...]
     pid: int
 
@@ -36,9 +41,24 @@ def pod_record(pod: Any) -> PodRecord:
         namespace=pod.namespace,
         uid=pod.uid,
         netns=netns,
+        netns_exists=bool(netns) and os.path.exists(netns),
         ips=tuple(pod.ips),
         pid=pod.pid,
     )
+
+
+def observed_stop_steps(stop: PodRecord) -> tuple[str, ...]:
+    """The order of a real runtime's StopPodSandbox, as nri_runtime.stop_steps names it, read
+    from the STOP event: a netns already gone means the runtime's teardown came first."""
+    return (TEARDOWN, STOP) if stop.netns and not stop.netns_exists else (STOP, TEARDOWN)
+
+
+def double_netns(kind: RuntimeKind, event: int, netns: str) -> str:
+    """The netns path the NRI double of `kind` sends in `event` for a pod whose netns is `netns`."""
+    pod = nri_pb2.PodSandbox(
+        linux=nri_pb2.LinuxPodSandbox(namespaces=[nri_pb2.LinuxNamespace(type="network", path=netns)])
+    )
+    return pod_record(pod_at_event(kind, event, pod)).netns
 
 
 class Recorder:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.stubthread import Recorder, StubThread
+from nri_cni.api import nri_pb2
+from tests.e2e.stubthread import Recorder, StubThread, double_netns, observed_stop_steps
 from tests.support.jsonlines import read_json_lines
-from tests.support.nri_runtime import NriRuntime
+from tests.support.nri_runtime import CONTAINERD, NriRuntime, stop_steps
 
 pytestmark = pytest.mark.e2e
 
@@ -106,8 +107,11 @@ def test_pod_events_reach_the_stub(bridge_network, make_containerd, stubs):
     stop, remove = rec.events_for(pod)[1][1], rec.events_for(pod)[2][1]
     assert (stop.id, stop.name, stop.namespace, stop.uid) == (pod, "web-0", "nct-nri", uid)
     assert stop.netns == status.netns_path  # still there at STOP (CNI DEL comes after)
+    assert stop.netns_exists and observed_stop_steps(stop) == stop_steps(CONTAINERD)  # as the double
     assert (remove.id, remove.name, remove.namespace, remove.uid) == (pod, "web-0", "nct-nri", uid)
     assert remove.netns == ""  # containerd sends no netns path at REMOVE
+    # nor does the NRI double as containerd
+    assert double_netns(CONTAINERD, nri_pb2.REMOVE_POD_SANDBOX, status.netns_path) == ""
     assert rec.events_for(early) == []
     assert rec.disconnects == 0
     print(f"stub handshake {handshake:.3f}s")

@@ -25,7 +25,7 @@ from tests.support.janitor import Janitor
 from tests.support.jsonlines import read_json_lines
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
-from tests.support.nri_runtime import NriRuntime
+from tests.support.nri_runtime import CONTAINERD, NriRuntime, RuntimeKind
 
 DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
 REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
@@ -166,15 +166,22 @@ class DaemonHarness:
         node: Node,
         cfg: dict,
         *,
-        runtime_name: str = "nri-test-double",
-        runtime_version: str = "1.0.0",
+        kind: RuntimeKind | None = None,
+        runtime_name: str | None = None,
+        runtime_version: str | None = None,
         pods=(),
         request_timeout_ms: int = 20000,
     ) -> None:
+        """Without `kind`, the double acts as containerd but names itself "nri-test-double"
+        1.0.0 (a runtime the failure policy knows nothing of); with it, as that runtime."""
         self.node = node
         self.cfg = parse_config(cfg, str(node.tmp / "config.yaml"))
+        if kind is None:
+            runtime_name = runtime_name or "nri-test-double"
+            runtime_version = runtime_version or "1.0.0"
         self.runtime = NriRuntime(
             self.cfg.nri.socket,
+            kind=kind or CONTAINERD,
             runtime_name=runtime_name,
             runtime_version=runtime_version,
             request_timeout_ms=request_timeout_ms,

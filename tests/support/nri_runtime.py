@@ -1,11 +1,15 @@
-"""A runtime-side NRI test double: what containerd does to a plugin, over a real socket.
+"""A runtime-side NRI test double: what containerd, or CRI-O, does to a plugin, over a real socket.
 
 It listens on a unix socket (external plugins) or launches a command with one end of a
 socketpair as fd 3 (pre-registered plugins), serves Runtime.RegisterPlugin, then runs the
-handshake containerd runs: Configure (runtime name, version, timeouts, config text), then
+handshake the runtime runs: Configure (runtime name, version, timeouts, config text), then
 Synchronize with the given pods, split into pages with more=true if asked. After that the test
-drives pod events with the dedicated RPCs or StateChange. Every call is bounded by the
+drives pod events with the dedicated RPCs or StateChange, or stops a pod as the runtime does
+(`stop_pod`: NRI STOP and the runtime's own teardown in the runtime's order). The pod at REMOVE
+carries the netns path the runtime gives it there (`pod_at_event`). Every call is bounded by the
 request timeout; when it passes, the double closes the plugin's connection, as containerd does.
+What the double does per runtime (`RuntimeKind`) is pinned to the real runtimes by
+tests/e2e/test_nri_containerd.py and tests/e2e/test_crio_nri.py.
 
 Only the newest connection is "the plugin"; older ones are closed when a new one registers.
 """
@@ -16,7 +20,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nri_cni.api import nri_pb2
@@ -46,28 +50,90 @@ class PluginConnection:
     update_requests: list[nri_pb2.UpdateContainersRequest] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RuntimeKind:
+    """What a plugin sees of one real runtime."""
+
+    name: str  # Configure's runtime_name
+    version: str  # Configure's runtime_version
+    registration_timeout_ms: int
+    request_timeout_ms: int
+    # the runtime's own CNI DEL and netns removal run before NRI STOP (CRI-O), not after it (containerd)
+    teardown_before_stop: bool
+    # REMOVE carries the pod's netns path (CRI-O), not "" (containerd)
+    netns_at_remove: bool
+
+
+# containerd 2.1.9 (../shared/reference/containerd-nri-facts.md)
+CONTAINERD = RuntimeKind(
+    name="containerd",
+    version="2.1.9+unknown",
+    registration_timeout_ms=5000,
+    request_timeout_ms=2000,
+    teardown_before_stop=False,
+    netns_at_remove=False,
+)
+# CRI-O 1.36.3 (../shared/crio/README.md, "How CRI-O drives CNI and NRI")
+CRIO = RuntimeKind(
+    name="cri-o",
+    version="1.36.3",
+    registration_timeout_ms=5000,
+    request_timeout_ms=2000,
+    teardown_before_stop=True,
+    netns_at_remove=True,
+)
+
+STOP = "stop"  # NRI STOP_POD_SANDBOX
+TEARDOWN = "teardown"  # the runtime's own CNI DEL, then the netns removal
+
+
+def stop_steps(kind: RuntimeKind) -> tuple[str, ...]:
+    """The order in which the runtime runs StopPodSandbox."""
+    return (TEARDOWN, STOP) if kind.teardown_before_stop else (STOP, TEARDOWN)
+
+
+def pod_at_event(kind: RuntimeKind, event: int, pod: nri_pb2.PodSandbox) -> nri_pb2.PodSandbox:
+    """The pod as the runtime sends it in this event: at REMOVE without its netns path unless
+    the runtime keeps it there."""
+    out = nri_pb2.PodSandbox()
+    out.CopyFrom(pod)
+    if event == nri_pb2.REMOVE_POD_SANDBOX and not kind.netns_at_remove:
+        for ns in out.linux.namespaces:
+            if ns.type == "network":
+                ns.path = ""
+    return out
+
+
 class NriRuntime:
     def __init__(
         self,
         socket_path: str | None = None,
         *,
-        runtime_name: str = "containerd",
-        runtime_version: str = "2.1.9+unknown",
+        kind: RuntimeKind = CONTAINERD,
+        runtime_name: str | None = None,
+        runtime_version: str | None = None,
         nri_version: str = "v0.8.0",
         config: str = "",
-        registration_timeout_ms: int = 5000,
-        request_timeout_ms: int = 2000,
+        registration_timeout_ms: int | None = None,
+        request_timeout_ms: int | None = None,
         pods: Sequence[nri_pb2.PodSandbox] = (),
         containers: Sequence[nri_pb2.Container] = (),
         sync_page_size: int | None = None,
     ) -> None:
+        """`kind` gives what the runtime does and its Configure values; the other arguments
+        replace single values of it."""
         self.socket_path = socket_path
-        self.runtime_name = runtime_name
-        self.runtime_version = runtime_version
+        self.kind = kind
+        self.runtime_name = kind.name if runtime_name is None else runtime_name
+        self.runtime_version = kind.version if runtime_version is None else runtime_version
         self.nri_version = nri_version
         self.config = config
-        self.registration_timeout_ms = registration_timeout_ms
-        self.request_timeout_ms = request_timeout_ms
+        self.registration_timeout_ms = (
+            kind.registration_timeout_ms if registration_timeout_ms is None else registration_timeout_ms
+        )
+        self.request_timeout_ms = (
+            kind.request_timeout_ms if request_timeout_ms is None else request_timeout_ms
+        )
         self.pods = list(pods)
         self.containers = list(containers)
         self.sync_page_size = sync_page_size
@@ -157,12 +223,23 @@ class NriRuntime:
         return nri_pb2.StopPodSandboxResponse.FromString(out)
 
     async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> nri_pb2.RemovePodSandboxResponse:
+        pod = pod_at_event(self.kind, nri_pb2.REMOVE_POD_SANDBOX, pod)
         out = await self.call("RemovePodSandbox", nri_pb2.RemovePodSandboxRequest(pod=pod))
         return nri_pb2.RemovePodSandboxResponse.FromString(out)
 
     async def state_change(self, event: int, pod: nri_pb2.PodSandbox) -> nri_pb2.Empty:
+        pod = pod_at_event(self.kind, event, pod)
         out = await self.call("StateChange", nri_pb2.StateChangeEvent(event=event, pod=pod))
         return nri_pb2.Empty.FromString(out)
+
+    async def stop_pod(self, pod: nri_pb2.PodSandbox, teardown: Callable[[], Awaitable[None]]) -> None:
+        """StopPodSandbox as the runtime runs it: NRI STOP (a StateChange event, as both runtimes
+        send it) and `teardown` (the runtime's own CNI DEL and netns removal), in its order."""
+        for step in stop_steps(self.kind):
+            if step == STOP:
+                await self.state_change(nri_pb2.STOP_POD_SANDBOX, pod)
+            else:
+                await teardown()
 
     async def shutdown(self) -> None:
         await self.call("Shutdown", nri_pb2.Empty())
