@@ -146,6 +146,7 @@ class Attacher:
         # crash of the daemon finds the record (the page cache survives a kill); journalling
         # file systems (ext4, XFS) commit it no later than what the plugins write after it.
         self.intents.write(intent, durable=False)
+        record.mark("intent written")
         synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
         synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
         adds = Adds()
@@ -155,6 +156,7 @@ class Attacher:
                 raise adds.failure
             results.update(adds.results)
             await synced
+            record.mark("intent synced")
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
             await _settled(synced)
@@ -164,6 +166,7 @@ class Attacher:
         # Cancelled or crashed mid-way (any other exception): the intent record stays for
         # start-up recovery.
         self.intents.clear(pod.id)
+        record.mark("intent cleared")
         return _answer(pod, selected, results)
 
     async def _add_all(self, todo: list[Selected], confs: Confs, intent: Intent, record: OpRecord) -> Adds:
@@ -241,12 +244,14 @@ class Attacher:
             # finalize() caches a result a plugin changed, so that a later DEL sees it
             results[key] = await self.cni.finalize(net, rt, results[key], extra, observe=record)
             record.step(net.name, rt.ifname, "finalize", t0)
+        record.mark("finalized")
         if runtime_primary is not None:
             # Secondary mode: the runtime never sees these results (its answer is its own
             # network's), so the MAC/MTU a plugin left out is not worth a netns visit here.
             return
         for key, _net, rt in nets:
             results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+        record.mark("filled")
 
     def _unfinalized_primary(
         self, pod: PodInfo, primary: RuntimePrimary | None
