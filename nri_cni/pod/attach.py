@@ -142,9 +142,10 @@ class Attacher:
         confs = _runtime_confs(pod, selected, request)
         intent = _intent(pod, todo, confs)
         # Written (atomic) before any plugin runs, a failure here leaves nothing; durable before
-        # the ADD is done: its fsync (a journal commit, ~1 ms) runs while the plugins work. A
-        # crash of the daemon finds the record (the page cache survives a kill); journalling
-        # file systems (ext4, XFS) commit it no later than what the plugins write after it.
+        # it is cleared: its fsync (a journal commit, ~1 ms) runs while the plugins, FINALIZE
+        # and the netlink fill work. A crash of the daemon finds the record (the page cache
+        # survives a kill); journalling file systems (ext4, XFS) commit it no later than what the
+        # plugins write after it.
         self.intents.write(intent, durable=False)
         record.mark("intent written")
         synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
@@ -155,9 +156,9 @@ class Attacher:
             if adds.failure is not None:
                 raise adds.failure
             results.update(adds.results)
+            await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
             await synced
             record.mark("intent synced")
-            await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
         except NriCniError as exc:
             await _settled(synced)
             # DEL what was started, last first; the record of the rest goes (never ADDed)
