@@ -148,7 +148,7 @@ class Attacher:
         # plugins write after it.
         self.intents.write(intent, durable=False)
         record.mark("intent written")
-        synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
+        synced = asyncio.ensure_future(self.intents.sync(pod.id))
         synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
         adds = Adds()
         try:
