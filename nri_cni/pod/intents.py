@@ -3,11 +3,12 @@
 libcni caches an attachment only after its whole chain succeeded, so an ADD interrupted by a
 crash (or a kill -9) leaves resources that no cache entry points at, and no GC will ever find
 them. nri-cni writes, atomically, the list of networks it is about to attach (with each
-network's exact config bytes and args) before any plugin runs (fsynced while they run:
-attach.py), and removes the record only
-once every network is cached or rolled back. At start-up every record left behind is rolled back
-with DEL, network by network in reverse, using the config it holds: CNI DEL must succeed for
-resources that were never created, so a DEL of a network that never got its ADD is harmless.
+network's exact config bytes and args) before any plugin runs (fsynced while they, FINALIZE
+and the netlink fill run, and before the record is cleared: attach.py), and removes the record
+only once every network is cached or rolled back. At start-up every record left behind is
+rolled back with DEL, network by network in reverse, using the config it holds: CNI DEL must
+succeed for resources that were never created, so a DEL of a network that never got its ADD is
+harmless.
 
 A record also outlives a rollback that failed (a plugin's DEL failed): the rollback is then
 retried by the pod's next DEL (runtime stop/remove), by every GC and at start-up, until it
