@@ -16,7 +16,7 @@ Per ADD the steps between these instants, medians over --pods ADDs (each followe
   exited      the shim's exit seen here
 
 The netns is one the tool makes (the no-op plugins never enter it; the netlink fill does).
-Needs root (a netns). Run:  sudo ./.venv/bin/python bench/profile_shim.py [--pods 200]
+Holds the machine's lock (tests/support/machine.py) while it runs. Needs root (a netns). Run:  sudo ./.venv/bin/python bench/profile_shim.py [--pods 200]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from bench.bench_cni import build_noop  # noqa: E402
 from bench.native_node import NativeNode  # noqa: E402
 from nri_cni.shim import compile_shim  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
+from tests.support.machine import machine_turn  # noqa: E402
 from tests.support.names import unique_name  # noqa: E402
 
 STEPS = (
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", help="write each step's series here")
     args = ap.parse_args(argv)
-    series = asyncio.run(measure(args.pods, args.warmup))
+    with machine_turn("profile_shim"):  # its cleanup touches the node's shared CNI iptables chains
+        series = asyncio.run(measure(args.pods, args.warmup))
     print_timeline(series)
     if args.json:
         Path(args.json).write_text(json.dumps(series))
