@@ -22,6 +22,7 @@ from nri_cni.daemon.reports import DaemonReports
 from nri_cni.errors import ConfigError, Kind, NriCniError
 from nri_cni.local import guard, proto
 from nri_cni.pod.model import AttachRequest, PodInfo
+from nri_cni.pod.oprecord import arrival
 from nri_cni.safety import files, jsonlimits, validate
 from nri_cni.service.readiness import NetworkReadiness
 from nri_cni.service.service import PodService
@@ -74,12 +75,15 @@ class LocalServer:
             pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stamps = {"accepted": time.perf_counter()}  # the pod operation's record shows them
+        arrival(stamps)
         if not self.guard.admit(writer):
             writer.close()
             return
         try:
             try:
                 header, body = await self.guard.read(reader)
+                stamps["read"] = time.perf_counter()
             except proto.LocalProtocolError as exc:
                 self.guard.refusals("malformed", "local socket: malformed request: %s", exc)
                 return
@@ -87,7 +91,7 @@ class LocalServer:
             if op is None:
                 t0 = time.perf_counter()
                 try:
-                    status, payload = await self._cni_call(header, body)
+                    status, payload = await self._cni_call(header, body, stamps)
                 finally:
                     if self.observe_shim is not None:
                         self.observe_shim(str(header.get("CNI_COMMAND", "")), time.perf_counter() - t0)
@@ -103,7 +107,9 @@ class LocalServer:
 
     # -- shim --------------------------------------------------------------------------------
 
-    async def _cni_call(self, env: dict[str, str], stdin: bytes) -> tuple[int, bytes]:
+    async def _cni_call(
+        self, env: dict[str, str], stdin: bytes, stamps: dict[str, float]
+    ) -> tuple[int, bytes]:
         version = "1.0.0"
         try:
             try:
@@ -127,6 +133,7 @@ class LocalServer:
                 await self._gc(conf)
                 return 0, b""
             pod = self._pod_from_env(env, conf)
+            stamps["decoded"] = time.perf_counter()
             if command == "ADD":
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)

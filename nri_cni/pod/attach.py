@@ -142,11 +142,13 @@ class Attacher:
         confs = _runtime_confs(pod, selected, request)
         intent = _intent(pod, todo, confs)
         # Written (atomic) before any plugin runs, a failure here leaves nothing; durable before
-        # the ADD is done: its fsync (a journal commit, ~1 ms) runs while the plugins work. A
-        # crash of the daemon finds the record (the page cache survives a kill); journalling
-        # file systems (ext4, XFS) commit it no later than what the plugins write after it.
+        # it is cleared: its fsync (a journal commit, ~1 ms) runs while the plugins, FINALIZE
+        # and the netlink fill work. A crash of the daemon finds the record (the page cache
+        # survives a kill); journalling file systems (ext4, XFS) commit it no later than what the
+        # plugins write after it.
         self.intents.write(intent, durable=False)
-        synced = asyncio.ensure_future(asyncio.to_thread(self.intents.sync, pod.id))
+        record.mark("intent written")
+        synced = asyncio.ensure_future(self.intents.sync(pod.id))
         synced.add_done_callback(_retrieved)  # cancelled meanwhile: its error is nobody's
         adds = Adds()
         try:
@@ -154,8 +156,9 @@ class Attacher:
             if adds.failure is not None:
                 raise adds.failure
             results.update(adds.results)
-            await synced
             await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
+            await synced
+            record.mark("intent synced")
         except NriCniError as exc:
             await _settled(synced)
             # DEL what was started, last first; the record of the rest goes (never ADDed)
@@ -164,6 +167,7 @@ class Attacher:
         # Cancelled or crashed mid-way (any other exception): the intent record stays for
         # start-up recovery.
         self.intents.clear(pod.id)
+        record.mark("intent cleared")
         return _answer(pod, selected, results)
 
     async def _add_all(self, todo: list[Selected], confs: Confs, intent: Intent, record: OpRecord) -> Adds:
@@ -241,12 +245,14 @@ class Attacher:
             # finalize() caches a result a plugin changed, so that a later DEL sees it
             results[key] = await self.cni.finalize(net, rt, results[key], extra, observe=record)
             record.step(net.name, rt.ifname, "finalize", t0)
+        record.mark("finalized")
         if runtime_primary is not None:
             # Secondary mode: the runtime never sees these results (its answer is its own
             # network's), so the MAC/MTU a plugin left out is not worth a netns visit here.
             return
         for key, _net, rt in nets:
             results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+        record.mark("filled")
 
     def _unfinalized_primary(
         self, pod: PodInfo, primary: RuntimePrimary | None

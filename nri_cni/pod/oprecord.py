@@ -2,6 +2,9 @@
 
 One structured log line per operation (logger `nri_cni.podop`, read by tests and benches) and
 one observation for the metrics (an OperationSink, nri_cni/pod/seams.py).
+
+`marks` name instants inside an operation, in ms from its start (`at`): those before it, from
+`arrival()` (the local server's "accepted", "read", "decoded" of a shim request), are negative.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +22,10 @@ from nri_cni.errors import NriCniError
 from nri_cni.pod.model import PodInfo
 
 oplog = logging.getLogger("nri_cni.podop")  # one structured line per pod operation
+
+# The instants (time.perf_counter()) a request passed before its operation began, by name: set by
+# whoever received it, in the context (task) that runs the operation.
+_arrival: ContextVar[dict[str, float] | None] = ContextVar("nri_cni_arrival", default=None)
 
 # What a GC run did: {"deleted": [...], "rolledBack": [...], "errors": [...]}, as the CLI shows it.
 GcReport = dict[str, list[str]]
@@ -47,6 +55,15 @@ class OpRecord:
     error: NriCniError | None = None  # the first failure; its kind and codes feed the metrics
     failures: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # op-specific fields (a repair: "wrong", "asked")
+    marks: dict[str, float] = field(default_factory=dict)  # named instants, ms from t0
+
+    def __post_init__(self) -> None:
+        for name, at in (_arrival.get() or {}).items():
+            self.marks[name] = round((at - self.t0) * 1000, 2)
+
+    def mark(self, name: str) -> None:
+        """An instant inside the operation worth naming in its timeline."""
+        self.marks[name] = ms_since(self.t0)
 
     def plugin_done(self, call: PluginCall) -> None:
         """The CNI runtime's observer: one plugin call of this operation succeeded."""
@@ -79,6 +96,7 @@ class OpRecord:
             "networks": self.networks,
             "plugins": self.plugins,
             "result": "error" if self.error is not None else "ok",
+            **({"marks": self.marks} if self.marks else {}),
             **self.extra,
         }
         if self.error is not None:
@@ -86,6 +104,12 @@ class OpRecord:
             if self.failures > 1:
                 line["failures"] = self.failures
         oplog.info(json.dumps(line, separators=(",", ":")))
+
+
+def arrival(stamps: dict[str, float]) -> None:
+    """The current request's instants before its operation (time.perf_counter(), by name): the
+    operation records of this context take them as negative marks."""
+    _arrival.set(stamps)
 
 
 def ms_since(t0: float) -> float:
