@@ -14,6 +14,7 @@ import pytest
 
 from nri_cni.cni.cache import ResultCache
 from nri_cni.cni.config import parse_conflist
+from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.errors import CNIError
 from tests.integration.cni.helpers import run
@@ -100,7 +101,9 @@ def written_by_both(driver: str, tmp_path: Path, output: bytes, conflist: bytes 
         go_answer = libcni.request("add", **rt_fields())
     finally:
         libcni.close()
-    runtime = CNIRuntime([str(bin_dir)], cache_dir=str(py_cache), durable_cache=True)
+    runtime = CNIRuntime(
+        [str(bin_dir)], cache_dir=str(py_cache), durable_cache=True, executor=PluginExecutor()
+    )
     rt = RuntimeConf(container_id=CID, netns=NETNS, ifname="eth0", args=list(ARGS), capability_args=CAPS)
     py_error = None
     try:
