@@ -83,8 +83,12 @@ def left_out() -> bool:
 
 
 def is_crio_test(nodeid: str) -> bool:
-    """test_crio_*.py, and the CRI-O cases of a test written for both runtimes ("[crio]")."""
-    return Path(nodeid.split("::", 1)[0]).name.startswith("test_crio_") or "[crio" in nodeid
+    """An end-to-end test of CRI-O: tests/e2e/test_crio_*.py, and the CRI-O cases of a test
+    written for both runtimes (an id `[crio]` or `[crio-...]`)."""
+    path, _, rest = nodeid.partition("::")
+    if Path(path).parts[:2] != ("tests", "e2e"):
+        return False
+    return Path(path).name.startswith("test_crio_") or re.search(r"\[crio[\]-]", rest) is not None
 
 
 class Tally:
