@@ -121,9 +121,9 @@ async def _rounds(services: dict[str, PodService], netns: list[str], warmup: int
         for name in order:
             pod = PodInfo(uuid.uuid4().hex * 2, f"b{r}", "nct-bench", str(uuid.uuid4()), netns=path)
             t0 = time.perf_counter()
-            await services[name].attach(pod)
+            await services[name].verbs.attach(pod)
             ms = (time.perf_counter() - t0) * 1000
-            await services[name].detach(pod)
+            await services[name].verbs.detach(pod)
             if r >= warmup:
                 times[name].append(ms)
     for svc in services.values():
