@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -118,8 +117,9 @@ def _cut(rnode: RecoveryNode, stub, blocked, fault: str) -> None:
         _release(rnode, stub, blocked)
         return
     with ThreadPoolExecutor(1) as pool:
+        mark = ctd.log_offset()
         stopping = pool.submit(ctd.stop)
-        time.sleep(0.2)  # (stopped 150-300 ms after the shim's ADD)
+        ctd.wait_logged("Stop CRI service", mark)  # its shutdown has begun (the first line it logs)
         _release(rnode, stub, blocked)
         stopping.result(30)
 

@@ -129,3 +129,23 @@ class RuntimeProcess:
         except FileNotFoundError:
             return f"(no {self.name} log)"
         return "\n".join(text[-lines:])
+
+    def log_offset(self) -> int:
+        """Where the log ends now: `wait_logged` looks only at what is written after it."""
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def wait_logged(self, text: str, offset: int, timeout: float = 60.0) -> None:
+        """Waits until the process logs `text` after `offset` (an event it reports, e.g. the start
+        of its shutdown). The timeout only bounds a failure."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                if text.encode() in log.read():
+                    return
+            if time.monotonic() > deadline:
+                raise self.error(f"{self.name} did not log {text!r} in {timeout:g}s\n{self.log_tail()}")
+            time.sleep(0.02)
