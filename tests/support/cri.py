@@ -298,12 +298,7 @@ class CriClient:
             timeout=timeout or self.timeout,
         )
         st = resp.status
-        info: dict[str, Any] = {}
-        for key, value in resp.info.items():
-            try:
-                info[key] = json.loads(value)
-            except ValueError:
-                info[key] = value
+        info = _verbose_info(resp.info)
         return PodStatus(
             id=st.id,
             name=st.metadata.name,
@@ -395,12 +390,7 @@ class CriClient:
             self.pb.ContainerStatusRequest(container_id=container_id, verbose=True),
             timeout=timeout or self.timeout,
         )
-        info: dict[str, Any] = {}
-        for key, value in resp.info.items():
-            try:
-                info[key] = json.loads(value)
-            except ValueError:
-                info[key] = value
+        info = _verbose_info(resp.info)
         return self.pb.ContainerState.Name(resp.status.state), info
 
     def exec_sync(
@@ -427,3 +417,14 @@ class CriClient:
         self._rt.RemoveContainer(
             self.pb.RemoveContainerRequest(container_id=container_id), timeout=timeout or self.pod_timeout
         )
+
+
+def _verbose_info(info: Any) -> dict[str, Any]:
+    """A verbose status's info map: each value JSON where it parses, else the string."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
