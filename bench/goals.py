@@ -107,8 +107,12 @@ GOALS: dict[str, Goal] = {
             _cmp(_LE, 1.0),
         ),  # fmt: skip
         Goal(
-            "attach_at_once", "3 networks ADDed at once / the slowest chain alone", "<= 1.10", _cmp(_LE, 1.10)
-        ),
+            "attach_at_once",
+            "3 networks ADDed at once / the larger of the slowest chain alone and the plugins' CPU time "
+            "divided by the CPUs",
+            "<= 1.10",
+            _cmp(_LE, 1.10),
+        ),  # fmt: skip
         Goal(
             "verify_cadence",
             "the daemon's verify round, 500 dual-stack pods, CHECK cadence on (mean, s)",

@@ -4,6 +4,8 @@
 - Different pods proceed in parallel.
 - GC's DELs of stale pods are ordinary DELs of other containers: each runs under its own pod's
   lock (`pod(pod_id, gc=True)`), beside the operations on live pods.
+- GC yields to pods (`gc_slot`): while a pod operation waits or runs, GC starts no plugin; an
+  operation waiting for a pod lock GC holds is no reason (GC's DEL of that pod must end first).
 - GC's plugin verb runs alone (`exclusive`): it waits for every pod operation in flight, and new
   pod operations wait for it. A waiting GC holds back new pod operations so that a busy node
   cannot starve it.
@@ -22,6 +24,7 @@ class PodLocks:
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._pod_waiters: dict[str, int] = {}
         self._gc_waiters: dict[str, int] = {}  # of _pod_waiters, those that are GC's
+        self._gc_held: set[str] = set()  # the pods whose lock GC holds
         self._operations = 0  # pod operations holding or waiting for a pod lock (not GC's)
         self._gc_slots = 0  # GC's plugin execs running
         self._active = 0  # pod operations inside their critical section
@@ -45,20 +48,26 @@ class PodLocks:
         counted = not gc
         try:
             async with lock:
-                async with self._cond:
-                    await self._cond.wait_for(lambda: not self._gc_running and not self._gc_waiting)
-                    self._active += 1
+                if gc:
+                    self._gc_held.add(pod_id)
                 try:
-                    yield
-                finally:
                     async with self._cond:
-                        self._active -= 1
-                        if counted:  # before the wake-up: a GC waiting in gc_slot sees it gone
-                            self._operations -= 1
-                            counted = False
-                        self._cond.notify_all()
+                        await self._cond.wait_for(lambda: not self._gc_running and not self._gc_waiting)
+                        self._active += 1
+                    try:
+                        yield
+                    finally:
+                        async with self._cond:
+                            self._active -= 1
+                            if counted:  # before the wake-up: a GC waiting in gc_slot sees it gone
+                                self._operations -= 1
+                                counted = False
+                            self._cond.notify_all()
+                finally:
+                    if gc:
+                        self._gc_held.discard(pod_id)
         finally:
-            if counted:  # cancelled while waiting (a GC slot's own release wakes GC again)
+            if counted:  # cancelled while waiting
                 self._operations -= 1
             if gc:
                 self._gc_waiters[pod_id] -= 1
@@ -69,6 +78,9 @@ class PodLocks:
             if not self._pod_waiters[pod_id]:
                 del self._pod_waiters[pod_id]
                 del self._pod_locks[pod_id]
+            if counted:  # the counts are right again: a GC waiting in gc_slot looks again
+                async with self._cond:
+                    self._cond.notify_all()
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -86,13 +98,19 @@ class PodLocks:
                 self._gc_running = False
                 self._cond.notify_all()
 
+    def operations_in_flight(self) -> int:
+        """Pod operations running or waiting, but for those waiting for a pod lock GC holds."""
+        behind_gc = sum(self._pod_waiters[p] - self._gc_waiters.get(p, 0) for p in self._gc_held)
+        return self._operations - behind_gc
+
     @asynccontextmanager
     async def gc_slot(self, parallel: int) -> AsyncIterator[None]:
-        """A slot for one plugin exec of GC's: `parallel` at a time while no pod operation is
-        in flight, one at a time while one is. GC's DELs and a pod's ADD share the CPUs and
-        the kernel's locks (RTNL, iptables'): a live pod comes first, and GC never stops."""
+        """A slot for one plugin exec of GC's: `parallel` at a time, none while a pod operation
+        is in flight (`operations_in_flight`). GC's DELs and a pod's ADD share the CPUs and the
+        kernel's locks (RTNL, iptables'): a live pod comes first, GC's plugins already started
+        run on, and GC starts its next plugin when no operation is left."""
         async with self._cond:
-            await self._cond.wait_for(lambda: self._gc_slots < (1 if self._operations else parallel))
+            await self._cond.wait_for(lambda: self._gc_slots < parallel and not self.operations_in_flight())
             self._gc_slots += 1
         try:
             yield

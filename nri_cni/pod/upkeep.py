@@ -2,8 +2,9 @@
 
 - collect_garbage: the runtime's pod list is the truth; roll back every intent record left
   over, DEL every attachment of a pod not in the list or whose netns is gone (`gc.parallel` pods
-  at a time, each under its own pod's lock: live pods are not held up), then, alone (the
-  exclusive lock), the CNI GC verb for every network list with the attachments that remain.
+  at a time, each under its own pod's lock: live pods are not held up, and while one's operation
+  waits or runs GC starts no plugin), then, alone (the exclusive lock), the CNI GC verb for every
+  network list with the attachments that remain.
 - reap: a pod whose netns the runtime removed without telling us (containerd 2.1.9 sends no NRI
   stop/remove for pods that lived through its restart, containerd#8426) is detached.
 - recover: at start-up, roll back every ADD a crash interrupted.
@@ -294,9 +295,9 @@ class Upkeep:
 
 class _GcExecutor:
     """GC's plugin execs: the runtime's executor, each exec through the locks' GC slots (while a
-    pod operation is in flight, GC starts one plugin at a time, so a pod's ADD shares the CPUs
-    and the kernel's locks with at most the plugins GC had already started: one plugin's time,
-    not one pod's DELs), and at GC_PLUGIN_NICE. It wraps any Executor and is one."""
+    pod operation waits or runs, GC starts no plugin, so a pod's ADD shares the CPUs and the
+    kernel's locks only with the plugins GC had already started), and at GC_PLUGIN_NICE. It
+    wraps any Executor and is one."""
 
     def __init__(self, inner: Executor, locks: PodLocks, parallel: int) -> None:
         self.inner = inner

@@ -1,0 +1,103 @@
+"""GC yields to pods (nri_cni/pod/upkeep.py through PodLocks.gc_slot): while a pod operation
+waits or runs, GC starts no plugin; it goes on when the operation ends. In-process plugins
+(FakeExecutor): the order of their calls is what the test reads, never a clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import parse_config
+from nri_cni.pod.detach import Detacher
+from nri_cni.pod.intents import IntentStore
+from nri_cni.pod.locks import PodLocks
+from nri_cni.pod.oprecord import NoSink, OperationLog
+from nri_cni.pod.rollback import Rollback
+from nri_cni.pod.upkeep import Upkeep
+
+STALE = [c * 64 for c in "abc"]
+CONFLIST = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "p"}]}
+OP_ENDS = "the operation ends"
+
+
+def _upkeep(tmp_path, order: list[str]) -> Upkeep:
+    cfg = parse_config(
+        {
+            "mode": "native",
+            "state_dir": str(tmp_path / "state"),
+            "cni": {"cache_dir": str(tmp_path / "cache"), "bin_dirs": [str(tmp_path / "bin")]},
+            "networks": [{"name": "podnet", "default": True, "conflist": CONFLIST}],
+            "gc": {"parallel": 2},
+        }
+    )
+    fake = FakeExecutor(
+        {"p": lambda call: order.append(f"{call.command} {call.env['CNI_CONTAINERID']}") or b""}
+    )
+    cni = CNIRuntime([str(tmp_path / "bin")], str(tmp_path / "cache"), executor=fake)
+    for pod_id in STALE:
+        cni.cache.write(
+            CacheEntry(
+                container_id=pod_id,
+                ifname="eth0",
+                network_name="podnet",
+                config=json.dumps(CONFLIST).encode(),
+                netns=str(tmp_path),
+            )
+        )
+    intents = IntentStore(str(tmp_path / "state"))
+    rollback = Rollback(cni, intents)
+    detacher = Detacher(cni, intents=intents, rollback=rollback)
+    return Upkeep(cfg, cni, rollback=rollback, detacher=detacher, oplog=OperationLog(NoSink()))
+
+
+async def _turns(done, turns: int = 2000) -> None:
+    """Lets every task that can run do so, until `done()` (no clock: turns of the loop)."""
+    for _ in range(turns):
+        if done():
+            return
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize(
+    "operation, dels_before_it_ends",
+    [
+        ("running", 0),  # an operation holds a live pod's lock: GC starts nothing meanwhile
+        (None, 3),  # control: no operation, GC DELs every stale pod at once
+    ],
+)
+def test_gc_starts_no_del_while_a_pod_operation_waits_or_runs(tmp_path, operation, dels_before_it_ends):
+    order: list[str] = []
+    upkeep = _upkeep(tmp_path, order)
+
+    async def scenario() -> None:
+        locks = PodLocks()
+        release = asyncio.Event()
+
+        async def op(pod_id: str) -> None:
+            async with locks.pod(pod_id):
+                await release.wait()
+
+        ops = []
+        if operation is not None:
+            ops.append(asyncio.create_task(op("live")))
+            await _turns(lambda: locks.busy("live"))
+        gc = asyncio.create_task(upkeep.collect_garbage(set(), locks))
+        await _turns(gc.done)
+        order.append(OP_ENDS)
+        release.set()
+        await asyncio.gather(*ops)
+        report = await gc
+        assert sorted(report["deleted"]) == [f"podnet/{p}/eth0" for p in STALE]
+        assert len(locks) == 0
+
+    asyncio.run(scenario())
+
+    dels = [e for e in order if e.startswith("DEL ")]
+    assert len(dels) == 3
+    before = order[: order.index(OP_ENDS)]
+    assert sum(e.startswith("DEL ") for e in before) == dels_before_it_ends
