@@ -54,7 +54,6 @@ class PodService:
         self.health = health  # each pod's verdict from the last verify (podstate.py)
         self.verifier = Verifier(
             self.source,
-            lambda: self.mode,
             plan=plan,
             roster=self.roster,
             locks=self.locks,

@@ -35,7 +35,7 @@ from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
-from nri_cni.service.modes import Mode
+from nri_cni.service.modes import Mode, mode_in_force
 from nri_cni.service.podcheck import (
     Key,
     PodCheck,
@@ -66,7 +66,6 @@ class Verifier:
     def __init__(
         self,
         cfg: Config | ConfigSource,
-        mode: Callable[[], Mode],
         *,
         plan: PodPlan,
         roster: Roster,
@@ -86,11 +85,9 @@ class Verifier:
         self._repairing = asyncio.Lock()
         self.rounds = 0
         self.source = ConfigSource.of(cfg)
-        self._mode = mode  # the pod service's: one mode object for every part
-
-    @property
-    def mode(self) -> Mode:
-        return self._mode()
+        # the mode of the round in progress, read once when it starts (rounds never overlap):
+        # the pod service's one mode object of the config in force (modes.py)
+        self.mode: Mode = mode_in_force(self.source)
 
     @property
     def policy(self) -> VerifyPolicy:
@@ -119,6 +116,7 @@ class Verifier:
     async def run(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         async with self._round:
             started = time.time()
+            self.mode = mode_in_force(self.source)
             # made at the first round, pods or not: its one fd (the daemon's netns) is held from
             # then on, not from whenever the first pod came
             _ = self.inspector
