@@ -50,10 +50,6 @@ from nri_cni.service.podcheck import (
 )
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.service.roster import Roster
-from nri_cni.service.runtime_ips import (
-    ip_mismatch,
-    runtime_network_lost,
-)
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -199,7 +195,9 @@ class Verifier:
             c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
 
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
-        return not (c.netns_gone or c.damaged or c.missing or ip_mismatch(self.mode, c)) and bool(
+        if c.netns_gone or c.damaged or c.missing:
+            return False
+        return not self.mode.runtime_ips(c, self.roster.record(c.pod.id)).mismatch and bool(
             self._due(c, forced)
         )
 
@@ -239,9 +237,9 @@ class Verifier:
         """The pod's part of the round: without its lock when there is nothing to run, else
         under it, its records read again when an operation ran since the round read them."""
         pod = c.pod
-        quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
-        lost = runtime_network_lost(self.mode, self.roster.record(pod.id), c)
-        if c.netns_gone or lost or (quiet and not self.locks.busy(pod.id)):
+        ips = self.mode.runtime_ips(c, self.roster.record(pod.id))
+        quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced)
+        if c.netns_gone or ips.lost or (quiet and not self.locks.busy(pod.id)):
             return self._unlocked(c, explicit=explicit)
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
@@ -313,7 +311,7 @@ class Verifier:
             self._failed(retry)
         verdict = judge_repair(after or c, order, retry.failures, error)
         if verdict.state is PodState.REPAIRED:
-            log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, order.what)
+            log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, verdict.reason)
             return self._report(c, verdict, verdicts_of(after or c, {}))
         if verdict.state is None:
             log.warning(
