@@ -2,7 +2,8 @@
 (`ServiceTimers.verify_tick`) to the plugin exec (issue 31: "enters each service file at most
 twice"). The round runs under `sys.setprofile`; an entry is a call of a function of a file from
 a function of another file (a coroutine resumed by the event loop is not a new entry: it was
-entered once, when first called). Without root: the plugins are the fake executor's, the node
+entered once, when first called); the event loop's thread is profiled (the round's one worker
+thread reads the CNI cache, no service file). Without root: the plugins are the fake executor's, the node
 inspector a fake that finds eth0 missing once."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import nri_cni.service
 from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
@@ -26,8 +28,7 @@ from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import PodState
 from tests.support.pods import pod_plan, pod_service
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVICE = ROOT / "nri_cni" / "service"
+SERVICE = Path(nri_cni.service.__file__).parent  # where the files run from, as the profiler names them
 MOST = 2  # entries per service file in one round's walk
 # known to enter more often, with how often at most: each to be brought to MOST and then dropped
 # from here (a file listed that no longer exceeds its count fails the test: the list only shrinks)
