@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.pod.repair import result_ips
-from nri_cni.service.modes import Mode
+from nri_cni.service.modes import Mode, RuntimeIps
 from nri_cni.service.podcheck import (
     Key,
     PodCheck,
@@ -26,13 +26,6 @@ from nri_cni.service.podcheck import (
 )
 from nri_cni.service.podstate import BrokenCode, PodState
 from nri_cni.service.roster import PodRecord
-from nri_cni.service.runtime_ips import (
-    ip_mismatch,
-    missed_reason,
-    native_readd,
-    primary_key,
-    runtime_network_lost,
-)
 
 MAX_FAILURES = 3  # failed repairs in a row before the pod is reported broken
 ADMIN_ACTION = "delete the pod (kubectl delete pod); kubelet creates it again with its networks"
@@ -108,24 +101,23 @@ def decide(check: Reading, record: PodRecord, mode: Mode, policy: Policy) -> Ver
             why, _ = netns_unreadable(c.pod, c.entries)
             return _broken(BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", ends_retries=True)
         return _left("its netns is gone and its pause process too: the reaper's")
-    lost = runtime_network_lost(mode, record, c)
-    if lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
-        return _broken(BrokenCode.TORN_DOWN, f"{lost}; {ADMIN_ACTION}", ends_retries=True)
-    mismatch = ip_mismatch(mode, c)
-    wrong = wrong_of(c, check.failed_checks, mismatch)
+    ips = mode.runtime_ips(c, record)
+    if ips.lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
+        return _broken(BrokenCode.TORN_DOWN, f"{ips.lost}; {ADMIN_ACTION}", ends_retries=True)
+    wrong = wrong_of(c, check.failed_checks, ips.mismatch)
     if not wrong:
         if c.unreadable:
             reason = unreadable_reason(c, ADMIN_ACTION)
             return _broken(BrokenCode.UNREADABLE, reason, ends_retries=True, settles=True)
         return Verdict(PodState.OK, ends_retries=True, settles=True)
-    return _differs(check, record, mode, policy, wrong, mismatch)
+    return _differs(check, record, ips, policy, wrong)
 
 
 def _differs(
-    check: Reading, record: PodRecord, mode: Mode, policy: Policy, wrong: list[str], mismatch: str
+    check: Reading, record: PodRecord, ips: RuntimeIps, policy: Policy, wrong: list[str]
 ) -> Verdict | RepairOrder:
     c, what = check.check, "; ".join(wrong)
-    if mode.nothing_to_make_true(c.pod, c.entries):
+    if ips.nothing_to_make_true:
         if not record.relisted:  # a pod in creation, or one the runtime never networked
             return _left("nothing of nri-cni's and no IP the runtime reports: nothing to make true")
         # one whose network the runtime deleted (its CNI DEL) before a restart cut its stop
@@ -135,49 +127,58 @@ def _differs(
             "an IP; stop or delete the pod"
         )
         return _broken(BrokenCode.TORN_DOWN, reason)
-    readd: dict[Key, tuple[str, ...]] = {}
-    if mode.lack_is_missed(bool(c.missing), mismatch):
-        readd = native_readd(c, mismatch)
-        if not readd:  # nothing to retry: it is reported instead
-            return _broken(BrokenCode.MISSED, missed_reason(record, c, mismatch, ADMIN_ACTION), settles=True)
+    if ips.missed and not ips.readd:  # nothing to retry: it is reported instead
+        return _broken(BrokenCode.MISSED, missed_reason(record, c, ips.mismatch, ADMIN_ACTION), settles=True)
     if policy.repair != "on":
         return _broken(BrokenCode.REPAIR_OFF, f"{what} (repair is {policy.repair}: nothing was changed)")
     retry = policy.retry
     if retry is not None and retry.failures and policy.now < retry.next_at and not policy.explicit:
         return Verdict(None, why="backing off after a failed repair", stands=True)
-    return RepairOrder(
-        _to_cut(c, check.failed_checks, mismatch, mode), _ips(check, mode, readd, retry), tuple(wrong)
-    )
+    return RepairOrder(_to_cut(c, check.failed_checks, ips), _ips(check, ips, retry), tuple(wrong))
 
 
-def _to_cut(
-    c: PodCheck, failed_checks: Mapping[Key, str], mismatch: str, mode: Mode
-) -> tuple[CacheEntry, ...]:
+def _to_cut(c: PodCheck, failed_checks: Mapping[Key, str], ips: RuntimeIps) -> tuple[CacheEntry, ...]:
     """The attachments a repair DELs: damaged, failing CHECK, and the primary when the
     runtime's IPs are not its own."""
     bad = {key_of(d) for d in c.damaged} | set(failed_checks)
-    primary = primary_key(mode, c)
-    if mismatch and primary is not None:
-        bad.add(primary)
+    if ips.mismatch and ips.primary is not None:
+        bad.add(ips.primary)
     return tuple(e for e in c.entries if key_of(e) in bad)
 
 
-def _ips(
-    check: Reading, mode: Mode, readd: Mapping[Key, tuple[str, ...]], retry: Retry | None
-) -> dict[Key, tuple[str, ...]]:
+def _ips(check: Reading, runtime: RuntimeIps, retry: Retry | None) -> dict[Key, tuple[str, ...]]:
     """The addresses the repair asks for, per network: those asked before (kept across
     tries), the native re-ADD's, each damaged attachment's own, and the runtime's IPs for the
     primary when they are eth0's."""
     c = check.check
-    ips = dict(retry.ips if retry is not None else {}) | dict(readd)
+    ips = dict(retry.ips if retry is not None else {}) | dict(runtime.readd)
     bad = {key_of(d) for d in c.damaged} | set(check.failed_checks)
     for entry in c.entries:
         if key_of(entry) in bad:
             ips.setdefault(key_of(entry), result_ips(entry))
-    primary, theirs = primary_key(mode, c), mode.primary_ips(c.pod)
-    if primary is not None and theirs:
-        ips[primary] = theirs
+    if runtime.primary is not None and runtime.primary_ips:
+        ips[runtime.primary] = runtime.primary_ips
     return {k: v for k, v in ips.items() if v}
+
+
+def missed_reason(record: PodRecord, c: PodCheck, mismatch: str, action: str) -> str:
+    """Why a native pod is reported missed, in words an admin can act on."""
+    late = record.late
+    if late and not c.entries:
+        why = late
+    elif not c.entries and record.attach_failed:
+        why = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
+    elif not c.entries:
+        why = (
+            "the runtime created it without nri-cni's answer (nri-cni was down or killed, or "
+            "answered past the NRI request timeout) and nri-cni holds no network of it"
+        )
+    elif mismatch:
+        why = f"the runtime did not take nri-cni's answer ({mismatch}): past the NRI deadline or killed"
+    else:
+        names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
+        why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
+    return f"missed: {why}; {action}"
 
 
 def judge_repair(after: PodCheck, order: RepairOrder, failures: int, error: str = "") -> Verdict:

@@ -15,13 +15,55 @@ that read the mode's name.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.config import Config, ConfigSource
-from nri_cni.pod.model import PodInfo, PrimaryNetwork, RuntimePrimary
+from nri_cni.pod.model import Key, PodInfo, PrimaryNetwork, RuntimePrimary
+from nri_cni.pod.repair import plain, result_ips
+from nri_cni.service.podcheck import PodCheck, key_of, selected_key
+from nri_cni.service.roster import PodRecord
+
+
+@dataclass(frozen=True)
+class RuntimeIps:
+    """What a mode makes of the IPs the runtime reports of a pod against nri-cni's records, for
+    one verify round (`Mode.runtime_ips`)."""
+
+    primary: Key | None  # nri-cni's primary attachment (eth0), when the primary is nri-cni's
+    mismatch: str = ""  # what differs between the runtime's IPs and the primary's
+    lost: str = ""  # the runtime's own network of the pod is gone (secondary)
+    nothing_to_make_true: bool = False  # no network the runtime knows of for a repair to make true
+    missed: bool = False  # a lack is reported "missed", not repaired, unless `readd` gives it back
+    readd: Mapping[Key, tuple[str, ...]] = field(default_factory=dict)  # the network with those IPs
+    primary_ips: tuple[str, ...] = ()  # what a repair asks the primary for (the runtime's IPs)
+
+
+def our_primary(primary: PrimaryNetwork, c: PodCheck) -> tuple[Key | None, set[str] | None]:
+    """nri-cni's primary attachment of the pod (eth0), when the primary is nri-cni's, and the
+    addresses its result holds (None: no such attachment with a result)."""
+    if not primary.ours or not c.selected:
+        return None, None
+    key = selected_key(c.selected[0])
+    entry = next((e for e in c.entries if key_of(e) == key), None)
+    if entry is None or entry.result is None:
+        return key, None
+    return key, {plain(a) for a in result_ips(entry)}
+
+
+def native_readd(c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
+    """Native mode: the one network a pod lacks, with the IPs the runtime lists and no other
+    attachment holds ({} if none). A native runtime runs no CNI: an IP it lists came from
+    nri-cni's answer, so the pod lost that network since (an ADD or repair cut by a crash and
+    rolled back); asking for those IPs makes what the runtime reports true again. With two
+    missing, whose IP is whose cannot be told: "missed"."""
+    if mismatch or len(c.missing) != 1 or not c.pod.ips:
+        return {}
+    held = {plain(a) for e in c.entries for a in result_ips(e)}
+    left = tuple(ip for ip in c.pod.ips if plain(ip) not in held)
+    return {selected_key(c.missing[0]): left} if left else {}
 
 
 class Mode(Protocol):
@@ -39,37 +81,13 @@ class Mode(Protocol):
         ...
 
     @property
-    def runtime_reports_our_ips(self) -> bool:
-        """The IPs the runtime reports for a pod (PodSandbox.ips) came from nri-cni's answer:
-        the shim's ADD (eth0's), or the RunPodSandbox answer (native)."""
-        ...
-
-    @property
-    def adds_behind_runtime(self) -> bool:
-        """Verify may ADD a network a listed pod lacks. Not in native mode: the runtime learns a
-        pod's IPs only from the RunPodSandbox answer, so such a pod is reported "missed"."""
-        ...
-
-    @property
     def primary(self) -> PrimaryNetwork:
         """The primary network's name and whether it is nri-cni's (eth0)."""
         ...
 
-    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
-        """A pod with no attachment of nri-cni's and no IP the runtime reports has no network the
-        runtime knows of for a repair to make true (shim: a pod in creation, or one the runtime
-        never networked)."""
-        ...
-
-    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
-        """A pod that lacks a network (or whose IPs the runtime did not take) is "missed", not
-        repaired, unless the IPs the runtime lists give that network back (native: the runtime
-        learns IPs only from the RunPodSandbox answer)."""
-        ...
-
-    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
-        """The addresses a repair asks for the primary network: the runtime's IPs of the pod
-        when they are eth0's (shim), else () (each network asks for its own)."""
+    def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
+        """What verify makes of the IPs the runtime reports of the pod against what nri-cni
+        holds of it (`c`: the round's reading, `record`: the roster's)."""
         ...
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
@@ -91,17 +109,21 @@ class ShimMode:
     name: str = "shim"
     attaches_on_run: bool = False
     answers_run_pod: bool = False
-    runtime_reports_our_ips: bool = True
-    adds_behind_runtime: bool = True
 
-    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
-        return not entries and not pod.ips
-
-    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
-        return False
-
-    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
-        return pod.ips
+    def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
+        """The runtime's IPs must be eth0's; a repair asks eth0 for them; a pod with nothing of
+        nri-cni's and no IP the runtime reports has no network for a repair to make true (a pod
+        in creation, or one the runtime never networked)."""
+        primary, ours = our_primary(self.primary, c)
+        theirs = set(c.pod.ips)
+        mismatch = ""
+        if ours is not None and theirs and not theirs <= ours:
+            assert primary is not None
+            mismatch = (
+                f"the runtime reports {', '.join(c.pod.ips)}; {primary[1]} has {', '.join(sorted(ours))}"
+            )
+        nothing = not c.entries and not c.pod.ips
+        return RuntimeIps(primary, mismatch, nothing_to_make_true=nothing, primary_ips=c.pod.ips)
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
@@ -118,17 +140,19 @@ class NativeMode:
     name: str = "native"
     attaches_on_run: bool = True
     answers_run_pod: bool = True
-    runtime_reports_our_ips: bool = True
-    adds_behind_runtime: bool = False
 
-    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
-        return False
-
-    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
-        return missing or bool(mismatch)
-
-    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
-        return ()
+    def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
+        """Every IP nri-cni answered must be among the runtime's; the runtime learns IPs only
+        from the RunPodSandbox answer, so a pod that lacks a network (or whose IPs the runtime
+        did not take) is "missed", unless the IPs it lists give that one network back."""
+        primary, ours = our_primary(self.primary, c)
+        mismatch = ""
+        if ours is not None and not ours <= set(c.pod.ips):
+            shown = ", ".join(c.pod.ips) or "no IP"
+            mismatch = f"the runtime reports {shown}; nri-cni gave it {', '.join(sorted(ours))}"
+        missed = bool(c.missing) or bool(mismatch)
+        readd = native_readd(c, mismatch) if missed else {}
+        return RuntimeIps(primary, mismatch, missed=missed, readd=readd)
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         return None
@@ -146,17 +170,21 @@ class SecondaryMode:
     name: str = "secondary"
     attaches_on_run: bool = True
     answers_run_pod: bool = False
-    runtime_reports_our_ips: bool = False
-    adds_behind_runtime: bool = True
 
-    def nothing_to_make_true(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
-        return False
-
-    def lack_is_missed(self, missing: bool, mismatch: str) -> bool:
-        return False
-
-    def primary_ips(self, pod: PodInfo) -> tuple[str, ...]:
-        return ()
+    def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
+        """The runtime's IPs are its own network's, never compared with nri-cni's. A pod with
+        nri-cni's networks that the runtime listed with IPs and now lists without has lost the
+        runtime's own network, or the runtime its record of it: CRI-O restarted in the middle
+        of the pod's stop (after its CNI DEL) lists such a pod READY without an IP."""
+        primary, _ = our_primary(self.primary, c)
+        if not c.entries or c.pod.ips or not record.ips_lost:
+            return RuntimeIps(primary)
+        lost = (
+            "the runtime reports no IP for it: its own network of the pod is gone or unknown to it "
+            "(a runtime restarted in the middle of the pod's stop or creation lists it READY without an "
+            "IP); nri-cni keeps its networks while the runtime lists the pod"
+        )
+        return RuntimeIps(primary, lost=lost)
 
     def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
         entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")

@@ -10,7 +10,8 @@ into calls of its parts, one per job, and nothing else:
 - `view` (snapshot.py): what the reports read, one snapshot at a time.
 
 They share the pod roster (roster.py), the pod locks and the health book (podstate.py), given
-by the composition root, and the verifier (verify.py), which this class makes for them.
+by the composition root, and the verifier (verify.py), which this class makes for them: one
+record of them (`ServiceParts`, parts.py) is given to each.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nri_cni.node import NodeInspector
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.plan import PodPlan
 from nri_cni.service.modes import Mode, mode_in_force
+from nri_cni.service.parts import ServiceParts
 from nri_cni.service.podstate import HealthBook
 from nri_cni.service.roster import Roster
 from nri_cni.service.snapshot import ServiceView
@@ -52,28 +54,16 @@ class PodService:
         self.health = health  # each pod's verdict from the last verify (podstate.py)
         self.verifier = Verifier(
             self.source,
-            lambda: self.mode,
             plan=plan,
             roster=self.roster,
             locks=self.locks,
             health=self.health,
             inspector=inspector,
         )
-        roster, locks, health, verifier = self.roster, self.locks, self.health, self.verifier
-        self.verbs = PodVerbs(
-            self.source, plan=plan, roster=roster, locks=locks, health=health, verifier=verifier
-        )
-        self.timers = ServiceTimers(
-            self.source, plan=plan, roster=roster, locks=locks, health=health, verifier=verifier
-        )
-        self.view = ServiceView(
-            self.source,
-            plan=plan,
-            roster=roster,
-            locks=locks,
-            health=health,
-            background=self.timers.background,
-        )
+        self.parts = ServiceParts(self.source, plan, self.roster, self.locks, self.health, self.verifier)
+        self.verbs = PodVerbs(self.parts)
+        self.timers = ServiceTimers(self.parts)
+        self.view = ServiceView(self.parts, background=self.timers.background)
 
     @property
     def cfg(self) -> Config:

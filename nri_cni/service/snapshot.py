@@ -7,13 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.config import Config, ConfigSource
-from nri_cni.pod.locks import PodLocks
+from nri_cni.config import Config
 from nri_cni.pod.model import PodInfo
-from nri_cni.pod.plan import PodPlan
-from nri_cni.service.modes import mode_in_force
-from nri_cni.service.podstate import HealthBook, PodHealth, PodState
-from nri_cni.service.roster import Roster
+from nri_cni.service.parts import ServiceParts
+from nri_cni.service.podstate import PodHealth, PodState
 
 
 @dataclass(frozen=True)
@@ -49,53 +46,40 @@ class ServiceSnapshot:
 class ServiceView:
     """The pod service's side the reports read: one snapshot at a time, and a pod's attachments."""
 
-    def __init__(
-        self,
-        source: ConfigSource,
-        *,
-        plan: PodPlan,
-        roster: Roster,
-        locks: PodLocks,
-        health: HealthBook,
-        background: Callable[[], int],
-    ) -> None:
-        self.source = source
-        self.plan = plan
-        self.roster = roster
-        self.locks = locks
-        self.health = health
+    def __init__(self, parts: ServiceParts, *, background: Callable[[], int]) -> None:
+        self.parts = parts
         self.background = background  # how many background tasks run (GC, verify after a Synchronize)
 
     def snapshot(self, *, attachments: bool = True, runtime_attachments: bool = False) -> ServiceSnapshot:
         """What the reports show, taken at once. The caches are read only when asked for:
         `attachments` (nri-cni's own), `runtime_attachments` (the runtime's, secondary mode);
         the count of nri-cni's entries always (their names, no file opened)."""
-        book, mode = self.health, mode_in_force(self.source)
+        book, mode = self.parts.health, self.parts.mode
         held = tuple(self.attachments()) if attachments else ()
         return ServiceSnapshot(
-            cfg=self.source.current,
+            cfg=self.parts.cfg,
             mode=mode.name,
-            listed=self.roster.pods(),
-            pending_repair=self.roster.pending_repair(),
+            listed=self.parts.roster.pods(),
+            pending_repair=self.parts.roster.pending_repair(),
             pending_rollback=tuple(self.pending_rollbacks()),
-            unconfirmed=sum(1 for r in self.roster if r.unconfirmed is not None),
-            operations=len(self.locks),
+            unconfirmed=sum(1 for r in self.parts.roster if r.unconfirmed is not None),
+            operations=len(self.parts.locks),
             background=self.background(),
             verdicts=tuple(book.all()),
             counts=book.counts(),
             rounds=Rounds(book.rounds, book.last_round, book.last_round_seconds),
             attachments=held,
-            attachment_count=len(held) if attachments else self.plan.cached_count(),
+            attachment_count=len(held) if attachments else self.parts.plan.cached_count(),
             runtime_attachments=tuple(mode.runtime_attachments()) if runtime_attachments else (),
         )
 
     def busy(self, pod_id: str) -> bool:
-        return self.locks.busy(pod_id)
+        return self.parts.locks.busy(pod_id)
 
     def attachments(self, pod_id: str | None = None) -> list[CacheEntry]:
-        return self.plan.cached(pod_id)
+        return self.parts.plan.cached(pod_id)
 
     def pending_rollbacks(self) -> list[str]:
         """Pods with an intent record and no operation in flight: a rollback waiting to be
         retried (or, for an instant, an ADD about to take its lock)."""
-        return [p for p in self.plan.intent_pod_ids() if not self.locks.busy(p)]
+        return [p for p in self.parts.plan.intent_pod_ids() if not self.parts.locks.busy(p)]

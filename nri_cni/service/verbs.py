@@ -10,15 +10,10 @@ import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import NriCniError
-from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
-from nri_cni.pod.plan import PodPlan
-from nri_cni.service.modes import Mode, mode_in_force
-from nri_cni.service.podstate import HealthBook, PodState
-from nri_cni.service.roster import Roster
-from nri_cni.service.verify import Verifier
+from nri_cni.service.parts import ServiceParts
+from nri_cni.service.podstate import PodState
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -32,36 +27,14 @@ REMOVAL_GRACE = 3.0  # seconds a torn-down pod waits for its RemovePodSandbox be
 
 
 class PodVerbs:
-    def __init__(
-        self,
-        source: ConfigSource,
-        *,
-        plan: PodPlan,
-        roster: Roster,
-        locks: PodLocks,
-        health: HealthBook,
-        verifier: Verifier,
-    ) -> None:
-        self.source = source
-        self.plan = plan
-        self.roster = roster
-        self.locks = locks
-        self.health = health
-        self.verifier = verifier
+    def __init__(self, parts: ServiceParts) -> None:
+        self.parts = parts
         # set when the runtime tore a pod down (its CNI DEL, NRI stop) and no RemovePodSandbox
         # followed: containerd sends none for pods that lived through its restart
         # (containerd#8426), so only a new pod list can say the pod is gone (the daemon asks
         # for one by reconnecting; docs/reliability.md)
         self.roster_stale = asyncio.Event()
         self._removals: set[asyncio.TimerHandle] = set()
-
-    @property
-    def cfg(self) -> Config:
-        return self.source.current
-
-    @property
-    def mode(self) -> Mode:
-        return mode_in_force(self.source)
 
     def close(self) -> None:
         """Cancels the removal timers."""
@@ -73,39 +46,41 @@ class PodVerbs:
         return await shielded(self._attach(pod, request or AttachRequest()))
 
     async def _attach(self, pod: PodInfo, request: AttachRequest) -> PodNetworks:
-        selected = self.plan.select(pod, self.mode.primary, request)
-        async with self.locks.pod(pod.id):
-            attached = await self.plan.attach(pod, selected, request, self.mode.runtime_primary(pod))
-            if self.mode.answers_run_pod:
-                self.roster.answered(pod.id, tuple(attached.networks.ips()))
+        selected = self.parts.plan.select(pod, self.parts.mode.primary, request)
+        async with self.parts.locks.pod(pod.id):
+            attached = await self.parts.plan.attach(
+                pod, selected, request, self.parts.mode.runtime_primary(pod)
+            )
+            if self.parts.mode.answers_run_pod:
+                self.parts.roster.answered(pod.id, tuple(attached.networks.ips()))
             if attached.new:
                 # Still under the pod's lock: a GC waiting for the exclusive lock computes its
                 # valid pods after this, so a pod attached just now is never garbage.
-                self.roster.attached(pod)
+                self.parts.roster.attached(pod)
             return attached.networks
 
     async def detach(self, pod: PodInfo, *, stop_event: bool = False) -> None:
         """NRI StopPodSandbox (`stop_event`), the shim's DEL: the first does the work, the
         second finds nothing. A pod whose stop event came gets its remove event too."""
-        lists = self.roster.lists
+        lists = self.parts.roster.lists
         if stop_event:
-            self.roster.stop_announced(pod.id)
+            self.parts.roster.stop_announced(pod.id)
         await shielded(self._detach(pod, lists if stop_event else None))
 
     async def remove(self, pod: PodInfo) -> None:
         """NRI RemovePodSandbox: detach again if needed, then forget the pod (but for a DEL
         that failed: the pod stays reported, broken "del-failed", until GC's DEL succeeds).
         An event older than the runtime's newest pod list, which has the pod, changes nothing."""
-        lists = self.roster.lists
+        lists = self.parts.roster.lists
         kept = False
         try:
             kept = not await shielded(self._detach(pod, lists))
         finally:
             if not kept:
-                self.roster.removed(pod.id)
-                self.verifier.forget(pod.id)
-                if not self.health.fails_del(pod.id):
-                    self.health.forget(pod.id)
+                self.parts.roster.removed(pod.id)
+                self.parts.verifier.forget(pod.id)
+                if not self.parts.health.fails_del(pod.id):
+                    self.parts.health.forget(pod.id)
 
     async def missed(self, pod: PodInfo, why: str) -> None:
         """Native mode: the RunPodSandbox answer for `pod` missed the runtime's deadline, so
@@ -116,14 +91,14 @@ class PodVerbs:
 
     async def _missed(self, pod: PodInfo, why: str) -> None:
         log.error("pod %s id=%s: %s", pod.label(), pod.id, why)
-        async with self.locks.pod(pod.id):
-            self.roster.missed(pod.id, why)
+        async with self.parts.locks.pod(pod.id):
+            self.parts.roster.missed(pod.id, why)
             try:
-                await self.plan.detach(pod, op="missed")
+                await self.parts.plan.detach(pod, op="missed")
             except NriCniError as exc:  # GC retries (the pod's attachments stay recorded)
                 log.error("pod %s id=%s: releasing the late attach failed: %s", pod.label(), pod.id, exc)
         try:
-            await self.verifier.run(pod.id)  # reports it "missed", by name
+            await self.parts.verifier.run(pod.id)  # reports it "missed", by name
         except NriCniError:
             log.debug("pod %s: removed before its verdict", pod.id)  # no longer listed: nothing to report
 
@@ -131,8 +106,8 @@ class PodVerbs:
         """Detaches the pod; False (nothing done) for an NRI event older than the runtime's
         newest pod list when that list has the pod: containerd stopped in a RunPodSandbox sends
         its stop and remove, then, restarted, lists it READY with its IP (verify makes it true)."""
-        async with self.locks.pod(pod.id):
-            if lists is not None and self.roster.listed_since(pod.id, lists):
+        async with self.parts.locks.pod(pod.id):
+            if lists is not None and self.parts.roster.listed_since(pod.id, lists):
                 log.warning(
                     "pod %s id=%s: its stop or remove came before the runtime's newest pod list, "
                     "which has it: kept",
@@ -141,25 +116,25 @@ class PodVerbs:
                 )
                 return False
             # under the lock: a verify waiting for it must see the runtime tore the pod down
-            self.roster.stopped(pod.id)
+            self.parts.roster.stopped(pod.id)
             try:
-                await self.plan.detach(pod)
+                await self.parts.plan.detach(pod)
             except NriCniError as exc:
-                self.health.del_failed(pod.id, str(exc), label=pod.label())
+                self.parts.health.del_failed(pod.id, str(exc), label=pod.label())
                 raise
-            if self.health.fails_del(pod.id):
+            if self.parts.health.fails_del(pod.id):
                 log.info(
                     "pod %s id=%s: its DEL succeeded; no longer broken (del-failed)", pod.label(), pod.id
                 )
-                self.health.forget(pod.id)
-        if self.roster.record(pod.id).pod is not None and not self.mode.answers_run_pod:
+                self.parts.health.forget(pod.id)
+        if self.parts.roster.record(pod.id).pod is not None and not self.parts.mode.answers_run_pod:
             # a timer, not a task: nothing waits for it, and the background count stays what runs
             handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
             self._removals.add(handle)
         return True
 
     def _never_broken(self, pod_id: str) -> bool:
-        health = self.health.get(pod_id)
+        health = self.parts.health.get(pod_id)
         return health is None or health.state is PodState.OK
 
     def _removal_due(self, pod_id: str) -> None:
@@ -172,7 +147,7 @@ class PodVerbs:
         self._removals = {
             h for h in self._removals if not h.cancelled() and h.when() > asyncio.get_running_loop().time()
         }
-        if self.roster.record(pod_id).removal_overdue:
+        if self.parts.roster.record(pod_id).removal_overdue:
             self.roster_stale.set()
 
     async def check(self, pod: PodInfo, ifname: str = "eth0") -> None:
@@ -182,24 +157,24 @@ class PodVerbs:
         ifname, the pod is not stopped or broken, and netlink shows every attachment as its
         result says; otherwise every network's CNI CHECK runs on its cached result
         (docs/reliability.md, "CHECK after ADD")."""
-        async with self.locks.pod(pod.id):
-            entries = self.plan.fresh_add(pod, ifname, CHECK_FROM_RECORDS_WITHIN)
+        async with self.parts.locks.pod(pod.id):
+            entries = self.parts.plan.fresh_add(pod, ifname, CHECK_FROM_RECORDS_WITHIN)
             if (
                 entries is not None
-                and not self.roster.record(pod.id).stopped
+                and not self.parts.roster.record(pod.id).stopped
                 and self._never_broken(pod.id)
-                and await self.verifier.node_shows(pod, entries)
+                and await self.parts.verifier.node_shows(pod, entries)
             ):
-                self.plan.checked_from_records(pod, entries)
+                self.parts.plan.checked_from_records(pod, entries)
                 return
-            await self.plan.check(pod)
+            await self.parts.plan.check(pod)
 
     def seen(self, pod: PodInfo) -> None:
-        self.roster.seen(pod)
+        self.parts.roster.seen(pod)
 
     def attach_failed(self, pod: PodInfo) -> None:
         """Its attach failed and the runtime keeps the pod (failure_policy keep): verify retries it."""
-        self.roster.attach_failed(pod.id)
+        self.parts.roster.attach_failed(pod.id)
 
 
 async def shielded(coro: Awaitable[T]) -> T:

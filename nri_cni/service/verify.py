@@ -35,7 +35,7 @@ from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
-from nri_cni.service.modes import Mode
+from nri_cni.service.modes import Mode, mode_in_force
 from nri_cni.service.podcheck import (
     Key,
     PodCheck,
@@ -50,10 +50,6 @@ from nri_cni.service.podcheck import (
 )
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.service.roster import Roster
-from nri_cni.service.runtime_ips import (
-    ip_mismatch,
-    runtime_network_lost,
-)
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -66,7 +62,6 @@ class Verifier:
     def __init__(
         self,
         cfg: Config | ConfigSource,
-        mode: Callable[[], Mode],
         *,
         plan: PodPlan,
         roster: Roster,
@@ -86,11 +81,9 @@ class Verifier:
         self._repairing = asyncio.Lock()
         self.rounds = 0
         self.source = ConfigSource.of(cfg)
-        self._mode = mode  # the pod service's: one mode object for every part
-
-    @property
-    def mode(self) -> Mode:
-        return self._mode()
+        # the mode of the round in progress, read once when it starts (rounds never overlap):
+        # the pod service's one mode object of the config in force (modes.py)
+        self.mode: Mode = mode_in_force(self.source)
 
     @property
     def policy(self) -> VerifyPolicy:
@@ -119,6 +112,7 @@ class Verifier:
     async def run(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         async with self._round:
             started = time.time()
+            self.mode = mode_in_force(self.source)
             # made at the first round, pods or not: its one fd (the daemon's netns) is held from
             # then on, not from whenever the first pod came
             _ = self.inspector
@@ -201,7 +195,9 @@ class Verifier:
             c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
 
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
-        return not (c.netns_gone or c.damaged or c.missing or ip_mismatch(self.mode, c)) and bool(
+        if c.netns_gone or c.damaged or c.missing:
+            return False
+        return not self.mode.runtime_ips(c, self.roster.record(c.pod.id)).mismatch and bool(
             self._due(c, forced)
         )
 
@@ -241,9 +237,9 @@ class Verifier:
         """The pod's part of the round: without its lock when there is nothing to run, else
         under it, its records read again when an operation ran since the round read them."""
         pod = c.pod
-        quiet = not c.damaged and not c.missing and not ip_mismatch(self.mode, c) and not self._due(c, forced)
-        lost = runtime_network_lost(self.mode, self.roster.record(pod.id), c)
-        if c.netns_gone or lost or (quiet and not self.locks.busy(pod.id)):
+        ips = self.mode.runtime_ips(c, self.roster.record(pod.id))
+        quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced)
+        if c.netns_gone or ips.lost or (quiet and not self.locks.busy(pod.id)):
             return self._unlocked(c, explicit=explicit)
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
@@ -315,7 +311,7 @@ class Verifier:
             self._failed(retry)
         verdict = judge_repair(after or c, order, retry.failures, error)
         if verdict.state is PodState.REPAIRED:
-            log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, order.what)
+            log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, verdict.reason)
             return self._report(c, verdict, verdicts_of(after or c, {}))
         if verdict.state is None:
             log.warning(

@@ -7,10 +7,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.config import parse_config
+from nri_cni.config import NetworkSpec, parse_config
 from nri_cni.pod.model import PodInfo, PrimaryNetwork
-from nri_cni.service.modes import NativeMode, SecondaryMode, ShimMode, mode_for
+from nri_cni.pod.select import Selected
+from nri_cni.service.modes import NativeMode, RuntimeIps, SecondaryMode, ShimMode, mode_for
+from nri_cni.service.podcheck import PodCheck
+from nri_cni.service.roster import PodRecord
 
 ROOT = Path(__file__).resolve().parents[3]
 NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "bridge"}]}
@@ -43,15 +48,13 @@ def test_each_mode_answers_the_questions_once(tmp_path):
             m.attaches_on_run,
             m.answers_run_pod,
             m.primary.ours,
-            m.runtime_reports_our_ips,
-            m.adds_behind_runtime,
         )
         for m in (shim, native, secondary)
     ]
     assert flags == [
-        (False, False, True, True, True),
-        (True, True, True, True, False),
-        (True, False, False, False, True),
+        (False, False, True),
+        (True, True, True),
+        (True, False, False),
     ]
     assert native.primary == PrimaryNetwork("podnet", ours=True)
     pod = PodInfo("p" * 64, netns="/run/netns/x")
@@ -103,3 +106,94 @@ def test_no_mode_name_is_compared_outside_the_modes_and_config_parsing():
                 if consts:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+# -- what each mode makes of the runtime's IPs (Mode.runtime_ips), one row per answer beside its
+# control: the same pod with the one thing changed that must flip it
+
+POD = "f9" * 32
+OURS = "10.99.0.2"
+SHIM = ShimMode(PrimaryNetwork("podnet", ours=True))
+NATIVE = NativeMode(PrimaryNetwork("podnet", ours=True))
+SECONDARY = SecondaryMode(PrimaryNetwork("cbr0", ours=False), ResultCache("/nonexistent"))
+
+
+def _reading(runtime_ips: tuple[str, ...], *, attached: bool = True) -> PodCheck:
+    result = {"cniVersion": "1.1.0", "ips": [{"address": f"{OURS}/24", "interface": 0}]}
+    entries = [CacheEntry(POD, "eth0", "podnet", b"{}", netns="/n", result=result)] if attached else []
+    pod = PodInfo(POD, name="f9", namespace="default", netns="/n", ips=runtime_ips)
+    return PodCheck(pod, entries, [Selected(NetworkSpec(name="podnet", conflist=None), "eth0")])
+
+
+def _record(ips_lost: bool = False) -> PodRecord:
+    return PodRecord(POD, pod=PodInfo(POD, netns="/n"), ips_lost=ips_lost)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reading", "record", "answer"),
+    [
+        (SHIM, _reading((OURS,)), _record(), RuntimeIps(("podnet", "eth0"), primary_ips=(OURS,))),
+        (
+            SHIM,
+            _reading(("10.99.0.9",)),
+            _record(),
+            RuntimeIps(
+                ("podnet", "eth0"),
+                "the runtime reports 10.99.0.9; eth0 has 10.99.0.2",
+                primary_ips=("10.99.0.9",),
+            ),
+        ),
+        (
+            SHIM,
+            _reading((), attached=False),
+            _record(),
+            RuntimeIps(("podnet", "eth0"), nothing_to_make_true=True),
+        ),
+        (
+            SHIM,
+            _reading((OURS,), attached=False),
+            _record(),
+            RuntimeIps(("podnet", "eth0"), primary_ips=(OURS,)),
+        ),
+        (NATIVE, _reading((OURS,)), _record(), RuntimeIps(("podnet", "eth0"))),
+        (
+            NATIVE,
+            _reading(()),
+            _record(),
+            RuntimeIps(
+                ("podnet", "eth0"), "the runtime reports no IP; nri-cni gave it 10.99.0.2", missed=True
+            ),
+        ),
+        (
+            NATIVE,
+            _reading((OURS,), attached=False),
+            _record(),
+            RuntimeIps(("podnet", "eth0"), missed=True, readd={("podnet", "eth0"): (OURS,)}),
+        ),
+        (NATIVE, _reading((), attached=False), _record(), RuntimeIps(("podnet", "eth0"), missed=True)),
+        (SECONDARY, _reading(()), _record(ips_lost=False), RuntimeIps(None)),
+        (SECONDARY, _reading(("10.99.0.9",)), _record(ips_lost=True), RuntimeIps(None)),
+    ],
+    ids=[
+        "shim-eth0s-ips",
+        "shim-mismatch",
+        "shim-nothing-to-make-true",
+        "shim-control-runtime-has-an-ip",
+        "native-eth0s-among-the-runtimes",
+        "native-mismatch-missed",
+        "native-lacks-one-readded",
+        "native-lacks-one-no-ip-missed",
+        "secondary-control-never-listed-with-ips",
+        "secondary-control-listed-with-ips",
+    ],
+)
+def test_each_mode_reads_the_runtimes_ips(mode, reading, record, answer):
+    assert mode.runtime_ips(reading, record) == answer
+
+
+def test_secondary_mode_tells_the_runtimes_network_lost():
+    """A pod listed with IPs, now listed without, with nri-cni's networks: the runtime's own
+    network is gone. The controls are the table's two secondary rows (never listed with IPs;
+    listed with an IP now)."""
+    lost = SECONDARY.runtime_ips(_reading(()), _record(ips_lost=True)).lost
+    assert lost.startswith("the runtime reports no IP for it: its own network of the pod is gone")
