@@ -171,9 +171,9 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
     import secrets
 
     from bench import bench_pods
-    from tests.e2e.hostnet import BridgeNetwork
-    from tests.e2e.nricni import NriCni
     from tests.support.containerd import cni_plugin_dir
+    from tests.support.hostnet import BridgeNetwork
+    from tests.support.nricni import NriCni
 
     with contextlib.ExitStack() as stack:
         b = bench_pods.Bench(argparse.Namespace(pods=args.pods, warmup=args.warmup, host_ports=False), stack)

@@ -25,11 +25,11 @@ import uuid
 from pathlib import Path
 
 from nri_cni.api import nri_pb2
-from tests.e2e.nricni import NriCni
 from tests.support.firewall import iptables_lines, remove_cni_scaffolding
 from tests.support.janitor import Janitor
 from tests.support.names import free_subnet, unique_name
 from tests.support.nri_runtime import NriRuntime
+from tests.support.nricni import NriCni
 
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"

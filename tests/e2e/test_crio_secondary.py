@@ -19,7 +19,7 @@ import os
 import grpc
 import pytest
 
-from tests.e2e.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
+from tests.support.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
 from tests.support.names import unique_name
 from tests.support.podtruth import whole_problems
 

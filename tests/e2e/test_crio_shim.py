@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from tests.e2e.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
 from tests.e2e.test_nad import nad
+from tests.support.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
 from tests.support.firewall import iptables_lines
 from tests.support.hostlocal import host_local_reservations
 from tests.support.podtruth import whole_problems

@@ -12,10 +12,10 @@ import uuid
 import pytest
 import yaml
 
-from tests.e2e.nricni import NriCni, ShimSetup
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 
 pytestmark = pytest.mark.e2e
 

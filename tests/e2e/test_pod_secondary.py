@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.hostnet import bridge_ports, cni_cache_files
-from tests.e2e.nricni import NriCni, ShimSetup
 from tests.support.cutcalls import cri_refused
 from tests.support.hostlocal import host_local_reservations
+from tests.support.hostnet import bridge_ports, cni_cache_files
 from tests.support.janitor import Janitor
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 
 pytestmark = pytest.mark.e2e
 

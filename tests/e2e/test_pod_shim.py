@@ -11,21 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.nricni import NriCni, ShimSetup
 from tests.support.cutcalls import cri_refused
+from tests.support.finalize_probe import install_finalize_probe
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 
 pytestmark = pytest.mark.e2e
-
-FINALIZE_PROBE = """#!/bin/sh
-# FINALIZE probe: records which interfaces the pod has when FINALIZE runs; prints nothing.
-cat >/dev/null
-links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort | tr '\\n' ,)
-echo "$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME $links" >> "%s"
-"""
 
 
 @pytest.fixture
@@ -39,10 +33,7 @@ def shim_node(tmp_path, make_containerd):
     jan.track_link(node.bridge)
     node.master, _ = jan.veth()
     node.probe_log = tmp_path / "finalize.log"
-    probe = setup.finalize_dir / "50-probe.conf"
-    (setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
-    (setup.bin_dir / "fin-probe").chmod(0o755)
-    probe.write_text('{"type": "fin-probe"}')
+    install_finalize_probe(setup, node.probe_log)
 
     def networks(*, net1_default=False, eth0_subnet="10.246.40.0/24", net1_subnet="10.246.41.0/24"):
         return [

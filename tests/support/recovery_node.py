@@ -1,7 +1,6 @@
-"""The node the recovery tests share (no tests in here; the other test_recovery_* modules import
-the `rnode` fixture): a private containerd with the shim as its only CNI network, nri-cni as a
-real process that can be killed and started again, the real plugins, a scriptable "ctl" plugin,
-and leak checks.
+"""The node the recovery, fault and runtime tests share (they import the `rnode` fixture): a
+private containerd with the shim as its only CNI network, nri-cni as a real process that can be
+killed and started again, the real plugins, a scriptable "ctl" plugin, and leak checks.
 
 Networks: `podnet` (eth0: bridge, host-local, portmap with the pod's host port: per-pod iptables
 DNAT chains; FINALIZE plugin fake-finalize)
@@ -31,7 +30,6 @@ import pytest
 import yaml
 
 from nri_cni.local import proto as localproto
-from tests.e2e.nricni import NriCni, ShimSetup
 from tests.plugins.block_plugin import BlockControl
 from tests.plugins.block_plugin import install as install_block
 from tests.support.hostlocal import host_local_reservations
@@ -39,6 +37,7 @@ from tests.support.janitor import Janitor
 from tests.support.jsonlines import read_json_lines
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 from tests.support.podtruth import RuntimePod, whole_problems
 
 CTL_PLUGIN = r"""
