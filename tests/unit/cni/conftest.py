@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,9 @@ from nri_cni.cni.exec_errors import Ended
 from nri_cni.cni.executor import FAKE_BIN, Call, FakeExecutor
 from nri_cni.cni.plugin_process import ChildRun
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+from tests.support.bin_dir import PLUGINS, install_plugin, install_test_plugin
 from tests.support.jsonlines import read_json_lines
 
-PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 FAKE_NAMES = ("fake", "fake-a", "fake-b", "fake-c", "fake-d")
 
 
@@ -29,15 +27,11 @@ def fake_bin(tmp_path: Path) -> Path:
     """A bin dir: the Python fake plugin under FAKE_NAMES, plus the sh plugins by stem."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    fake = bindir / "fake"
-    fake.write_text(f"#!{sys.executable} -IS\n" + (PLUGINS / "fake_plugin.py").read_text())
-    fake.chmod(0o755)
+    install_test_plugin(bindir, "fake_plugin", "fake")
     for name in FAKE_NAMES[1:]:
         os.symlink("fake", bindir / name)
     for script in PLUGINS.glob("*.sh"):
-        dst = bindir / script.stem
-        shutil.copyfile(script, dst)
-        dst.chmod(0o755)
+        install_plugin(bindir, script.stem, script.read_text())
     return bindir
 
 
