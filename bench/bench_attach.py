@@ -51,6 +51,8 @@ from nri_cni.config import parse_config  # noqa: E402
 from nri_cni.pod.model import PodInfo  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
 from nri_cni.service.service import PodService  # noqa: E402
+from tests.support.conflists import bridge_conflist, host_local, network  # noqa: E402
+from tests.support.daemon_config import daemon_config  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 from tests.support.names import free_subnet, unique_name  # noqa: E402
 from tests.support.pods import pod_plan, pod_service  # noqa: E402
@@ -66,30 +68,8 @@ def _networks(jan: Janitor, ipam_dir: Path) -> list[dict[str, Any]]:
         jan.track_link(bridge)
         subnet = str(free_subnet(exclude=used))
         used.append(subnet)
-        out.append(
-            {
-                "name": name,
-                "default": True,
-                "interface": "eth0" if n == 0 else f"net{n}",
-                "conflist": {
-                    "cniVersion": "1.1.0",
-                    "name": name,
-                    "plugins": [
-                        {
-                            "type": "bridge",
-                            "bridge": bridge,
-                            "isGateway": True,
-                            "ipMasq": False,
-                            "ipam": {
-                                "type": "host-local",
-                                "dataDir": str(ipam_dir),
-                                "ranges": [[{"subnet": subnet}]],
-                            },
-                        }
-                    ],
-                },
-            }
-        )
+        conflist = bridge_conflist(name, bridge, host_local(ipam_dir, subnet))
+        out.append(network(conflist, interface="eth0" if n == 0 else f"net{n}"))
     return out
 
 
@@ -98,21 +78,19 @@ def _service(tmp: Path, name: str, networks: list[dict[str, Any]], per_pod: int)
     (own / "_finalize.d").mkdir(parents=True)
     if len(networks) == 1:
         networks = [{**networks[0], "interface": "eth0"}]
-    doc = {
-        "mode": "shim",
-        "state_dir": str(own / "state"),
-        "nri": {"socket": str(own / "nri.sock")},
-        "daemon": {"socket": str(own / "daemon.sock")},
-        "cni": {
-            "bin_dirs": [str(CNI_BIN)],
-            "cache_dir": str(own / "cache"),
-            "finalize_dir": str(own / "_finalize.d"),
-        },
-        "networks": networks,
-        "limits": {"parallel_per_pod": per_pod},
-        "gc": {"interval": 0},
-        "status": {"interval": 0},
-    }
+    doc = daemon_config(
+        "shim",
+        networks,
+        nri_socket=own / "nri.sock",
+        daemon_socket=own / "daemon.sock",
+        state_dir=own / "state",
+        bin_dirs=[CNI_BIN],
+        cache_dir=own / "cache",
+        finalize_dir=own / "_finalize.d",
+        limits={"parallel_per_pod": per_pod},
+        gc={"interval": 0},
+        status={"interval": 0},
+    )
     cfg = parse_config(doc, str(own / "config.yaml"))
     cni = CNIRuntime(list(cfg.cni.bin_dirs), cfg.cni.cache_dir, executor=PluginExecutor())
     return pod_service(cfg, pod_plan(cfg, cni), mode=mode_for(cfg))
@@ -202,9 +180,9 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
     import secrets
 
     from bench import bench_pods
-    from tests.e2e.hostnet import BridgeNetwork
-    from tests.e2e.nricni import NriCni
     from tests.support.containerd import cni_plugin_dir
+    from tests.support.hostnet import BridgeNetwork
+    from tests.support.nricni import NriCni
 
     with contextlib.ExitStack() as stack:
         b = bench_pods.Bench(argparse.Namespace(pods=args.pods, warmup=args.warmup, host_ports=False), stack)

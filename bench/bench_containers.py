@@ -120,7 +120,7 @@ def measure(args) -> dict:
 
 class ContainerBench(Bench):
     def bridge_net_named(self, side: str):
-        from tests.e2e.hostnet import BridgeNetwork
+        from tests.support.hostnet import BridgeNetwork
         from tests.support.names import unique_name
 
         d = self.tmp / f"net-{side}"

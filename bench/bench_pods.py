@@ -62,12 +62,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.e2e.hostnet import BridgeNetwork, cni_cache_files  # noqa: E402
-from tests.e2e.nricni import NriCni, ShimSetup  # noqa: E402
 from tests.support.containerd import CRI_RT, Containerd, cni_plugin_dir  # noqa: E402
 from tests.support.hostlocal import host_local_reservations  # noqa: E402
+from tests.support.hostnet import BridgeNetwork, cni_cache_files  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 from tests.support.names import unique_name  # noqa: E402
+from tests.support.nricni import NriCni, ShimSetup  # noqa: E402
 from tests.support.pause.image import build_pause_image  # noqa: E402
 
 NAMESPACE = "nct-bench"

@@ -25,11 +25,13 @@ import uuid
 from pathlib import Path
 
 from nri_cni.api import nri_pb2
-from tests.e2e.nricni import NriCni
+from tests.support.conflists import bridge_conflist, host_local, network, portmap
+from tests.support.daemon_config import daemon_config
 from tests.support.firewall import iptables_lines, remove_cni_scaffolding
 from tests.support.janitor import Janitor
 from tests.support.names import free_subnet, unique_name
 from tests.support.nri_runtime import NriRuntime
+from tests.support.nricni import NriCni
 
 DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
 CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
@@ -88,48 +90,29 @@ class NativeNode:
         /64) beside the IPv4 one, every pod gets an address of each."""
         bridge = unique_name("bg")
         self.jan.track_link(bridge)
-        ranges = [[{"subnet": str(free_subnet(prefixlen=22))}]]
+        subnets = [str(free_subnet(prefixlen=22))]
         if dual_stack:
-            ranges.append([{"subnet": str(free_subnet6())}])
-        return {
-            "cniVersion": "1.1.0",
-            "name": name,
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": bridge,
-                    "isGateway": False,
-                    "ipMasq": False,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": ranges,
-                        "dataDir": str(self.tmp / f"ipam-{name}"),
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
-            ],
-        }
+            subnets.append(str(free_subnet6()))
+        ipam = host_local(self.tmp / f"ipam-{name}", *subnets)
+        return bridge_conflist(name, bridge, ipam, gateway=False, then=[portmap(snat=False)])
 
     # -- the daemon ----------------------------------------------------------------------------
 
     def config(self, conflist: dict) -> dict:
-        return {
-            "mode": "native",
-            "nri": {"socket": str(self.sock_dir / "nri.sock")},
-            "daemon": {"socket": str(self.sock_dir / "d.sock")},
-            "state_dir": str(self.tmp / "state"),
-            "log": {"level": "info"},
-            "cni": {
-                "bin_dirs": self.bin_dirs,
-                "cache_dir": str(self.tmp / "cache"),
-                "finalize_dir": str(self.tmp / "_finalize.d"),
-                "plugin_timeout": "60s",
-            },
-            "networks": [{"name": conflist["name"], "default": True, "conflist": conflist}],
-            "gc": {"interval": 0},  # no timer GC in the middle of a measurement
-            "status": {"interval": 0},
-            **self.cfg_extra,
-        }
+        # no timer GC in the middle of a measurement; the node's own settings last
+        extra = {"log": {"level": "info"}, "gc": {"interval": 0}, "status": {"interval": 0}, **self.cfg_extra}
+        return daemon_config(
+            extra.pop("mode", "native"),
+            [network(conflist)],
+            nri_socket=self.sock_dir / "nri.sock",
+            daemon_socket=self.sock_dir / "d.sock",
+            state_dir=self.tmp / "state",
+            bin_dirs=self.bin_dirs,
+            cache_dir=self.tmp / "cache",
+            finalize_dir=self.tmp / "_finalize.d",
+            plugin_timeout="60s",
+            **extra,
+        )
 
     async def start(self, conflist: dict, pods: list[nri_pb2.PodSandbox] = ()) -> float:
         """Starts the daemon (the double lists `pods` in its Synchronize); returns the seconds

@@ -30,10 +30,10 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from tests.e2e.hostnet import BridgeNetwork  # noqa: E402
 from tests.support import crio as crio_support  # noqa: E402
 from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
 from tests.support.cri import CriModules, compile_cri  # noqa: E402
+from tests.support.hostnet import BridgeNetwork  # noqa: E402
 from tests.support.pause.image import PauseImage, build_pause_image  # noqa: E402
 
 _crio_tally = crio_support.Tally()

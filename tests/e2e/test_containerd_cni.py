@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from tests.e2e.hostnet import bridge_ports, cni_cache_files, link_exists, netns_addrs, netns_routes
 from tests.support.cri import PortMapping
+from tests.support.hostnet import bridge_ports, cni_cache_files, link_exists, netns_addrs, netns_routes
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,8 @@ import uuid
 import pytest
 
 from nri_cni.local import proto as localproto
-from tests.e2e.crionode import runtime_node  # noqa: F401 (fixture)
 from tests.support.busybox import BUSYBOX, build_busybox_image
+from tests.support.crionode import runtime_node  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-from tests.e2e.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
-from tests.e2e.faultnode import (
+from tests.e2e.test_faults_containerd import CHURN_FAULTS, ROUNDS, _assert_nothing_left_after_removal
+from tests.support.containerd import CNI_RESULTS_DIR, remove_netns
+from tests.support.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
+from tests.support.faultnode import (
     Churn,
     assert_pods_reach_each_other,
     assert_true_within_settle,
@@ -25,9 +27,7 @@ from tests.e2e.faultnode import (
     churn_through_runtime_faults,
     synchronizations,
 )
-from tests.e2e.test_faults_containerd import CHURN_FAULTS, ROUNDS, _assert_nothing_left_after_removal
-from tests.e2e.test_recovery_node import pod_ids_in
-from tests.support.containerd import CNI_RESULTS_DIR, remove_netns
+from tests.support.recovery_node import pod_ids_in
 
 pytestmark = pytest.mark.e2e
 

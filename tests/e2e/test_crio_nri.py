@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from nri_cni.api import nri_pb2
-from tests.e2e.stubthread import Recorder, StubThread, double_netns, observed_stop_steps
 from tests.support.nri_runtime import CRIO, NriRuntime, stop_steps
+from tests.support.stubthread import Recorder, StubThread, double_netns, observed_stop_steps
 
 pytestmark = pytest.mark.e2e
 

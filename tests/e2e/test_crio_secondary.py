@@ -19,22 +19,12 @@ import os
 import grpc
 import pytest
 
-from tests.e2e.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
+from tests.support.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
+from tests.support.finalize_probe import probe_calls
 from tests.support.names import unique_name
 from tests.support.podtruth import whole_problems
 
 pytestmark = pytest.mark.e2e
-
-
-def _probe(node, pod) -> list[tuple[str, str, str]]:
-    """(verb, CNI_IFNAME, links) of each FINALIZE probe call for `pod`."""
-    if not node.probe_log.exists():
-        return []
-    return [
-        (ln[0], ln[2], ln[3])
-        for ln in map(str.split, node.probe_log.read_text().splitlines())
-        if ln[1] == pod
-    ]
 
 
 def _net1_ops(daemon, pod: str, op: str) -> list[dict]:
@@ -67,9 +57,9 @@ def test_crio_eth0_net1_finalize_both_and_release_after_the_netns_is_gone(crio_r
         assert [p.name for p in crio.cni_cache_entries(pod)] == [f"{node.primary.name}-{pod}-eth0"]
         assert [f for f in node.cache_files() if pod in f] == [f"fastnet-{pod}-net1"]
         # FINALIZE for CRI-O's eth0 (from its libcni cache), then for net1, both links there
-        assert _probe(node, pod) == [
-            ("FINALIZE", "eth0", "eth0,lo,net1,"),
-            ("FINALIZE", "net1", "eth0,lo,net1,"),
+        assert probe_calls(node.probe_log, pod) == [
+            ("FINALIZE", "eth0", "eth0,lo,net1"),
+            ("FINALIZE", "net1", "eth0,lo,net1"),
         ]
         status = table[pod]["network-status"]
         assert [(n["name"], n["interface"]) for n in status] == [
@@ -130,5 +120,5 @@ def test_net1_failure_on_run_fails_the_pod_and_crio_keeps_no_sandbox(crio_rnode,
     # (so `auto` fails the pod on CRI-O: nothing leaks), no netns pin, no lease, no cache entry
     assert crio.cri.list_pods() == []
     assert not (node.setup.state_dir / "intents" / pod).exists()
-    assert _probe(node, pod) == []  # rolled back before any FINALIZE: net1's ADD failed
+    assert probe_calls(node.probe_log, pod) == []  # rolled back before any FINALIZE: net1's ADD failed
     _assert_gone_clean(node, checker, [pod])

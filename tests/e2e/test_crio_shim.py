@@ -14,8 +14,9 @@ import uuid
 
 import pytest
 
-from tests.e2e.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
 from tests.e2e.test_nad import nad
+from tests.support.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
+from tests.support.finalize_probe import probe_calls
 from tests.support.firewall import iptables_lines
 from tests.support.hostlocal import host_local_reservations
 from tests.support.podtruth import whole_problems
@@ -32,12 +33,6 @@ def _start(node):
     fastnet["namespaces"] = ["nct-e2e"]
     daemon = node.start_daemon(node.daemon_config([node.podnet(finalize=False), fastnet]))
     return crio, daemon
-
-
-def _probe_lines(node, pod):
-    if not node.probe_log.exists():
-        return []
-    return [ln.split() for ln in node.probe_log.read_text().splitlines() if ln.split()[1] == pod]
 
 
 def test_shipped_dropin_is_what_crio_runs(crio_rnode):
@@ -75,10 +70,10 @@ def test_pods_get_eth0_extra_network_finalize_and_leave_nothing(crio_rnode):
         assert [n["interface"] for n in table[pod]["network-status"]] == want
         assert table[pod]["network-status"][0]["ips"] == [st.ip]
         # FINALIZE once per network, after every ADD of the pod (all its links there)
-        lines = _probe_lines(node, pod)
-        assert [ln[2] for ln in lines] == want, lines
-        links = ",".join(sorted([*want, "lo"])) + ","
-        assert all(ln[0] == "FINALIZE" and ln[3] == links for ln in lines), lines
+        calls = probe_calls(node.probe_log, pod)
+        assert [ifname for _, ifname, _ in calls] == want, calls
+        links = ",".join(sorted([*want, "lo"]))
+        assert all(verb == "FINALIZE" and seen == links for verb, _, seen in calls), calls
     # hostPorts: CRI-O 1.36 hands CNI no port mappings (its libcni runtimeConfig carries
     # bandwidth, cgroup path and annotations only), so the portmap plugin of nri-cni's network
     # maps nothing; CRI-O maps them itself unless disable_hostport_mapping (on here) says no

@@ -24,13 +24,13 @@ import uuid
 
 import pytest
 
-from tests.e2e.faultnode import broken_by_name
 from tests.e2e.test_pod_dualstack import _reaches
-from tests.e2e.test_recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
 from tests.e2e.test_recovery_roster import _unmount_netns_path
 from tests.support.damage import damage, damage_left, dnat_ports, flush_dnat
+from tests.support.faultnode import broken_by_name
 from tests.support.netns import get_link, list_routes
 from tests.support.podtruth import RuntimePod, pod_interfaces, whole_problems
+from tests.support.recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

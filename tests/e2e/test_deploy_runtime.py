@@ -12,10 +12,11 @@ import uuid
 import pytest
 import yaml
 
-from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.conflists import bridge_conflist, host_local, network
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 
 pytestmark = pytest.mark.e2e
 
@@ -26,29 +27,7 @@ def shim_env(tmp_path):
     setup = ShimSetup(tmp_path)
     bridge = unique_name("br")
     jan.track_link(bridge)
-    nets = [
-        {
-            "name": "podnet",
-            "default": True,
-            "conflist": {
-                "cniVersion": "1.1.0",
-                "name": "podnet",
-                "plugins": [
-                    {
-                        "type": "bridge",
-                        "bridge": bridge,
-                        "isGateway": True,
-                        "ipMasq": False,
-                        "ipam": {
-                            "type": "host-local",
-                            "dataDir": str(setup.ipam_dir),
-                            "ranges": [[{"subnet": "10.246.50.0/24"}]],
-                        },
-                    }
-                ],
-            },
-        }
-    ]
+    nets = [network(bridge_conflist("podnet", bridge, host_local(setup.ipam_dir, "10.246.50.0/24")))]
     yield setup, nets
     errors = jan.cleanup()
     setup.cleanup()

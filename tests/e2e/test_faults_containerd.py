@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from tests.e2e.faultnode import (
+from tests.support.faultnode import (
     Churn,
     SlowNri,
     assert_pods_reach_each_other,
@@ -30,8 +30,8 @@ from tests.e2e.faultnode import (
     synchronizations,
     wait_resynchronized,
 )
-from tests.e2e.stubthread import StubThread
-from tests.e2e.test_recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
+from tests.support.recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
+from tests.support.stubthread import StubThread
 
 pytestmark = pytest.mark.e2e
 

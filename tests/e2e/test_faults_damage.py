@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from tests.e2e.faultnode import broken_by_name
-from tests.e2e.test_recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
 from tests.support.damage import KINDS, damage, damage_left
+from tests.support.faultnode import broken_by_name
 from tests.support.podtruth import RuntimePod, pod_interfaces, reaches, whole_problems
+from tests.support.recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

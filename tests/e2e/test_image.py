@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.hostnet import netns_addrs
 from tests.support import daemonset
 from tests.support.containerd import NRI, Containerd
 from tests.support.hostlocal import host_local_reservations
+from tests.support.hostnet import netns_addrs
 from tests.support.leaks import LeakChecker
 from tests.support.names import free_subnet
 from tests.support.netns import delete_link, link_exists

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from nri_cni.api import nri_pb2
-from tests.e2e.stubthread import Recorder, StubThread, double_netns, observed_stop_steps
 from tests.support.jsonlines import read_json_lines
 from tests.support.nri_runtime import CONTAINERD, NriRuntime, stop_steps
+from tests.support.stubthread import Recorder, StubThread, double_netns, observed_stop_steps
 
 pytestmark = pytest.mark.e2e
 

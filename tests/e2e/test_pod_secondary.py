@@ -14,23 +14,24 @@ Subnets: 10.246.128.0/18, one pair per test (containerd's bridge gets a host rou
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.hostnet import bridge_ports, cni_cache_files
-from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.bin_dir import install_plugin, python_script
+from tests.support.conflists import host_local, macvlan_conflist, network
 from tests.support.cutcalls import cri_refused
+from tests.support.finalize_probe import install_finalize_probe, probe_calls
 from tests.support.hostlocal import host_local_reservations
+from tests.support.hostnet import bridge_ports, cni_cache_files
 from tests.support.janitor import Janitor
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 
 pytestmark = pytest.mark.e2e
 
@@ -38,14 +39,6 @@ NAMESPACE = "nct-e2e"
 # Generous: the 2 s default is fine for these few plugins, but the machine is shared and noisy
 # and a timed-out request would make containerd run the pod without nri-cni (another test).
 NRI_TIMEOUT = "15s"
-
-# A FINALIZE drop-in: one line per call with the verb, pod, CNI_IFNAME and the pod's links.
-PROBE = """#!/bin/sh
-cat >/dev/null
-links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1)
-links=$(echo "$links" | sort | paste -sd, -)
-printf '%%s %%s %%s %%s\\n' "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_IFNAME" "$links" >> "%s"
-"""
 
 
 class SecondaryNode:
@@ -62,10 +55,7 @@ class SecondaryNode:
         self.net1_subnet = subnets[1]
         self.master, _ = self.jan.veth()
         self.probe_log = tmp / "finalize.log"
-        probe = self.setup.bin_dir / "nct-probe"
-        probe.write_text(PROBE % self.probe_log)
-        probe.chmod(0o755)
-        (self.setup.finalize_dir / "50-probe.conf").write_text('{"type": "nct-probe"}')
+        install_finalize_probe(self.setup, self.probe_log)
         self.ctd = None
         self.daemon: NriCni | None = None
         self.leaks = LeakChecker(
@@ -74,25 +64,11 @@ class SecondaryNode:
         ).start()
 
     def fastnet(self, *, master: str | None = None, finalize_plugins: list | None = None) -> dict:
-        conflist = {
-            "cniVersion": "1.0.0",
-            "name": "fastnet",
-            "plugins": [
-                {
-                    "type": "macvlan",
-                    "master": master or self.master,
-                    "mode": "bridge",
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": str(self.setup.ipam_dir),
-                        "ranges": [[{"subnet": self.net1_subnet}]],
-                    },
-                }
-            ],
-        }
+        ipam = host_local(self.setup.ipam_dir, self.net1_subnet)
+        conflist = macvlan_conflist("fastnet", master or self.master, ipam, version="1.0.0")
         if finalize_plugins:
             conflist["finalize_plugins"] = finalize_plugins
-        return {"name": "fastnet", "default": True, "conflist": conflist}
+        return network(conflist)
 
     def start(self, net: dict | None = None, **extra) -> NriCni:
         self.ctd = self.make_containerd(cni_conf_dir=self.primary.conf_dir, nri_request_timeout=NRI_TIMEOUT)
@@ -112,14 +88,7 @@ class SecondaryNode:
 
     def probe_calls(self, pod: str) -> list[tuple[str, str, str]]:
         """(verb, CNI_IFNAME, links) of every probe call for `pod`, in order."""
-        if not self.probe_log.exists():
-            return []
-        out = []
-        for line in self.probe_log.read_text().splitlines():
-            verb, cid, ifname, links = (line.split(" ", 3) + [""])[:4]
-            if cid == pod:
-                out.append((verb, ifname, links))
-        return out
+        return probe_calls(self.probe_log, pod)
 
     def failed_pod_id(self) -> str:
         """The id of the pod whose ADD nri-cni logged as failed (RunPodSandbox gave none)."""
@@ -394,13 +363,13 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     containerd's attachment into one of nri-cni's (nri-cni's cache holds only its own)."""
     node = make_node(("10.246.140.0/24", "10.246.141.0/24"))
     # The drop-in adds a DNS entry to every result it is given (so also to the primary's).
-    (node.setup.bin_dir / "nct-dns").write_text(
-        "#!/bin/sh\n"
-        f"exec {os.path.realpath(sys.executable)} -IS -c '"
-        'import json,sys; c=json.load(sys.stdin); r=c["prevResult"]; '
-        'r["dns"]={"nameservers":["10.246.140.53"]}; print(json.dumps(r))\'\n'
+    dns = (
+        "import json, sys\n"
+        'result = json.load(sys.stdin)["prevResult"]\n'
+        'result["dns"] = {"nameservers": ["10.246.140.53"]}\n'
+        "print(json.dumps(result))\n"
     )
-    (node.setup.bin_dir / "nct-dns").chmod(0o755)
+    install_plugin(node.setup.bin_dir, "nct-dns", python_script(dns))
     (node.setup.finalize_dir / "60-dns.conf").write_text('{"type": "nct-dns"}')
     daemon = node.start()
     pod = node.run_pod("dns")

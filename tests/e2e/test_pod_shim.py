@@ -11,21 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.nricni import NriCni, ShimSetup
+from tests.support.conflists import bridge_conflist, host_local, macvlan_conflist, network, portmap
 from tests.support.cutcalls import cri_refused
+from tests.support.finalize_probe import install_finalize_probe, probe_calls
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 
 pytestmark = pytest.mark.e2e
-
-FINALIZE_PROBE = """#!/bin/sh
-# FINALIZE probe: records which interfaces the pod has when FINALIZE runs; prints nothing.
-cat >/dev/null
-links=$(nsenter --net="$CNI_NETNS" ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort | tr '\\n' ,)
-echo "$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME $links" >> "%s"
-"""
 
 
 @pytest.fixture
@@ -39,57 +34,16 @@ def shim_node(tmp_path, make_containerd):
     jan.track_link(node.bridge)
     node.master, _ = jan.veth()
     node.probe_log = tmp_path / "finalize.log"
-    probe = setup.finalize_dir / "50-probe.conf"
-    (setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
-    (setup.bin_dir / "fin-probe").chmod(0o755)
-    probe.write_text('{"type": "fin-probe"}')
+    install_finalize_probe(setup, node.probe_log)
 
     def networks(*, net1_default=False, eth0_subnet="10.246.40.0/24", net1_subnet="10.246.41.0/24"):
-        return [
-            {
-                "name": "podnet",
-                "default": True,
-                "conflist": {
-                    "cniVersion": "1.1.0",
-                    "name": "podnet",
-                    "plugins": [
-                        {
-                            "type": "bridge",
-                            "bridge": node.bridge,
-                            "isGateway": True,
-                            "ipMasq": False,
-                            "ipam": {
-                                "type": "host-local",
-                                "dataDir": str(setup.ipam_dir),
-                                "ranges": [[{"subnet": eth0_subnet}]],
-                            },
-                        },
-                        {"type": "portmap", "capabilities": {"portMappings": True}},
-                    ],
-                },
-            },
-            {
-                "name": "fastnet",
-                "default": net1_default,
-                "namespaces": ["nct-e2e"],
-                "conflist": {
-                    "cniVersion": "1.0.0",
-                    "name": "fastnet",
-                    "plugins": [
-                        {
-                            "type": "macvlan",
-                            "master": node.master,
-                            "mode": "bridge",
-                            "ipam": {
-                                "type": "host-local",
-                                "dataDir": str(setup.ipam_dir),
-                                "ranges": [[{"subnet": net1_subnet}]],
-                            },
-                        }
-                    ],
-                },
-            },
-        ]
+        eth0 = bridge_conflist(
+            "podnet", node.bridge, host_local(setup.ipam_dir, eth0_subnet), then=[portmap()]
+        )
+        net1 = macvlan_conflist(
+            "fastnet", node.master, host_local(setup.ipam_dir, net1_subnet), version="1.0.0"
+        )
+        return [network(eth0), network(net1, default=net1_default, namespaces=["nct-e2e"])]
 
     def start(nets=None, *, containerd=True, **extra):
         ctd = (
@@ -153,11 +107,10 @@ def test_two_networks_finalize_cri_ip_reachability_and_clean_removal(shim_node):
     )
     assert ping.returncode == 0, ping.stdout + ping.stderr
     # FINALIZE ran for both networks, after both ADDs: eth0 and net1 both existed each time
-    lines = [ln.split() for ln in node.probe_log.read_text().splitlines()]
     for pod in pods:
-        mine = [ln for ln in lines if ln[1] == pod]
-        assert [ln[2] for ln in mine] == ["eth0", "net1"], lines
-        assert all(ln[0] == "FINALIZE" and ln[3] == "eth0,lo,net1," for ln in mine), lines
+        mine = probe_calls(node.probe_log, pod)
+        assert [ifname for _, ifname, _ in mine] == ["eth0", "net1"], mine
+        assert all(verb == "FINALIZE" and links == "eth0,lo,net1" for verb, _, links in mine), mine
     # `nri-cni pods` shows both pods with both networks
     table = {p["id"]: p for p in daemon.pods()}
     assert set(table) == set(pods)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.faultnode import (
+from tests.support.faultnode import (
     Churn,
     assert_pods_reach_each_other,
     assert_true_within_settle,
@@ -21,7 +21,7 @@ from tests.e2e.faultnode import (
     synchronizations,
     wait_resynchronized,
 )
-from tests.e2e.test_recovery_node import pod_ids_in, rnode  # noqa: F401 (fixture)
+from tests.support.recovery_node import pod_ids_in, rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

@@ -22,11 +22,11 @@ import grpc
 import pytest
 
 from nri_cni.local.codec import LocalProtocolError
-from tests.e2e.test_recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
 from tests.plugins.block_plugin import Blocked
 from tests.support.damage import damage_left
 from tests.support.netns import delete_link
 from tests.support.podtruth import pod_interfaces
+from tests.support.recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ import uuid
 import grpc
 import pytest
 
-from tests.e2e.test_recovery_node import rnode  # noqa: F401 (fixture)
+from tests.support.recovery_node import rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.test_recovery_node import pod_ids_in, rnode, wait_settled  # noqa: F401 (fixture)
+from tests.support.recovery_node import pod_ids_in, rnode, wait_settled  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

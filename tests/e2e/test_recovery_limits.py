@@ -20,8 +20,8 @@ import uuid
 import grpc
 import pytest
 
-from tests.e2e.test_recovery_node import pod_ids_in, rnode  # noqa: F401 (fixture)
 from tests.support.containerd import umount
+from tests.support.recovery_node import pod_ids_in, rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ import uuid
 
 import pytest
 
-from tests.e2e.faultnode import Churn, assert_true_within_settle, wait_resynchronized
-from tests.e2e.nricni import NriCni
-from tests.e2e.test_recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
+from tests.support.faultnode import Churn, assert_true_within_settle, wait_resynchronized
+from tests.support.nricni import NriCni
+from tests.support.recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.test_recovery_node import rnode  # noqa: F401 (fixture)
+from tests.support.recovery_node import rnode  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 

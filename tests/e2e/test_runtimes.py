@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from tests.e2e.crionode import runtime_leaks, runtime_node, start_secondary  # noqa: F401 (fixture)
-from tests.e2e.faultnode import Churn, assert_true_within_settle
-from tests.e2e.test_recovery_node import wait_settled
+from tests.support.crionode import runtime_leaks, runtime_node, start_secondary  # noqa: F401 (fixture)
+from tests.support.faultnode import Churn, assert_true_within_settle
+from tests.support.recovery_node import wait_settled
 
 pytestmark = pytest.mark.e2e
 

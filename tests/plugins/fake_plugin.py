@@ -1,5 +1,7 @@
 # A scriptable CNI plugin for unit tests. The `fake_bin` fixture (tests/unit/cni/conftest.py)
 # installs it with a `#!<python> -IS` line (one argument: Linux passes the rest of the line as one) under several names.
+# `fake_plugin` in that conftest does the same in-process (tests/unit/cni/test_fake_plugin.py
+# holds the two together): change both.
 #
 # Every call appends one JSON line to the file named by the config key "log" (or $FAKE_LOG):
 #   {"type", "command", "env": {CNI_* and PATH}, "stdin": <the config it read>}

@@ -1,4 +1,4 @@
-"""The calls a churn lost, each put down to its cause (for the churn of tests/e2e/faultnode.py).
+"""The calls a churn lost, each put down to its cause (for the churn of tests/support/faultnode.py).
 
 A CRI call that fails while the test has the runtime down is expected: the runtime's process was
 not the same from the call's start to its end (killed, stopped, started again: its PID changed

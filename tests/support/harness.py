@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +18,9 @@ import pytest
 from nri_cni.api import nri_pb2
 from nri_cni.config import parse_config
 from nri_cni.daemon.app import Daemon, build_daemon
+from tests.support.bin_dir import install_test_plugin, link_real_plugins
+from tests.support.conflists import bridge_conflist, host_local, macvlan_conflist, portmap
+from tests.support.daemon_config import daemon_config
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.jsonlines import read_json_lines
@@ -27,23 +28,13 @@ from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
 from tests.support.nri_runtime import CONTAINERD, NriRuntime, RuntimeKind
 
-DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
-REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
-FAKE_PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "fake_plugin.py"
 FAKE_NAMES = ("fake-finalize", "fake-finalize2", "fake-fail", "fake-ok")
 
 
 def install_bin_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    if not (REAL_PLUGINS / "bridge").exists():
-        raise RuntimeError(f"real CNI plugins missing at {REAL_PLUGINS}: run .ci/install-deps")
-    for plugin in REAL_PLUGINS.iterdir():
-        (path / plugin.name).symlink_to(plugin)
-    text = f"#!{os.path.realpath(sys.executable)} -IS\n" + FAKE_PLUGIN.read_text()
-    for name in FAKE_NAMES:
-        target = path / name
-        target.write_text(text)
-        target.chmod(0o755)
+    link_real_plugins(path)
+    install_test_plugin(path, "fake_plugin", *FAKE_NAMES)
     return path
 
 
@@ -83,43 +74,10 @@ class Node:
     def bridge_net(self, name: str, subnet: str, *, bridge: str | None = None, **extra) -> dict:
         bridge = bridge or unique_name("br")
         self.jan.track_link(bridge)
-        return {
-            "cniVersion": "1.1.0",
-            "name": name,
-            **extra,
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": bridge,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": str(self.ipam_dir),
-                        "ranges": [[{"subnet": subnet}]],
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ],
-        }
+        return {**bridge_conflist(name, bridge, host_local(self.ipam_dir, subnet), then=[portmap()]), **extra}
 
     def macvlan_net(self, name: str, subnet: str, master: str) -> dict:
-        return {
-            "cniVersion": "1.1.0",
-            "name": name,
-            "plugins": [
-                {
-                    "type": "macvlan",
-                    "master": master,
-                    "mode": "bridge",
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": str(self.ipam_dir),
-                        "ranges": [[{"subnet": subnet}]],
-                    },
-                }
-            ],
-        }
+        return macvlan_conflist(name, master, host_local(self.ipam_dir, subnet))
 
     def fake(self, name: str = "fake-finalize", **behaviour) -> dict:
         """A fake plugin config logging to self.log; behaviour as in fake_plugin.py ("fake")."""
@@ -132,22 +90,20 @@ class Node:
         return read_json_lines(self.log)
 
     def config(self, mode: str, networks: list[dict], **extra) -> dict:
-        return {
-            "mode": mode,
-            "nri": {"socket": str(self.tmp / "nri.sock")},
-            "daemon": {"socket": str(self.tmp / "daemon.sock")},
-            "state_dir": str(self.state_dir),
-            "cni": {
-                "bin_dirs": [str(self.bin_dir)],
-                "cache_dir": str(self.cache_dir),
-                "finalize_dir": str(self.finalize_dir),
-                "plugin_timeout": "20s",
-            },
-            "networks": networks,
-            "gc": {"interval": 0},
-            "status": {"interval": 0},
+        extra.setdefault("gc", {"interval": 0})
+        extra.setdefault("status", {"interval": 0})
+        return daemon_config(
+            mode,
+            networks,
+            nri_socket=self.tmp / "nri.sock",
+            daemon_socket=self.tmp / "daemon.sock",
+            state_dir=self.state_dir,
+            bin_dirs=[self.bin_dir],
+            cache_dir=self.cache_dir,
+            finalize_dir=self.finalize_dir,
+            plugin_timeout="20s",
             **extra,
-        }
+        )
 
     def leak_checker(self, *netns) -> LeakChecker:
         return LeakChecker(

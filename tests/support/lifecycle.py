@@ -5,31 +5,22 @@ spy that logs every CNI_COMMAND they are run with."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from nri_cni.cni.config import NetworkConfigList, parse_conflist
+from tests.support.bin_dir import install_plugin, install_test_plugin
 from tests.support.jsonlines import read_json_lines
 
-PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 LIFECYCLE_NAMES = ("lifecycle-test", "lifecycle-test2")
-
-
-def install_script(bin_dir: Path, source: Path, names) -> None:
-    text = f"#!{os.path.realpath(sys.executable)} -IS\n" + source.read_text()
-    for name in names:
-        target = bin_dir / name
-        target.write_text(text)
-        target.chmod(0o755)
 
 
 def install_lifecycle_plugins(bin_dir: Path) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
-    install_script(bin_dir, PLUGINS / "lifecycle_plugin.py", LIFECYCLE_NAMES)
+    install_test_plugin(bin_dir, "lifecycle_plugin", *LIFECYCLE_NAMES)
     if not (bin_dir / "fake-ok").exists():
-        install_script(bin_dir, PLUGINS / "fake_plugin.py", ("fake-ok",))
+        install_test_plugin(bin_dir, "fake_plugin", "fake-ok")
 
 
 def spy_on_real_plugins(bin_dir: Path, log: Path) -> None:
@@ -40,8 +31,11 @@ def spy_on_real_plugins(bin_dir: Path, log: Path) -> None:
             continue
         real = os.path.realpath(entry)
         entry.unlink()
-        entry.write_text(f'#!/bin/sh\necho "{entry.name} $CNI_COMMAND" >> "{log}"\nexec "{real}" "$@"\n')
-        entry.chmod(0o755)
+        install_plugin(
+            bin_dir,
+            entry.name,
+            f'#!/bin/sh\necho "{entry.name} $CNI_COMMAND" >> "{log}"\nexec "{real}" "$@"\n',
+        )
 
 
 class Calls:

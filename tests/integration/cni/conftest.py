@@ -23,13 +23,12 @@ if str(REPO) not in sys.path:  # `tests.support` is imported as a package from t
     sys.path.insert(0, str(REPO))
 
 from tests.integration.cni.helpers import CniEnv, DirectCNI, run  # noqa: E402
+from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.firewall import purge_firewall_rules  # noqa: E402
 from tests.support.hostlocal import host_local_reservations  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 from tests.support.names import free_subnet, unique_name  # noqa: E402
 
-DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
-CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
 REQUIRED_PLUGINS = (
     "bridge",
     "host-local",
@@ -49,13 +48,13 @@ REQUIRED_TOOLS = ("iptables", "iptables-save", "ip6tables-save", "nft", "ip")
 def cni_bin_dir() -> str:
     if os.geteuid() != 0:
         pytest.fail("the real-plugin CNI tests need root (netns, veth, iptables)")
-    missing = [p for p in REQUIRED_PLUGINS if not os.access(CNI_BIN / p, os.X_OK)]
+    missing = [p for p in REQUIRED_PLUGINS if not os.access(REAL_PLUGINS / p, os.X_OK)]
     if missing:
-        pytest.fail(f"CNI plugins missing in {CNI_BIN}: {missing} (run .ci/install-deps)")
+        pytest.fail(f"CNI plugins missing in {REAL_PLUGINS}: {missing} (run .ci/install-deps)")
     tools = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
     if tools:
         pytest.fail(f"tools missing on PATH: {tools}")
-    return str(CNI_BIN)
+    return str(REAL_PLUGINS)
 
 
 @pytest.fixture(scope="session")

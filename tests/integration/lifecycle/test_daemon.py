@@ -13,6 +13,7 @@ import yaml
 from nri_cni.errors import CniCode, CNIError, RPCError
 from nri_cni.lifecycle import generation_id
 from nri_cni.local import proto as localproto
+from tests.support.conflists import bridge_conflist, host_local
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.names import unique_name
 from tests.support.netns import get_link
@@ -23,31 +24,15 @@ pytestmark = pytest.mark.netns
 def lifecycle_net(node, name: str, subnet: str, bridge: str, **plugin_keys) -> dict:
     """bridge + host-local, then the lifecycle plugin owning the bridge's existence."""
     node.jan.track_link(bridge)
-    return {
-        "cniVersion": "1.1.0",
-        "name": name,
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": True,
-                "ipMasq": False,
-                "ipam": {
-                    "type": "host-local",
-                    "dataDir": str(node.ipam_dir),
-                    "ranges": [[{"subnet": subnet}]],
-                },
-            },
-            {
-                "type": "lifecycle-test",
-                "bridge": bridge,
-                "log": str(node.lc.path),
-                "counter": str(node.tmp / "counter"),
-                "cni.dev/lifecycle": ["init", "deinit"],
-                **plugin_keys,
-            },
-        ],
+    lifecycle = {
+        "type": "lifecycle-test",
+        "bridge": bridge,
+        "log": str(node.lc.path),
+        "counter": str(node.tmp / "counter"),
+        "cni.dev/lifecycle": ["init", "deinit"],
+        **plugin_keys,
     }
+    return bridge_conflist(name, bridge, host_local(node.ipam_dir, subnet), then=[lifecycle])
 
 
 def node_config(node, networks: list[dict], **extra) -> dict:

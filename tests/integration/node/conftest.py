@@ -17,13 +17,12 @@ from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.node import Expectation, NodeInspector, expectation_from_result
+from tests.support.bin_dir import REAL_PLUGINS
+from tests.support.conflists import bridge_conflist, host_local
 from tests.support.firewall import purge_firewall_rules
 from tests.support.janitor import Janitor
 from tests.support.names import free_subnet, unique_name
 from tests.support.netns import Netns
-
-DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
-CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
 
 
 @dataclass
@@ -56,26 +55,10 @@ class BridgeNet:
     def __post_init__(self) -> None:
         self.subnet = free_subnet(24)
         self.jan.track_link(self.bridge)  # the bridge plugin makes it; DEL leaves it
-        conflist = {
-            "cniVersion": "1.1.0",
-            "name": self.name,
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": self.bridge,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": str(self.subnet)}]],
-                        "dataDir": str(self.tmp / "ipam"),
-                    },
-                }
-            ],
-        }
+        conflist = bridge_conflist(self.name, self.bridge, host_local(self.tmp / "ipam", str(self.subnet)))
         self.net = parse_conflist(json.dumps(conflist).encode(), source="test:node")
         self.runtime = CNIRuntime(
-            [str(CNI_BIN)], cache_dir=str(self.tmp / "cache"), executor=PluginExecutor()
+            [str(REAL_PLUGINS)], cache_dir=str(self.tmp / "cache"), executor=PluginExecutor()
         )
 
     def attach(self, ns: Netns | None = None, *, ifname: str = "eth0") -> Pod:
@@ -111,9 +94,9 @@ class BridgeNet:
 def plugins_present() -> None:
     if os.geteuid() != 0:
         pytest.fail("the node inspector tests need root (netns, veth, bridge)")
-    missing = [p for p in ("bridge", "host-local") if not os.access(CNI_BIN / p, os.X_OK)]
+    missing = [p for p in ("bridge", "host-local") if not os.access(REAL_PLUGINS / p, os.X_OK)]
     if missing:
-        pytest.fail(f"CNI plugins missing in {CNI_BIN}: {missing} (run .ci/install-deps)")
+        pytest.fail(f"CNI plugins missing in {REAL_PLUGINS}: {missing} (run .ci/install-deps)")
 
 
 @pytest.fixture

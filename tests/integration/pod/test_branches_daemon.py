@@ -25,10 +25,10 @@ import yaml
 from nri_cni.config import parse_config
 from nri_cni.daemon.app import build_daemon
 from nri_cni.errors import RPCError
-from tests.e2e.nricni import NriCni
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.names import unique_name
 from tests.support.nri_runtime import NriRuntime
+from tests.support.nricni import NriCni
 
 pytestmark = pytest.mark.netns
 

@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from tests.e2e.faultnode import broken_by_name
-from tests.e2e.nricni import NriCni
-from tests.e2e.test_recovery_node import wait_settled
 from tests.support.damage import KINDS, damage, damage_left
+from tests.support.faultnode import broken_by_name
 from tests.support.harness import new_pod_id, pod_message, run
 from tests.support.nri_runtime import NriRuntime
+from tests.support.nricni import NriCni
 from tests.support.podtruth import RuntimePod, pod_interfaces, reaches, whole_problems
+from tests.support.recovery_node import wait_settled
 
 pytestmark = pytest.mark.netns
 

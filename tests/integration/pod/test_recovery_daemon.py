@@ -19,11 +19,11 @@ import time
 import pytest
 
 from nri_cni.errors import GrpcCode, RPCError
-from tests.e2e.test_recovery_node import install_ctl, read_calls
 from tests.plugins.block_plugin import BlockControl
 from tests.plugins.block_plugin import install as install_block
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.netns import get_link
+from tests.support.recovery_node import install_ctl, read_calls
 
 pytestmark = pytest.mark.netns
 

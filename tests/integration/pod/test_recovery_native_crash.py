@@ -18,16 +18,16 @@ import pytest
 from nri_cni.api import nri_pb2
 from nri_cni.errors import Unavailable
 from nri_cni.local.codec import LocalProtocolError
-from tests.e2e.faultnode import broken_by_name
-from tests.e2e.nricni import NriCni
-from tests.e2e.test_recovery_node import install_ctl, wait_settled
 from tests.plugins.block_plugin import BlockControl, Blocked
 from tests.plugins.block_plugin import install as install_block
 from tests.support.damage import damage_left
+from tests.support.faultnode import broken_by_name
 from tests.support.harness import new_pod_id, pod_message, run
 from tests.support.netns import delete_link, delete_netns, list_links
 from tests.support.nri_runtime import NriRuntime
+from tests.support.nricni import NriCni
 from tests.support.podtruth import RuntimePod, pod_interfaces, whole_problems
+from tests.support.recovery_node import install_ctl, wait_settled
 
 pytestmark = pytest.mark.netns
 

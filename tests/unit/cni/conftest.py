@@ -1,21 +1,24 @@
-"""Fixtures for the CNI runtime unit tests: fake plugins in a temp bin dir, a call log."""
+"""Fixtures for the CNI runtime unit tests: the fake plugin in-process (`runtime`, over a
+FakeExecutor) and as processes in a temp bin dir (`fake_bin`, for the tests whose subject is the
+process), and the call log both write."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from nri_cni.cni.config import parse_conflist
-from nri_cni.cni.exec import PluginExecutor
+from nri_cni.cni.exec_errors import Ended
+from nri_cni.cni.executor import FAKE_BIN, Call, FakeExecutor
 from nri_cni.cni.plugin_process import ChildRun
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
+from tests.support.bin_dir import PLUGINS, install_plugin, install_test_plugin
 from tests.support.jsonlines import read_json_lines
 
-PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 FAKE_NAMES = ("fake", "fake-a", "fake-b", "fake-c", "fake-d")
 
 
@@ -24,15 +27,11 @@ def fake_bin(tmp_path: Path) -> Path:
     """A bin dir: the Python fake plugin under FAKE_NAMES, plus the sh plugins by stem."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    fake = bindir / "fake"
-    fake.write_text(f"#!{sys.executable} -IS\n" + (PLUGINS / "fake_plugin.py").read_text())
-    fake.chmod(0o755)
+    install_test_plugin(bindir, "fake_plugin", "fake")
     for name in FAKE_NAMES[1:]:
         os.symlink("fake", bindir / name)
     for script in PLUGINS.glob("*.sh"):
-        dst = bindir / script.stem
-        shutil.copyfile(script, dst)
-        dst.chmod(0o755)
+        install_plugin(bindir, script.stem, script.read_text())
     return bindir
 
 
@@ -57,13 +56,55 @@ def call_log(tmp_path: Path) -> CallLog:
     return CallLog(tmp_path / "calls.jsonl")
 
 
+VERSIONS = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+
+
+async def fake_plugin(call: Call) -> Ended:
+    """What tests/plugins/fake_plugin.py does as a process, in-process (a FakeExecutor answer):
+    the same call log line, the same config key "fake", the same default behaviour."""
+    conf = call.config()
+    log = conf.get("log") or call.env.get("FAKE_LOG")
+    if log:
+        env = {k: v for k, v in call.env.items() if k.startswith("CNI_") or k == "PATH"}
+        line = json.dumps({"type": conf.get("type"), "command": call.command, "env": env, "stdin": conf})
+        with open(log, "a") as f:
+            f.write(line + "\n")
+    act = conf.get("fake", {}).get(call.command)
+    if act is None:
+        if call.command == "ADD":
+            res = conf.get("prevResult") or {"cniVersion": conf.get("cniVersion")}
+            res.setdefault("interfaces", []).append({"name": conf.get("type")})
+            act = {"result": res}
+        elif call.command == "VERSION":
+            act = {"result": {"cniVersion": "1.1.0", "supportedVersions": VERSIONS}}
+        else:
+            act = {}
+    if "sleep" in act:
+        await asyncio.sleep(act["sleep"])
+    stdout = act.get("print", "")
+    if "result" in act:
+        stdout += json.dumps(act["result"])
+    if "error" in act:
+        stdout += json.dumps(dict(act["error"], cniVersion=conf.get("cniVersion", "1.1.0")))
+    status = act.get("exit", 1 if "error" in act else 0)
+    return Ended(stdout=stdout.encode(), stderr=act.get("stderr", "").encode(), status=status)
+
+
 @pytest.fixture
-def runtime(fake_bin: Path, tmp_path: Path) -> CNIRuntime:
+def fake_executor() -> FakeExecutor:
+    """The fake plugin in-process under FAKE_NAMES."""
+    return FakeExecutor(dict.fromkeys(FAKE_NAMES, fake_plugin))
+
+
+@pytest.fixture
+def runtime(fake_executor: FakeExecutor, tmp_path: Path) -> CNIRuntime:
+    """The runtime over the in-process fake plugins: what a chain is given, in which order,
+    and the cache need no process (tests/unit/cni/test_cni_exec.py runs real ones)."""
     return CNIRuntime(
-        [str(tmp_path / "empty-bin"), str(fake_bin)],
+        [str(tmp_path / "empty-bin"), FAKE_BIN],
         cache_dir=str(tmp_path / "cache"),
         exec_timeout=10.0,
-        executor=PluginExecutor(),
+        executor=fake_executor,
     )
 
 

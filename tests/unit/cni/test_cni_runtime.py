@@ -1,4 +1,5 @@
-"""The verbs over fake plugins: what each plugin is given, in which order, and the cache."""
+"""The verbs over fake plugins: what each plugin is given, in which order, and the cache. The
+plugins answer in-process (FakeExecutor); a process only where its timeout is the subject."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from nri_cni.cni.config import PluginConf, parse_conflist
 from nri_cni.cni.exec import PluginExecutor, PluginOutput
-from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.executor import FAKE_BIN, FakeExecutor
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, GCError, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, ConfigError, PluginExecError, PluginTimeout
@@ -351,7 +352,7 @@ def test_add_validates_ids(runtime, make_net, call_log, rt):
     assert call_log.calls() == []
 
 
-def test_plugin_type_path_refused(runtime, make_net, rt, fake_bin):
+def test_plugin_type_path_refused(runtime, make_net, rt):
     with pytest.raises(ConfigError, match="bare"):
         make_net(["fake-a", {"type": "../../bin/sh"}])
     # even a hand-built list cannot make the executor run a path
@@ -560,12 +561,12 @@ def test_a_fault_injected_into_the_executor_aborts_the_chain_uncached(runtime, m
     assert cache_file(runtime, "testnet", rt).exists()
 
 
-def test_cache_write_step_overridable(fake_bin, tmp_path, make_net, rt):
+def test_cache_write_step_overridable(fake_executor, tmp_path, make_net, rt):
     class NoCache(CNIRuntime):
         async def cache_result(self, net, rt, result, prepared=None):
             self.seen = result
 
-    runtime = NoCache([str(fake_bin)], cache_dir=str(tmp_path / "cache"), executor=PluginExecutor())
+    runtime = NoCache([FAKE_BIN], cache_dir=str(tmp_path / "cache"), executor=fake_executor)
     result = run(runtime.add(make_net(["fake-a"]), rt))
     assert runtime.seen is result and runtime.cache.entries() == []
 
@@ -586,7 +587,7 @@ def test_delete_cached_uses_cached_config(runtime, make_net, call_log, rt):
 
 
 def test_version(runtime, tmp_path):
-    info = run(runtime.version("fake"))  # a real process: what it prints
+    info = run(runtime.version("fake"))  # what the fake plugin prints
     assert info["cniVersion"] == "1.1.0" and "0.4.0" in info["supportedVersions"]
     answers = in_process(
         tmp_path,
@@ -612,11 +613,11 @@ def test_delete_with_unnameable_ids_still_runs(runtime, make_net, call_log, rt):
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_cache_durability_modes(fake_bin, tmp_path, make_net, rt, durable, monkeypatch):
+def test_cache_durability_modes(fake_executor, tmp_path, make_net, rt, durable, monkeypatch):
     from nri_cni.cni import cache as cache_mod
 
     runtime = CNIRuntime(
-        [str(fake_bin)], cache_dir=str(tmp_path / "cache"), durable_cache=durable, executor=PluginExecutor()
+        [FAKE_BIN], cache_dir=str(tmp_path / "cache"), durable_cache=durable, executor=fake_executor
     )
     calls = []
     synced = threading.Event()

@@ -18,6 +18,7 @@ from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.exec_errors import Ended
 from nri_cni.cni.executor import Executor, FakeExecutor
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginTimeout
+from tests.support.bin_dir import install_plugin
 
 ENV = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0"}
 TIMEOUT = 30.0  # generous: only the hanging plugin reaches it
@@ -57,18 +58,15 @@ class Plugins:
             else:
                 self.fake.plugins[name] = Ended(behaviour.stdout, behaviour.stderr, behaviour.status)
             return
-        script = self.bin_dir / name
         if isinstance(behaviour, Hangs):
-            script.write_text("#!/bin/sh\nexec sleep 1000\n")
+            install_plugin(self.bin_dir, name, "#!/bin/sh\nexec sleep 1000\n")
         else:
             out, err = self.bin_dir / f".{name}.out", self.bin_dir / f".{name}.err"
             out.write_bytes(behaviour.stdout)
             err.write_bytes(behaviour.stderr)
             end = f"kill -{-behaviour.status} $$" if behaviour.status < 0 else f"exit {behaviour.status}"
-            script.write_text(
-                f"#!/bin/sh\ncat {shlex.quote(str(out))}\ncat {shlex.quote(str(err))} >&2\n{end}\n"
-            )
-        script.chmod(0o755)
+            script = f"#!/bin/sh\ncat {shlex.quote(str(out))}\ncat {shlex.quote(str(err))} >&2\n{end}\n"
+            install_plugin(self.bin_dir, name, script)
 
     def call(self, name: str, timeout: float = TIMEOUT) -> bytes:
         path = self.executor.find(name, [str(self.bin_dir)])

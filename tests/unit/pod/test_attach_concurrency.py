@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +18,9 @@ from nri_cni.config import parse_config
 from nri_cni.errors import PodError
 from nri_cni.pod.model import PodInfo
 from nri_cni.service.modes import mode_for
+from tests.support.bin_dir import install_test_plugin
 from tests.support.pods import pod_plan, pod_service
 
-PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 NETS = ("neta", "netb", "netc")
 
 
@@ -35,10 +33,8 @@ class World:
         self.hold.mkdir()
         bin_dir = tmp / "bin"
         bin_dir.mkdir()
-        for name, source in (("span", "span_plugin.py"), ("fake", "fake_plugin.py")):
-            plugin = bin_dir / name
-            plugin.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n" + (PLUGINS / source).read_text())
-            plugin.chmod(0o755)
+        install_test_plugin(bin_dir, "span_plugin", "span")
+        install_test_plugin(bin_dir, "fake_plugin", "fake")
         (tmp / "_finalize.d").mkdir()
         span = {"type": "span", "log": str(self.log)}
         held = {**span, "hold": {"dir": str(self.hold), "commands": ["ADD"], "timeout": 60}}

@@ -20,12 +20,11 @@ import yaml
 
 from nri_cni.local import proto as localproto
 from nri_cni.shim import install
+from tests.support.bin_dir import install_test_plugin, link_real_plugins
+from tests.support.daemon_config import daemon_config
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_CONFLIST = REPO / "config" / "containerd" / "net.d" / "10-nri-cni.conflist"
-DEPS = os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps")
-REAL_PLUGINS = Path(DEPS) / "root/usr/lib/cni"
-FAKE_PLUGIN = REPO / "tests" / "plugins" / "fake_plugin.py"
 
 
 class NriCni:
@@ -127,13 +126,9 @@ class ShimSetup:
         self.socket = str(self.sock_dir / "d.sock")
         self.bin_dir = tmp / "bin"
         self.bin_dir.mkdir()
-        for plugin in REAL_PLUGINS.iterdir():
-            (self.bin_dir / plugin.name).symlink_to(plugin)
+        link_real_plugins(self.bin_dir)
         install(str(self.bin_dir), self.socket)
-        fake = f"#!{os.path.realpath(sys.executable)} -IS\n" + FAKE_PLUGIN.read_text()
-        for name in ("fake-finalize", "fake-fail"):
-            (self.bin_dir / name).write_text(fake)
-            (self.bin_dir / name).chmod(0o755)
+        install_test_plugin(self.bin_dir, "fake_plugin", "fake-finalize", "fake-fail")
         self.conf_dir = tmp / "net.d"
         self.conf_dir.mkdir()
         shim_list = json.loads(SHIM_CONFLIST.read_text())
@@ -148,21 +143,19 @@ class ShimSetup:
         self.finalize_dir.mkdir(parents=True)
 
     def config(self, nri_socket: str, networks: list[dict], mode: str = "shim", **extra) -> dict:
-        return {
-            "mode": mode,
-            "nri": {"socket": nri_socket},
-            "daemon": {"socket": self.socket},
-            "state_dir": str(self.state_dir),
-            "log": {"level": "info"},
-            "cni": {
-                "bin_dirs": [str(self.bin_dir)],
-                "cache_dir": str(self.cache_dir),
-                "finalize_dir": str(self.finalize_dir),
-                "plugin_timeout": "30s",
-            },
-            "networks": networks,
+        extra.setdefault("log", {"level": "info"})
+        return daemon_config(
+            mode,
+            networks,
+            nri_socket=nri_socket,
+            daemon_socket=self.socket,
+            state_dir=self.state_dir,
+            bin_dirs=[self.bin_dir],
+            cache_dir=self.cache_dir,
+            finalize_dir=self.finalize_dir,
+            plugin_timeout="30s",
             **extra,
-        }
+        )
 
     def cleanup(self) -> None:
         shutil.rmtree(self.sock_dir, ignore_errors=True)

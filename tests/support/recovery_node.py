@@ -1,7 +1,6 @@
-"""The node the recovery tests share (no tests in here; the other test_recovery_* modules import
-the `rnode` fixture): a private containerd with the shim as its only CNI network, nri-cni as a
-real process that can be killed and started again, the real plugins, a scriptable "ctl" plugin,
-and leak checks.
+"""The node the recovery, fault and runtime tests share (they import the `rnode` fixture): a
+private containerd with the shim as its only CNI network, nri-cni as a real process that can be
+killed and started again, the real plugins, a scriptable "ctl" plugin, and leak checks.
 
 Networks: `podnet` (eth0: bridge, host-local, portmap with the pod's host port: per-pod iptables
 DNAT chains; FINALIZE plugin fake-finalize)
@@ -31,14 +30,16 @@ import pytest
 import yaml
 
 from nri_cni.local import proto as localproto
-from tests.e2e.nricni import NriCni, ShimSetup
 from tests.plugins.block_plugin import BlockControl
 from tests.plugins.block_plugin import install as install_block
+from tests.support.bin_dir import install_plugin, python_script
+from tests.support.conflists import bridge_conflist, host_local, macvlan_conflist, network, portmap
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
 from tests.support.jsonlines import read_json_lines
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
+from tests.support.nricni import NriCni, ShimSetup
 from tests.support.podtruth import RuntimePod, whole_problems
 
 CTL_PLUGIN = r"""
@@ -79,9 +80,7 @@ elif command == "VERSION":
 
 
 def install_ctl(bin_dir: Path) -> None:
-    ctl = bin_dir / "ctl"
-    ctl.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n" + CTL_PLUGIN)
-    ctl.chmod(0o755)
+    install_plugin(bin_dir, "ctl", python_script(CTL_PLUGIN))
 
 
 def read_calls(control: Path) -> list[list]:
@@ -120,52 +119,17 @@ class RecoveryNode:
     # -- config ------------------------------------------------------------------------------
 
     def podnet(self, *, extra_plugins=(), finalize=True, version="1.1.0") -> dict:
-        conf = {
-            "cniVersion": version,
-            "name": "podnet",
-            "plugins": [
-                # ipMasq stays off: the bridge plugin skips its masquerade teardown when DEL runs
-                # without a netns (docs/reliability.md, "Known limits")
-                {
-                    "type": "bridge",
-                    "bridge": self.bridge,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "ipam": {
-                        "type": "host-local",
-                        "dataDir": str(self.setup.ipam_dir),
-                        "ranges": [[{"subnet": self.eth0_subnet}]],
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-                *extra_plugins,
-            ],
-        }
+        # ipMasq stays off (bridge_conflist): the bridge plugin skips its masquerade teardown
+        # when DEL runs without a netns (docs/reliability.md, "Known limits")
+        ipam = host_local(self.setup.ipam_dir, self.eth0_subnet)
+        conf = bridge_conflist("podnet", self.bridge, ipam, version=version, then=[portmap(), *extra_plugins])
         if finalize:
             conf["finalize_plugins"] = [{"type": "fake-finalize", "log": str(self.finalize_log)}]
-        return {"name": "podnet", "default": True, "conflist": conf}
+        return network(conf)
 
     def fastnet(self) -> dict:
-        return {
-            "name": "fastnet",
-            "default": True,
-            "conflist": {
-                "cniVersion": "1.0.0",
-                "name": "fastnet",
-                "plugins": [
-                    {
-                        "type": "macvlan",
-                        "master": self.master,
-                        "mode": "bridge",
-                        "ipam": {
-                            "type": "host-local",
-                            "dataDir": str(self.setup.ipam_dir),
-                            "ranges": [[{"subnet": self.net1_subnet}]],
-                        },
-                    }
-                ],
-            },
-        }
+        ipam = host_local(self.setup.ipam_dir, self.net1_subnet)
+        return network(macvlan_conflist("fastnet", self.master, ipam, version="1.0.0"))
 
     def ctl_plugin(self) -> dict:
         return {"type": "ctl", "control": str(self.control)}

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_pod_shim import FINALIZE_PROBE
-from tests.e2e.test_recovery_node import RecoveryNode
 from tests.support.containerd import CNI_RESULTS_DIR
 from tests.support.crio import Crio, install_shim_conflist
+from tests.support.finalize_probe import install_finalize_probe
+from tests.support.recovery_node import RecoveryNode
 
 # the runtimes a test written once runs on (its CRI-O cases fail without CRI-O, unless
 # NRI_CNI_NO_CRIO=1 leaves them out: tests/e2e/conftest.py)
@@ -64,9 +64,7 @@ def _probed(node: RecoveryNode, tmp_path: Path):
     """The node with a FINALIZE drop-in probe that logs "VERB pod ifname links," a call to
     ``node.probe_log``; torn down in reverse: pods through the daemon, the runtime, networks."""
     node.probe_log = tmp_path / "probe.log"
-    (node.setup.bin_dir / "fin-probe").write_text(FINALIZE_PROBE % node.probe_log)
-    (node.setup.bin_dir / "fin-probe").chmod(0o755)
-    (node.setup.finalize_dir / "50-probe.conf").write_text('{"type": "fin-probe"}')
+    install_finalize_probe(node.setup, node.probe_log)
     yield node
     failed = node.cleanup()
     if failed:

@@ -15,11 +15,11 @@ import threading
 import time
 import uuid
 
-from tests.e2e.nricni import NriCni
-from tests.e2e.stubthread import Recorder
-from tests.e2e.test_recovery_node import RecoveryNode
 from tests.support.cutcalls import CutCalls
+from tests.support.nricni import NriCni
 from tests.support.podtruth import RuntimePod, reaches, whole_problems
+from tests.support.recovery_node import RecoveryNode
+from tests.support.stubthread import Recorder
 
 # the node is true again soon after nri-cni's reconnect (about 5 s on a quiet machine:
 # the seconds are printed, and measured side by side in bench/); a test waits for that event

@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.conflists import bridge_conflist, host_local, portmap
 from tests.support.containerd import CNI_RESULTS_DIR
 
 SYS_NET = Path("/sys/class/net")
@@ -114,24 +115,10 @@ class BridgeNetwork:
         self._before_nat = nat_lines()
         self._before_nft = nft_tables()
         self._ip_forward = IP_FORWARD.read_text().strip()
-        plugins: list[dict[str, object]] = [
-            {
-                "type": "bridge",
-                "bridge": self.bridge,
-                "isGateway": True,
-                "ipMasq": False,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": self.subnet}]],
-                    "dataDir": str(self.ipam_dir),
-                    # no "routes": the pods get no default route
-                },
-            }
-        ]
-        if self.portmap:
-            # snat false: no hairpin masquerade rules
-            plugins.append({"type": "portmap", "capabilities": {"portMappings": True}, "snat": False})
-        self.conflist = {"cniVersion": "1.0.0", "name": self.name, "plugins": plugins}
+        # host-local without "routes": the pods get no default route
+        ipam = host_local(self.ipam_dir, self.subnet)
+        then = [portmap(snat=False)] if self.portmap else []
+        self.conflist = bridge_conflist(self.name, self.bridge, ipam, version="1.0.0", then=then)
         (self.conf_dir / "10-nct-e2e.conflist").write_text(json.dumps(self.conflist, indent=2))
 
     @property
