@@ -164,16 +164,15 @@ def test_kill9_while_a_del_plugin_runs(rnode):
 STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 
 
-def _pod(scene: Scene) -> tuple[str, object]:
+def pod_for_containers(cri) -> tuple[str, object]:
     """A pod for containers; (its id, its sandbox config)."""
     name, uid = _victim_name(), str(uuid.uuid4())
-    pod = scene.ctd.cri.run_pod(name, "nct-e2e", uid)
-    return pod, scene.ctd.cri.pod_config(name, "nct-e2e", uid)
+    pod = cri.run_pod(name, "nct-e2e", uid)
+    return pod, cri.pod_config(name, "nct-e2e", uid)
 
 
-def _container(scene: Scene, pod: str, sandbox, image) -> tuple[str, dict]:
+def busybox_container(cri, pod: str, sandbox, image) -> tuple[str, list]:
     """A running busybox container in the pod; (its id, what it reads in its status file)."""
-    cri = scene.ctd.cri
     cid = cri.create_container(
         pod, sandbox, f"app-{uuid.uuid4().hex[:6]}", image.ref, [BUSYBOX, "sleep", "100000"]
     )
@@ -194,10 +193,10 @@ def test_kill9_while_a_del_plugin_runs_with_containers(rnode):
     scene.ctd.import_image(image.archive)
     scene.ctd._wait_image(image.ref)
     status_dirs = rnode.setup.state_dir / "containers"
-    keeper, keeper_sandbox = _pod(scene)
-    victim, victim_sandbox = _pod(scene)
-    before_cid, before = _container(scene, keeper, keeper_sandbox, image)
-    _container(scene, victim, victim_sandbox, image)
+    keeper, keeper_sandbox = pod_for_containers(scene.ctd.cri)
+    victim, victim_sandbox = pod_for_containers(scene.ctd.cri)
+    before_cid, before = busybox_container(scene.ctd.cri, keeper, keeper_sandbox, image)
+    busybox_container(scene.ctd.cri, victim, victim_sandbox, image)
     assert sorted(os.listdir(status_dirs)) == sorted([keeper, victim])
     for pod in (keeper, victim):
         scene.checker.add_markers(pod, *scene.ctd.cri.pod_status(pod).ips)
@@ -210,7 +209,7 @@ def test_kill9_while_a_del_plugin_runs_with_containers(rnode):
         stopping.result(60)
     scene.restarted()
 
-    after_cid, after = _container(scene, keeper, keeper_sandbox, image)
+    after_cid, after = busybox_container(scene.ctd.cri, keeper, keeper_sandbox, image)
     assert after == before
     assert [e["interface"] for e in after] == ["eth0", "net1"]
     annotations = [
