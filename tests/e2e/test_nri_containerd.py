@@ -1,8 +1,8 @@
 """nri_cni's NRI transport (Stub, mux, ttrpc) against real containerd 2.1.
 
 containerd runs its own CNI (the bridge network from conftest); the stub only records what
-containerd sends: the handshake, Synchronize with the pods that exist, and the pod events
-(containerd 2.1 sends them as StateChange).
+containerd sends: the handshake, Synchronize with the pods that exist, the pod events
+(containerd 2.1 sends them as StateChange) and CreateContainer.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from nri_cni.api import nri_pb2
+from tests.support.busybox import BUSYBOX, build_busybox_image
+from tests.support.harness import pod_message
 from tests.support.jsonlines import read_json_lines
-from tests.support.nri_runtime import CONTAINERD, NriRuntime, stop_steps
+from tests.support.nri_runtime import CONTAINERD, NriRuntime, container_at_create, stop_steps
 from tests.support.stubthread import Recorder, StubThread, double_netns, observed_stop_steps
 
 pytestmark = pytest.mark.e2e
@@ -115,6 +117,46 @@ def test_pod_events_reach_the_stub(bridge_network, make_containerd, stubs):
     assert rec.events_for(early) == []
     assert rec.disconnects == 0
     print(f"stub handshake {handshake:.3f}s")
+
+
+class ContainerRecorder(Recorder):
+    """The Recorder, also subscribed to CreateContainer: keeps each request, answers nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[tuple[nri_pb2.PodSandbox, nri_pb2.Container]] = []
+
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse | None:
+        self._add(lambda: self.created.append((pod, container)))
+        return None
+
+
+def test_create_container_reaches_the_stub_as_the_double_sends_it(bridge_network, make_containerd, stubs):
+    """containerd's CreateContainer request carries what the NRI double's (container_at_create)
+    does: the container's id, its pod's id, its name, its args, state UNKNOWN; and the pod."""
+    image = build_busybox_image()
+    ctd = make_containerd(cni_conf_dir=bridge_network.conf_dir)
+    ctd.import_image(image.archive)
+    ctd._wait_image(image.ref)
+    rec = ContainerRecorder()
+    st = stubs(rec, name="nctrec", idx="50", socket_path=ctd.nri_socket)
+    st.wait_synchronized()
+    uid = str(uuid.uuid4())
+    pod = ctd.cri.run_pod("app-0", "nct-nri", uid)
+    args = [BUSYBOX, "sleep", "1000"]
+    cid = ctd.cri.create_container(pod, ctd.cri.pod_config("app-0", "nct-nri", uid), "app", image.ref, args)
+    # containerd waits for the plugin's answer, so the request is in before CreateContainer returns
+    [(sent_pod, sent)] = rec.created
+    assert (sent_pod.id, sent_pod.name, sent_pod.namespace, sent_pod.uid) == (pod, "app-0", "nct-nri", uid)
+    double = container_at_create(pod_message(pod, ""), "app", args)
+    fields = ("pod_sandbox_id", "name", "state", "args")
+    assert [getattr(sent, f) for f in fields] == [getattr(double, f) for f in fields]
+    assert sent.id == cid and len(double.id) == len(cid)
+    ctd.cri.remove_container(cid)
+    ctd.cri.stop_pod(pod)
+    ctd.cri.remove_pod(pod)
 
 
 def test_stub_reconnects_after_containerd_restart(bridge_network, make_containerd, stubs):

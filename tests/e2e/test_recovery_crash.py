@@ -3,7 +3,9 @@ a FINALIZE, a DEL, a GC or a rollback runs, and during start-up recovery. The bl
 the call (tests/plugins/block_plugin.py); the test kills nri-cni by PID, lets the orphaned plugin
 finish into a dead pipe, starts nri-cni again, and then finds on the node (netlink, host-local's
 dir, the cache and intent dirs, firewall rules): nothing of the interrupted pod, and every pod
-containerd lists READY with exactly its networks and the IPs containerd reports.
+containerd lists READY with exactly its networks and the IPs containerd reports. With real
+containers in the pods (tests/support/busybox.py), their status directories go with their pods and
+a container created after the restart reads what one created before read.
 
 In shim mode a daemon killed mid-ADD makes the shim fail: containerd fails the pod and tries its
 CNI DEL through the shim, which finds the daemon down; the intent record is what the next start
@@ -13,6 +15,8 @@ cache entry (still there) is what the repeated stop deletes.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
 import uuid
@@ -23,6 +27,7 @@ import pytest
 
 from nri_cni.local.codec import LocalProtocolError
 from tests.plugins.block_plugin import Blocked
+from tests.support.busybox import build_busybox_image, pod_for_containers, status_reading_container
 from tests.support.damage import damage_left
 from tests.support.netns import delete_link
 from tests.support.podtruth import pod_interfaces
@@ -153,6 +158,52 @@ def test_kill9_while_a_del_plugin_runs(rnode):
     assert any(victim in f for f in rnode.cache_files())  # what the next DEL works from
     scene.restarted()
     rnode.remove_pod(victim)  # kubelet retries the stop: now it goes through
+    scene.assert_truth(victim)
+
+
+STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
+
+
+def test_kill9_while_a_del_plugin_runs_with_containers(rnode):
+    """The same kill -9 in a pod's DEL, its pods with real containers (docs/containers.md): once
+    the repeated stop goes through the killed pod's status directory is gone, and nothing else is
+    left of it; a container created after the restart in another pod gets the annotation and the
+    file a container created before the kill got."""
+    image = build_busybox_image()
+    podnet = rnode.podnet(extra_plugins=[rnode.block_plugin("DEL")])
+    scene = Scene(rnode, podnet)
+    scene.ctd.import_image(image.archive)
+    scene.ctd._wait_image(image.ref)
+    status_dirs = rnode.setup.state_dir / "containers"
+    keeper, keeper_sandbox = pod_for_containers(scene.ctd.cri)
+    victim, victim_sandbox = pod_for_containers(scene.ctd.cri)
+    before_cid, before = status_reading_container(scene.ctd.cri, keeper, keeper_sandbox, image)
+    status_reading_container(scene.ctd.cri, victim, victim_sandbox, image)
+    assert sorted(os.listdir(status_dirs)) == sorted([keeper, victim])
+    for pod in (keeper, victim):
+        scene.checker.add_markers(pod, *scene.ctd.cri.pod_status(pod).ips)
+    scene.checker.learn()
+    rnode.block.arm()
+    stopping = scene.in_background(scene.ctd.cri.stop_pod, victim)
+    blocked = rnode.block.wait_blocked("DEL", victim)
+    scene.kill_while_blocked(blocked)
+    with pytest.raises(grpc.RpcError):
+        stopping.result(60)
+    scene.restarted()
+
+    after_cid, after = status_reading_container(scene.ctd.cri, keeper, keeper_sandbox, image)
+    assert after == before
+    assert [e["interface"] for e in after] == ["eth0", "net1"]
+    annotations = [
+        scene.ctd.cri.container_status(cid)[1]["info"]["runtimeSpec"]["annotations"][STATUS_ANNOTATION]
+        for cid in (before_cid, after_cid)
+    ]
+    assert json.loads(annotations[0]) == json.loads(annotations[1]) == before
+
+    rnode.remove_pod(victim)  # kubelet retries the stop: now it goes through
+    assert os.listdir(status_dirs) == [keeper]
+    rnode.remove_pod(keeper)
+    assert os.listdir(status_dirs) == []
     scene.assert_truth(victim)
 
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 
 from tests.support.pause.image import DEFAULT_CACHE, PauseImage, go_arch, pack_files
@@ -66,3 +67,21 @@ def build_busybox_image(cache_dir: Path | None = None) -> PauseImage:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return build_busybox_image(cache_dir)
+
+
+def pod_for_containers(cri) -> tuple[str, object]:
+    """A pod for containers; (its id, its sandbox config)."""
+    name, uid = f"victim-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    pod = cri.run_pod(name, "nct-e2e", uid)
+    return pod, cri.pod_config(name, "nct-e2e", uid)
+
+
+def status_reading_container(cri, pod: str, sandbox, image) -> tuple[str, list]:
+    """A running busybox container in the pod; (its id, what it reads in its status file)."""
+    cid = cri.create_container(
+        pod, sandbox, f"app-{uuid.uuid4().hex[:6]}", image.ref, [BUSYBOX, "sleep", "100000"]
+    )
+    cri.start_container(cid)
+    code, out, err = cri.exec_sync(cid, [BUSYBOX, "cat", "/run/nri-cni/network-status.json"])
+    assert code == 0, err
+    return cid, json.loads(out)

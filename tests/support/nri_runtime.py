@@ -5,7 +5,9 @@ socketpair as fd 3 (pre-registered plugins), serves Runtime.RegisterPlugin, then
 handshake the runtime runs: Configure (runtime name, version, timeouts, config text), then
 Synchronize with the given pods, split into pages with more=true if asked. After that the test
 drives pod events with the dedicated RPCs or StateChange, or stops a pod as the runtime does
-(`stop_pod`: NRI STOP and the runtime's own teardown in the runtime's order). The pod at REMOVE
+(`stop_pod`: NRI STOP and the runtime's own teardown in the runtime's order), or creates a
+container in a pod (`create_container`: CreateContainer as containerd sends it, to a plugin
+subscribed to it, with the container as `container_at_create` builds it). The pod at REMOVE
 carries the netns path the runtime gives it there (`pod_at_event`). Every call is bounded by the
 request timeout; when it passes, the double closes the plugin's connection, as containerd does.
 What the double does per runtime (`RuntimeKind`) is pinned to the real runtimes by
@@ -102,6 +104,28 @@ def pod_at_event(kind: RuntimeKind, event: int, pod: nri_pb2.PodSandbox) -> nri_
             if ns.type == "network":
                 ns.path = ""
     return out
+
+
+def container_at_create(
+    pod: nri_pb2.PodSandbox, name: str, args: Sequence[str] = (), annotations: Mapping[str, str] | None = None
+) -> nri_pb2.Container:
+    """The container in CreateContainer as containerd 2.1.9 fills it (internal/cri/nri): its id,
+    its pod's id and its name from the OCI spec; its state UNKNOWN, as containerd's store does
+    not hold it yet."""
+    return nri_pb2.Container(
+        id=os.urandom(32).hex(),
+        pod_sandbox_id=pod.id,
+        name=name,
+        state=nri_pb2.CONTAINER_UNKNOWN,
+        annotations=dict(annotations or {}),
+        args=list(args),
+    )
+
+
+def subscribed(conn: PluginConnection, event: int) -> bool:
+    """Whether the plugin's ConfigureResponse.events has the event's bit (event - 1)."""
+    mask = conn.configure_response.events if conn.configure_response is not None else 0
+    return bool(mask & (1 << (event - 1)))
 
 
 class NriRuntime:
@@ -240,6 +264,16 @@ class NriRuntime:
                 await self.state_change(nri_pb2.STOP_POD_SANDBOX, pod)
             else:
                 await teardown()
+
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.CreateContainerResponse | None:
+        """CreateContainer, sent only if the plugin subscribed to it (None otherwise, as the
+        runtime then does not call the plugin at all)."""
+        if not subscribed(self.plugin, nri_pb2.CREATE_CONTAINER):
+            return None
+        out = await self.call("CreateContainer", nri_pb2.CreateContainerRequest(pod=pod, container=container))
+        return nri_pb2.CreateContainerResponse.FromString(out)
 
     async def shutdown(self) -> None:
         await self.call("Shutdown", nri_pb2.Empty())

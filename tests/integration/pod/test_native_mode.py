@@ -1,17 +1,24 @@
 """NRI-native mode: the daemon attaches every network in RunPodSandbox and answers with the IPs
-and interfaces, decoded here by the runtime-side NRI double from real bytes. Real plugins
-(bridge, portmap, macvlan over a veth master the test made) in namespaces the test made."""
+and interfaces, decoded here by the runtime-side NRI double from real bytes; at CreateContainer it
+answers a container's adjustment (docs/containers.md). Real plugins (bridge, portmap, macvlan over
+a veth master the test made) in namespaces the test made."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
+import os
+import sys
 
 import pytest
 
 from nri_cni.errors import RPCError
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.netns import get_link
+from tests.support.nri_runtime import container_at_create
+
+META_PLUGIN = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "meta_plugin.py")
 
 pytestmark = pytest.mark.netns
 
@@ -198,3 +205,60 @@ def test_a_pod_that_started_while_nri_cni_was_down_is_reported_missed_not_attach
         assert node.reservations() == []
 
     run(scenario())
+
+
+def test_a_container_of_a_pod_gets_its_networks_and_a_pod_without_none(node):
+    """CreateContainer (sent as containerd sends it): a container of a pod with nri-cni's networks
+    gets the network-status annotation, one annotation per metadata key and the pod's status
+    directory mounted read-only, whose file says what the annotation says. The control: a
+    host-network pod (no netns, so no attachment of nri-cni's), its container created the same
+    way, gets no adjustment. The pod's directory goes at RemovePodSandbox."""
+    meta = node.bin_dir / "nct-meta"
+    meta.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n" + open(META_PLUGIN).read())
+    meta.chmod(0o755)
+    master, _ = node.jan.veth()
+    net1 = node.macvlan_net("fastnet", "10.244.36.0/24", master)
+    net1["plugins"].append({"type": "nct-meta", "metadata": {"example.com/vf": "3"}})
+    networks = [
+        {"name": "podnet", "default": True, "conflist": node.bridge_net("podnet", "10.244.35.0/24")},
+        {"name": "fastnet", "namespaces": ["default"], "conflist": net1},
+    ]
+    cfg = node.config("native", networks)
+    ns = node.jan.netns()
+    pod_id = new_pod_id()
+    pod = pod_message(pod_id, ns.path, annotations={"k8s.v1.cni.cncf.io/networks": "fastnet"})
+    hostnet = pod_message(new_pod_id(), "")
+    pod_dir = node.state_dir / "containers" / pod_id
+    checker = node.leak_checker(ns).start()
+
+    async def scenario():
+        async with DaemonHarness(node, cfg) as h:
+            answer = await h.runtime.run_pod_sandbox(pod)
+            checker.add_markers(pod_id, *answer.adjust.network.ips)
+            resp = await h.runtime.create_container(pod, container_at_create(pod, "app", ["sleep", "1"]))
+            assert resp is not None and resp.HasField("adjust")
+            annotations = dict(resp.adjust.annotations)
+            status = json.loads(annotations["k8s.v1.cni.cncf.io/network-status"])
+            macs = {i.name: i.mac for i in answer.adjust.network.interfaces}
+            assert [(e["interface"], e["mac"]) for e in status] == [
+                ("eth0", macs["eth0"]),
+                ("net1", macs["net1"]),
+            ]
+            assert status[1]["metadata"] == {"example.com/vf": "3"}
+            assert annotations["nri-cni.io/net1/example.com/vf"] == "3"
+            assert [(m.destination, m.type, m.source, "ro" in m.options) for m in resp.adjust.mounts] == [
+                ("/run/nri-cni", "bind", str(pod_dir), True)
+            ]
+            assert json.loads((pod_dir / "network-status.json").read_text()) == status
+
+            await h.runtime.run_pod_sandbox(hostnet)
+            control = await h.runtime.create_container(hostnet, container_at_create(hostnet, "app"))
+            assert control is not None and not control.HasField("adjust")
+            assert not (node.state_dir / "containers" / hostnet.id).exists()
+
+            await h.runtime.stop_pod_sandbox(pod)
+            await h.runtime.remove_pod_sandbox(pod)
+            assert not pod_dir.exists()
+
+    run(scenario())
+    assert checker.leaks() == []

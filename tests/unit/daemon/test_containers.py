@@ -9,6 +9,8 @@ import json
 import logging
 import os
 
+import pytest
+
 from nri_cni.api import nri_pb2
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import Config, ConfigSource
@@ -91,6 +93,28 @@ def test_the_directory_goes_with_the_pod(tmp_path):
     assert sorted(w.containers.pod_ids()) == [POD]
     w.containers.forget(POD)  # RemovePodSandbox
     assert list(w.containers.pod_ids()) == []
+
+
+# the pod's operation -> whether its directory is still there after it: the pod's DEL (stop),
+# the GC's and the netns reaper's go; the control, the same pod after an add, a repair or a check,
+# keeps it
+OPERATIONS = [
+    ("del", False),
+    ("gc-del", False),
+    ("reap", False),
+    ("add", True),
+    ("repair", True),
+    ("check", True),
+]
+
+
+@pytest.mark.parametrize(("op", "kept"), OPERATIONS)
+def test_which_operations_remove_the_pods_directory(tmp_path, op, kept):
+    w = World(tmp_path)
+    w.held[POD] = [entry(POD, "eth0", "podnet", "0a:00:00:00:00:01")]
+    w.containers.adjust(POD, "default/web")
+    w.containers.observe_operation(OpRecord(op, PodInfo(POD)))
+    assert os.path.isdir(w.containers.pod_dir(POD)) is kept
 
 
 def test_refusals_are_logged_once_per_pod_and_counted_each_time(tmp_path, caplog):
