@@ -6,7 +6,9 @@ is large and lives forever. With CPython's defaults a young-generation collectio
 runs every 700 allocations and every tenth one also walks the middle generation: measured here
 at 0.1 ms and 1-2 ms, landing inside plugin chains. Freezing the start-up heap keeps the full
 collections from walking it; a higher first threshold makes collections rarer. Cycles are
-still collected, only later.
+still collected, only later: the threshold counts objects still alive, which a pod operation
+leaves few of, so the cycles every shim connection leaves are collected apart
+(nri_cni/daemon/cycles.py).
 """
 
 from __future__ import annotations

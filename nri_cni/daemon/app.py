@@ -25,6 +25,7 @@ from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config, ConfigSource
 from nri_cni.daemon.containers import ContainerNetworks, OperationTee, PodEntries
+from nri_cni.daemon.cycles import CycleCollector
 from nri_cni.daemon.local_server import LocalServer
 from nri_cni.daemon.nri_handlers import NriHandlers
 from nri_cni.daemon.reload import ConfigReloader
@@ -276,6 +277,7 @@ def build_daemon(cfg: Config) -> Daemon:
         readiness=readiness,
         reports=reports,
         observe_shim=metrics.observe_shim_request,
+        closed=CycleCollector().connection_closed,
     )
     return Daemon(
         cni=cni,

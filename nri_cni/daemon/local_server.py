@@ -42,11 +42,14 @@ class LocalServer:
         readiness: NetworkReadiness,
         reports: DaemonReports,
         observe_shim: Callable[[str, float], None] | None = None,
+        closed: Callable[[], None] | None = None,
     ) -> None:
         """observe_shim(verb, seconds): each shim request answered, how long the runtime's CNI
-        call waited on the daemon."""
+        call waited on the daemon; closed(): each connection closed (its transport is a
+        reference cycle: nri_cni/daemon/cycles.py)."""
         self.pods = pods
         self.observe_shim = observe_shim
+        self.closed = closed
         self.readiness = readiness
         self.reports = reports
         self.path = path
@@ -77,9 +80,17 @@ class LocalServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         stamps = {"accepted": time.perf_counter()}  # the pod operation's record shows them
         arrival(stamps)
-        if not self.guard.admit(writer):
+        try:
+            if self.guard.admit(writer):
+                await self._answer(reader, writer, stamps)
+        finally:
             writer.close()
-            return
+            if self.closed is not None:
+                self.closed()
+
+    async def _answer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stamps: dict[str, float]
+    ) -> None:
         try:
             try:
                 header, body = await self.guard.read(reader)
@@ -103,7 +114,6 @@ class LocalServer:
             pass  # the shim was killed (runtime timeout); the work itself is finished regardless
         finally:
             self.guard.release()
-            writer.close()
 
     # -- shim --------------------------------------------------------------------------------
 

@@ -75,15 +75,32 @@ class _Attachments:
 
 class _RecentNri:
     """A collector asked at every scrape: the slowest NRI answer of the last RECENT_WINDOW
-    seconds, beside the runtime's deadline for it (0 before the runtime said one)."""
+    seconds, beside the runtime's deadline for it (0 before the runtime said one). Of the
+    answers it keeps only those no later answer is as slow as (each the slowest from its time
+    on), and none older than the window: a few, however many requests come."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.answers: deque[tuple[float, float]] = deque(maxlen=RECENT_KEPT)  # (when, seconds)
         self.deadline = 0.0
 
+    def add(self, seconds: float) -> None:
+        now = self.clock()
+        self._expire(now)
+        while self.answers and self.answers[-1][1] <= seconds:
+            self.answers.pop()
+        self.answers.append((now, seconds))
+
+    def slowest(self) -> float:
+        self._expire(self.clock())
+        return self.answers[0][1] if self.answers else 0.0
+
+    def _expire(self, now: float) -> None:
+        while self.answers and self.answers[0][0] < now - RECENT_WINDOW:
+            self.answers.popleft()
+
     def collect(self) -> Iterator[Metric]:
-        since = time.monotonic() - RECENT_WINDOW
-        slowest = max((s for at, s in self.answers if at >= since), default=0.0)
+        slowest = self.slowest()
         yield GaugeMetricFamily(
             "nri_cni_nri_request_slowest_recent_seconds",
             f"The slowest NRI answer of the last {RECENT_WINDOW:.0f} s (0: none).",
@@ -213,7 +230,7 @@ class Exposition:
         """One NRI request answered after `seconds`; `deadline`: the runtime's, as now known."""
         label = method if method in NRI_METHODS else "other"
         self._child(self.nri_duration, label).observe(seconds)
-        self._recent.answers.append((time.monotonic(), seconds))
+        self._recent.add(seconds)
         self._recent.deadline = deadline
 
     def observe_shim(self, verb: str, seconds: float) -> None:

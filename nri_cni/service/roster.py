@@ -141,7 +141,12 @@ class Roster:
         _put(self._records, pod_id, stop_event=True)
 
     def stopped(self, pod_id: str) -> None:
-        """The pod was torn down (NRI stop, the runtime's CNI DEL)."""
+        """The pod was torn down (NRI stop, the runtime's CNI DEL). Once the runtime's list
+        came, a pod the roster has no record of is not the runtime's (containerd's DEL after
+        its RemovePodSandbox): nothing is kept of it. Before that list, the teardown is kept:
+        the list that has the pod makes it relisted (nri-cni restarted in a runtime's stop)."""
+        if self.synced and pod_id not in self._records:
+            return
         _put(self._records, pod_id, unconfirmed=None, attached_at=None, stopped=True)
 
     def removed(self, pod_id: str) -> None:

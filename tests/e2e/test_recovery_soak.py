@@ -1,7 +1,7 @@
 """Acceptance 6, the soak: 500 pods created and removed through containerd 2.1.9 and the shim, 8 at
 a time (every 10th with a host port: portmap's per-pod iptables chains). The daemon's resident
-memory once all is idle at the end is within 10% of what it was, idle, after the first 50; and
-nothing leaks: host-local reservations, cache files, intent records, bridge ports, host veths,
+memory, idle, after the first 50 and then every 90 pods, grows by at most MAX_SLOPE KiB a pod
+(the samples' least-squares slope) and by at most 10% at the end; and nothing leaks: host-local reservations, cache files, intent records, bridge ports, host veths,
 iptables/nft rules, the daemon's file descriptors and child processes, and what it keeps per
 pod in memory (`nri-cni status`: tracked). The figures are printed (pytest -s shows them).
 
@@ -25,6 +25,8 @@ pytestmark = pytest.mark.e2e
 PODS = 500
 FIRST = 50
 PARALLEL = 8
+SAMPLES = 5  # idle RSS samples after the first pods, one every (PODS - FIRST) / SAMPLES pods
+MAX_SLOPE = 1.0  # KiB a pod (the samples vary by ~0.2 MiB; the cycles of shim connections were ~7)
 
 
 def _proc(pid: int) -> dict:
@@ -59,6 +61,19 @@ def _idle(daemon) -> dict:
     return _proc(daemon.proc.pid)
 
 
+def slope(points: list[tuple[int, int]]) -> float:
+    """The least-squares slope of (pods, RSS KiB) points: KiB a pod."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def test_slope_is_the_growth_per_pod():
+    assert slope([(0, 100), (10, 120), (20, 140)]) == 2.0
+    assert slope([(0, 100), (10, 80), (20, 100)]) == 0.0  # control: a dip is no growth
+
+
 def test_soak_500_pods_8_at_a_time(rnode):
     ctd = rnode.start_containerd()
     daemon = rnode.start_daemon(rnode.daemon_config([rnode.podnet(finalize=False)]))
@@ -75,18 +90,25 @@ def test_soak_500_pods_8_at_a_time(rnode):
         list(pool.map(cycle, range(FIRST)))
     after_first = _idle(daemon)
     t1 = time.monotonic()
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        list(pool.map(cycle, range(FIRST, PODS)))
-    at_end = _idle(daemon)
+    samples = [(FIRST, after_first["rss"])]
+    step = (PODS - FIRST) // SAMPLES
+    for start in range(FIRST, PODS, step):
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            list(pool.map(cycle, range(start, start + step)))
+        at_end = _idle(daemon)
+        samples.append((start + step, at_end["rss"]))
     t2 = time.monotonic()
 
     growth = (at_end["rss"] - after_first["rss"]) / after_first["rss"]
+    per_pod = slope(samples)
     print(
         f"\nsoak: nri-cni RSS at start {started['rss']} KiB, after {FIRST} pods "
         f"{after_first['rss']} KiB, after {PODS} pods {at_end['rss']} KiB "
-        f"({growth:+.1%}); fds {after_first['fds']} -> {at_end['fds']}; "
+        f"({growth:+.1%}); samples {[rss for _, rss in samples]} KiB: {per_pod:+.2f} KiB a pod; "
+        f"fds {after_first['fds']} -> {at_end['fds']}; "
         f"{FIRST} pods in {t1 - t0:.1f}s, {PODS - FIRST} in {t2 - t1:.1f}s"
     )
+    assert per_pod <= MAX_SLOPE
     assert at_end["rss"] <= after_first["rss"] * 1.10
     assert at_end["fds"] == after_first["fds"]
     assert at_end["children"] == 0

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nri_cni.config import MetricsServerSettings
 from nri_cni.errors import CNIError, NriCniError, PluginRef, PodError, Unavailable
 from nri_cni.metrics.endpoint import LATENCY_BUCKETS, Metrics, error_code
+from nri_cni.metrics.families import RECENT_WINDOW, _RecentNri
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.oprecord import OpRecord
 
@@ -354,3 +355,33 @@ def test_request_latency_labels_stay_bounded_and_the_slowest_recent_answer_is_ke
     assert samples[(nri, (("method", "RunPodSandbox"),))] == 1 and samples[(nri, (("method", "other"),))] == 1
     assert samples[("nri_cni_nri_request_slowest_recent_seconds", ())] == 0.3
     assert samples[("nri_cni_nri_request_timeout_seconds", ())] == 2.0
+
+
+def test_the_slowest_recent_answer_keeps_a_few_answers_however_many_come():
+    """Of the NRI answers, only those no later answer is as slow as are kept, and none older
+    than the window. Control: answers each faster than the one before are each the slowest
+    from their time on, and all kept (within RECENT_KEPT)."""
+    now = [0.0]
+    recent = _RecentNri(clock=lambda: now[0])
+    for i in range(1000):
+        now[0] = i * 0.1
+        recent.add(0.02 if i % 2 else 0.01)
+    assert (len(recent.answers), recent.slowest()) == (1, 0.02)
+    falling = _RecentNri(clock=lambda: now[0])
+    for i in range(1000):
+        falling.add(1.0 - i / 1000)
+    assert (len(falling.answers), falling.slowest()) == (1000, 1.0)
+
+
+def test_the_slowest_recent_answer_is_of_the_window_only():
+    now = [0.0]
+    recent = _RecentNri(clock=lambda: now[0])
+    recent.add(0.5)
+    now[0] = 200.0
+    recent.add(0.1)
+    now[0] = RECENT_WINDOW
+    assert recent.slowest() == 0.5  # control: the slow one still in the window
+    now[0] = RECENT_WINDOW + 1
+    assert recent.slowest() == 0.1
+    now[0] = 200.0 + RECENT_WINDOW + 1
+    assert (recent.slowest(), len(recent.answers)) == (0.0, 0)

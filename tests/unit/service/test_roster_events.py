@@ -182,3 +182,14 @@ def test_a_gc_forgets_the_grace_of_what_it_deleted_and_of_what_is_no_longer_vali
     assert roster.record(B).unconfirmed is not None
     roster.collected([], set(), grace=30)  # control: none
     assert roster.record(B).empty
+
+
+def test_a_teardown_of_a_pod_without_a_record_is_kept_only_before_the_runtime_s_list():
+    roster = Roster()
+    roster.stopped(A)  # nri-cni restarted in the runtime's stop: its DEL comes before the list
+    roster.listed([pod(A)])
+    assert (roster.record(A).stopped, roster.record(A).relisted) == (False, True)
+    roster.stopped(B)  # after the list: containerd's DEL after its RemovePodSandbox
+    assert roster.record(B).empty and [r.pod_id for r in roster] == [A]
+    roster.stopped(A)  # control: a pod with a record is torn down whatever the list
+    assert roster.record(A).stopped
