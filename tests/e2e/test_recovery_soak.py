@@ -49,16 +49,16 @@ def _proc(pid: int) -> dict:
 
 
 def _idle(daemon) -> dict:
-    """Waits until nothing is in flight, then measures."""
+    """Waits until nothing is in flight and no plugin process is left, then measures (the
+    deadline only fails a hang)."""
     deadline = time.monotonic() + 60
     while True:
         tracked = daemon.status()["tracked"]
-        if tracked["operations"] == 0 and tracked["background"] == 0:
-            break
-        assert time.monotonic() < deadline, tracked
+        measured = _proc(daemon.proc.pid)
+        if tracked["operations"] == 0 and tracked["background"] == 0 and measured["children"] == 0:
+            return measured
+        assert time.monotonic() < deadline, (tracked, measured)
         time.sleep(0.05)
-    time.sleep(0.2)
-    return _proc(daemon.proc.pid)
 
 
 def slope(points: list[tuple[int, int]]) -> float:
