@@ -242,6 +242,10 @@ def test_flush_waits_for_pending_syncs(tmp_path, monkeypatch):
         (9007199254740991, b"9007199254740991"),  # the control: float64 holds it exactly
         (9007199254740993, b"9007199254740992"),
         (-9007199254740993, b"-9007199254740992"),
+        (2**60 + 1, b"1152921504606847000"),  # the float64 2**60, in its shortest digits
+        (-(2**60) - 1, b"-1152921504606847000"),
+        (10**21 - 2**17, b"999999999999999900000"),  # the last float64 below 1e21: still digits
+        (10**21, b"1e+21"),  # from 1e21 on, Go's exponent form
         (10**22 + 1, b"1e+22"),
         (True, b"true"),
     ],
