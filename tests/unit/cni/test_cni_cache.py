@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import stat
@@ -208,9 +207,12 @@ def test_sync_later(tmp_path, monkeypatch):
     done = threading.Event()
 
     def spy(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        path = os.readlink(f"/proc/self/fd/{fd}")
         real_fsync(fd)
-        if os.path.isdir(synced[-1]):
+        if not path.startswith(f"{tmp_path}/"):
+            return  # another test's syncer thread, still at work
+        synced.append(path)
+        if os.path.isdir(path):
             done.set()
 
     monkeypatch.setattr(os, "fsync", spy)
@@ -448,17 +450,14 @@ def test_a_failed_write_is_an_io_failure_naming_the_file(tmp_path):
 @pytest.fixture
 def fsynced(monkeypatch, tmp_path):
     """The paths under tmp_path os.fsync is called on, in order (another test's syncer thread
-    may still be at work elsewhere), marked when their descriptor lacks close-on-exec (a plugin
-    started meanwhile would inherit it)."""
+    may still be at work elsewhere)."""
     paths: list[str] = []
     real_fsync = os.fsync
 
     def spy(fd):
         path = os.readlink(f"/proc/self/fd/{fd}")
         if path.startswith(f"{tmp_path}/"):
-            paths.append(
-                path if fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC else f"{path} (inheritable)"
-            )
+            paths.append(path)
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
