@@ -114,3 +114,35 @@ def test_yaml_load_limits(text, error):
         with pytest.raises(yaml.YAMLError) as err:
             jsonlimits.yaml_load(text, max_bytes=32, max_depth=4)
         assert error in str(err.value)
+
+
+def _cycles_left_by(read, times: int = 50) -> int:
+    """How many objects `times` calls of `read` leave that only the cycle collector frees."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(times):
+            read()
+        return gc.collect()
+    finally:
+        gc.enable()
+
+
+def test_a_yaml_read_leaves_no_reference_cycle():
+    """The daemon reads its config on every change of its folder: a cycle a read piles up until
+    the collector runs. Control: a class made per read (what yaml_load did) is seen."""
+
+    def class_per_read():
+        class Loader(yaml.SafeLoader):
+            pass
+
+        loader = Loader("a: 1")
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+
+    assert _cycles_left_by(class_per_read) >= 50  # control: the counter sees such cycles
+    assert _cycles_left_by(lambda: jsonlimits.yaml_load("a: 1")) < 50
