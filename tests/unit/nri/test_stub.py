@@ -475,3 +475,73 @@ def test_a_handler_of_a_lost_connection_does_not_mark_the_next_one_synced(arun, 
             await asyncio.wait_for(h.stub.synchronized.wait(), 60)
 
     arun(main())
+
+
+class HeldSync(Recorder):
+    """A Recorder whose first Synchronize waits for `release`; `syncing` is set when it began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def synchronize(self, pods, containers):
+        self.syncing.set()
+        await self.release.wait()
+        await super().synchronize(pods, containers)
+
+
+def test_resync_once_synchronized_reconnects(arun, sock_dir):
+    """resync() after the Synchronize closes the connection and the stub registers again.
+    Control case: test_resync_during_the_handshake_changes_nothing (not yet synchronized: the
+    same call leaves the connection alone)."""
+
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            h.stub.resync()
+            await h.runtime.wait_plugin(2)
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            assert h.plugin.calls.count(("disconnect",)) == 1
+
+    arun(main())
+
+
+def test_resync_during_the_handshake_changes_nothing(arun, sock_dir):
+    """Connected but not yet synchronized: resync() keeps the connection, whose Synchronize
+    then completes (no disconnect, one Synchronize). Control case:
+    test_resync_once_synchronized_reconnects."""
+
+    async def main():
+        plugin = HeldSync()
+        async with Harness(sock_dir, plugin) as h:
+            await plugin.syncing.wait()
+            h.stub.resync()
+            plugin.release.set()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            assert ("disconnect",) not in plugin.calls
+            assert [c[0] for c in plugin.calls].count("synchronize") == 1
+
+    arun(main())
+
+
+@pytest.mark.parametrize("preregistered", [True, False])
+def test_unavailable_names_where_the_runtime_was_looked_for(arun, sock_dir, monkeypatch, preregistered):
+    """The error names the inherited fd of a pre-registered plugin, else the socket path. The
+    two cases are each other's control: only NRI_PLUGIN_SOCKET differs."""
+    path = str(sock_dir / "none.sock")
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(fd)  # a number no file is open under
+    if preregistered:
+        monkeypatch.setenv("NRI_PLUGIN_SOCKET", str(fd))
+        monkeypatch.setenv("NRI_PLUGIN_NAME", "x")
+        monkeypatch.setenv("NRI_PLUGIN_IDX", "01")
+    else:
+        monkeypatch.delenv("NRI_PLUGIN_SOCKET", raising=False)
+    stub = Stub(Recorder(), name="x", idx="01", socket_path=path, reconnect=False)
+    with pytest.raises(Unavailable) as info:
+        arun(stub.run())
+    expected = f"fd {fd}" if preregistered else path
+    assert expected in str(info.value)
+    assert (path in str(info.value)) is not preregistered
