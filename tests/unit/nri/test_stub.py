@@ -545,3 +545,76 @@ def test_unavailable_names_where_the_runtime_was_looked_for(arun, sock_dir, monk
     expected = f"fd {fd}" if preregistered else path
     assert expected in str(info.value)
     assert (path in str(info.value)) is not preregistered
+
+
+def test_a_lost_configured_connection_is_made_again_at_once(arun, sock_dir):
+    """With an hour's backoff, the stub registers again at once after the runtime drops a
+    connection that had been configured. Control case: test_stop_ends_run_while_retrying, where
+    no connection was made, waits out that backoff."""
+
+    async def main():
+        async with Harness(sock_dir, Recorder(), backoff_initial=3600, backoff_max=3600) as h:
+            await h.runtime.wait_plugin()
+            await h.runtime.close()
+            await h.runtime.wait_plugin(2)
+
+    arun(main())
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_closed_connection_is_logged_unless_stopping(arun, sock_dir, caplog, stopping):
+    """The runtime closing the connection is a warning; stop() closing it is not. The two cases
+    are each other's control: only who closed the connection differs."""
+
+    async def main():
+        h = Harness(sock_dir, Recorder(), reconnect=False)
+        async with h:
+            await h.runtime.wait_plugin()
+            if stopping:
+                await h.stub.stop()
+            else:
+                await h.runtime.close()
+            await asyncio.wait_for(h.task, 60)
+
+    with caplog.at_level(logging.WARNING, logger="nri_cni.nri.stub"):
+        arun(main())
+    assert ("NRI runtime closed the connection" in caplog.text) is not stopping
+
+
+class GatedSync:
+    """Each Synchronize waits for its own gate; `entered[n]` is set when the n-th began and
+    `finished[n]` when it returned."""
+
+    def __init__(self, count: int) -> None:
+        self.gates = [asyncio.Event() for _ in range(count)]
+        self.entered = [asyncio.Event() for _ in range(count)]
+        self.finished = [asyncio.Event() for _ in range(count)]
+        self.calls = 0
+
+    async def synchronize(self, pods, containers):
+        n = self.calls
+        self.calls += 1
+        self.entered[n].set()
+        await self.gates[n].wait()
+        self.finished[n].set()
+
+
+def test_a_late_handler_of_any_lost_connection_does_not_mark_a_later_one_synced(arun, sock_dir):
+    """Two connections are lost while their Synchronize runs; the second one's, finishing during
+    the third connection's, must not mark the stub synchronized. Control case: the third's own
+    Synchronize finishing does."""
+
+    async def main():
+        plugin = GatedSync(3)
+        async with Harness(sock_dir, plugin, dict(request_timeout_ms=200)) as h:
+            await plugin.entered[1].wait()  # the first connection was dropped, its handler hangs
+            h.runtime.request_timeout_ms = 60000
+            await plugin.entered[2].wait()  # the second was dropped too
+            plugin.gates[1].set()
+            await plugin.finished[1].wait()
+            assert not h.stub.synchronized.is_set()
+            plugin.gates[2].set()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            plugin.gates[0].set()
+
+    arun(main())
