@@ -544,20 +544,32 @@ def test_unavailable_names_where_the_runtime_was_looked_for(arun, sock_dir, monk
         arun(stub.run())
     expected = f"fd {fd}" if preregistered else path
     assert expected in str(info.value)
+    assert info.value.details == str(info.value.__cause__) and isinstance(info.value.__cause__, OSError)
     assert (path in str(info.value)) is not preregistered
 
 
-def test_a_lost_configured_connection_is_made_again_at_once(arun, sock_dir):
-    """With an hour's backoff, the stub registers again at once after the runtime drops a
-    connection that had been configured. Control case: test_stop_ends_run_while_retrying, where
-    no connection was made, waits out that backoff."""
+def test_a_lost_configured_connection_is_made_again_at_once(arun, sock_dir, monkeypatch):
+    """After the runtime drops a connection that had been configured, the stub registers again
+    without waiting out any backoff (no wait on its stop event with a timeout). Control case:
+    test_stop_ends_run_while_retrying, where no connection was made, waits out the backoff."""
+    h = Harness(sock_dir, Recorder(), backoff_initial=3600, backoff_max=3600)
+    backoffs: list[float] = []
+    wait_for = asyncio.wait_for
+
+    def recording(aw, timeout):
+        frame = getattr(aw, "cr_frame", None)
+        if frame is not None and frame.f_locals.get("self") is h.stub._stopping:
+            backoffs.append(timeout)
+        return wait_for(aw, timeout)
 
     async def main():
-        async with Harness(sock_dir, Recorder(), backoff_initial=3600, backoff_max=3600) as h:
+        async with h:
             await h.runtime.wait_plugin()
             await h.runtime.close()
             await h.runtime.wait_plugin(2)
+            assert backoffs == []
 
+    monkeypatch.setattr(asyncio, "wait_for", recording)
     arun(main())
 
 
