@@ -75,6 +75,7 @@ def test_verify_status_and_pods_report_the_verdicts(node):
     nets = [{"name": "podnet", "default": True, "conflist": node.bridge_net("podnet", "10.244.41.0/24")}]
     cfg = node.config("shim", nets)
     cfg["repair_on_sync"] = False  # no round after Synchronize: the test double's are the only ones
+    cfg["verify"] = {"interval": 0}  # nor a timer's (a slow run outlasts its 30 s)
     cfg["daemon"]["allowed_uids"] = [os.geteuid()]  # the unit subset runs as nobody too
     sock = cfg["daemon"]["socket"]
     web = pod_message(new_pod_id(), "", name="web", namespace="default")
