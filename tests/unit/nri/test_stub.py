@@ -630,3 +630,38 @@ def test_a_late_handler_of_any_lost_connection_does_not_mark_a_later_one_synced(
             plugin.gates[0].set()
 
     arun(main())
+
+
+def test_the_backoff_doubles_up_to_its_longest(arun, sock_dir, monkeypatch):
+    """No runtime: the waits between attempts start at backoff_initial and double up to
+    backoff_max. Control case: test_a_lost_configured_connection_is_made_again_at_once, where
+    the connection had worked, waits none."""
+    stub = Stub(
+        Recorder(),
+        name="x",
+        idx="01",
+        socket_path=str(sock_dir / "none.sock"),
+        backoff_initial=0.001,
+        backoff_max=0.004,
+    )
+    backoffs: list[float] = []
+    enough = asyncio.Event()
+    wait_for = asyncio.wait_for
+
+    def recording(aw, timeout):
+        frame = getattr(aw, "cr_frame", None)
+        if frame is not None and frame.f_locals.get("self") is stub._stopping:
+            backoffs.append(timeout)
+            if len(backoffs) == 5:
+                enough.set()
+        return wait_for(aw, timeout)
+
+    async def main():
+        task = asyncio.create_task(stub.run())
+        await enough.wait()
+        await stub.stop()
+        await task
+
+    monkeypatch.setattr(asyncio, "wait_for", recording)
+    arun(main())
+    assert backoffs[:5] == [0.001, 0.002, 0.004, 0.004, 0.004]

@@ -194,3 +194,30 @@ def test_at_once_runs_every_call_then_raises_the_first_error():
         assert done == [0, 2]
 
     asyncio.run(main())
+
+
+def test_reasons_say_what_was_not_read():
+    from nri_cni.service.podcheck import netns_unreadable, unreadable_reason
+    from nri_cni.service.podstate import BrokenCode
+
+    pod = PodInfo(id="a" * 64, name="web", namespace="ns", netns="/var/run/netns/x", pid=4242)
+    why, verdicts = netns_unreadable(pod, [entry("net-a", "eth0"), entry("net-b", "net1")])
+    assert why == (
+        "its netns path /var/run/netns/x is gone or is no network namespace, while its pause "
+        "process 4242 runs and the runtime lists it: nri-cni can neither read nor repair its "
+        "networks and keeps its IPs held"
+    )
+    code = BrokenCode.NETNS_UNREADABLE.value
+    assert verdicts == [
+        AttachmentVerdict("net-a", "eth0", code, why),
+        AttachmentVerdict("net-b", "net1", code, why),
+    ]
+
+    check = PodCheck(POD, [entry("net-a", "eth0"), entry("net-b", "net1")], [])
+    check.unknown[("net-a", "eth0")] = (NO_RESULT, "no result")
+    check.unknown[("net-b", "net1")] = (BAD_RESULT, "bad result")
+    assert unreadable_reason(check, "remove the pod") == (
+        "net-a/eth0: no result; net-b/net1: bad result: not verified, nothing was changed; read "
+        "again every round (if it stays: nri-cni pods and the daemon log say what failed; a cache "
+        "entry without a usable result cannot be repaired: remove the pod)"
+    )
