@@ -221,3 +221,13 @@ def test_reasons_say_what_was_not_read():
         "again every round (if it stays: nri-cni pods and the daemon log say what failed; a cache "
         "entry without a usable result cannot be repaired: remove the pod)"
     )
+
+
+def test_signature_changes_with_a_result():
+    """What the round compares before and under the pod's lock. Control case: the same entries
+    with one result changed give another signature."""
+    a, b = entry("net-a", "eth0", RESULT), entry("net-b", "net1")
+    check = PodCheck(POD, [a, b], [])
+    assert check.signature() == [(("net-a", "eth0"), RESULT), (("net-b", "net1"), None)]
+    changed = PodCheck(POD, [a, entry("net-b", "net1", RESULT)], [])
+    assert changed.signature() != check.signature()
