@@ -231,3 +231,63 @@ def test_signature_changes_with_a_result():
     assert check.signature() == [(("net-a", "eth0"), RESULT), (("net-b", "net1"), None)]
     changed = PodCheck(POD, [a, entry("net-b", "net1", RESULT)], [])
     assert changed.signature() != check.signature()
+
+
+PORTMAP = (
+    b'{"cniVersion":"1.1.0","name":"net-a","plugins":[{"type":"bridge","ipam":{"type":"host-local",'
+    b'"dataDir":"/var/lib/cni/networks"}},{"type":"portmap","capabilities":{"portMappings":true}}]}'
+)
+RESULT_V4 = {**RESULT, "ips": [{"address": "10.0.0.5/24", "interface": 0}]}
+
+
+def test_expect_adds_what_the_chain_made_on_the_host():
+    """By default the host side counts: portmap's DNAT of the pod's hostPort, host-local's lease,
+    for the entry's container. Control case: host_side=False leaves them out."""
+    e = CacheEntry(
+        "c" * 64, "eth0", "net-a", PORTMAP, capability_args={"portMappings": [{"hostPort": 8080, "containerPort": 80}]},
+        result=RESULT_V4,
+    )  # fmt: skip
+    full, bare = PodCheck(POD, [e], []), PodCheck(POD, [e], [])
+    expect(full)
+    expect(bare, host_side=False)
+    (_, exp), (_, plain) = full.expectations[0], bare.expectations[0]
+    assert full.unknown == {} and exp.container_id == "c" * 64
+    assert [p.port for p in exp.host_ports] == [8080]
+    assert [lease.ip for lease in exp.leases] == ["10.0.0.5"]
+    assert plain.host_ports == () and plain.leases == () and plain.container_id == "c" * 64
+
+
+def test_an_unreadable_host_side_still_checks_the_pods_side():
+    """Control case: test_expect_adds_what_the_chain_made_on_the_host, the same with a config
+    that can be read."""
+    e = CacheEntry(POD.id, "eth0", "net-a", b"not json", result=RESULT_V4)
+    check = PodCheck(POD, [e], [])
+    expect(check)
+    kind, why = check.unknown[("net-a", "eth0")]
+    assert kind == FindingKind.UNREADABLE.value
+    assert why.startswith("what the chain made on the host cannot be told from the cached config: ")
+    assert [x for x, _ in check.expectations] == [e]
+
+
+@pytest.mark.parametrize(
+    "path, named", [("", "no file"), ("/cache/results/net-a-x-eth0", "/cache/results/net-a-x-eth0")]
+)
+@pytest.mark.parametrize(
+    "result, unknown, says",
+    [
+        (None, NO_RESULT, "nri-cni's cache entry ({}) holds no result"),
+        ({"ips": "x"}, BAD_RESULT, "the cached result ({}) cannot be read"),
+    ],
+)
+def test_an_entry_nothing_can_be_compared_with_is_named_and_the_next_one_still_checked(
+    path, named, result, unknown, says
+):
+    """The reason names the cache file, or says there is none. Control case: the second entry,
+    the same pod with a readable result, gets its expectation."""
+    first = CacheEntry(POD.id, "eth0", "net-a", b"{}", result=result, path=path)
+    second = entry("net-b", "net1", RESULT)
+    check = PodCheck(POD, [first, second], [])
+    expect(check, host_side=False)
+    kind, why = check.unknown[("net-a", "eth0")]
+    assert kind == unknown and why.startswith(says.format(named))
+    assert [x for x, _ in check.expectations] == [second]
