@@ -665,3 +665,16 @@ def test_the_backoff_doubles_up_to_its_longest(arun, sock_dir, monkeypatch):
     monkeypatch.setattr(asyncio, "wait_for", recording)
     arun(main())
     assert backoffs[:5] == [0.001, 0.002, 0.004, 0.004, 0.004]
+
+
+def test_every_answered_request_is_observed(arun, sock_dir):
+    seen: list[tuple[str, float]] = []
+
+    async def main():
+        async with Harness(sock_dir, Recorder(), observe_request=lambda m, s: seen.append((m, s))) as h:
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            await h.runtime.run_pod_sandbox(pod("seen"))
+
+    arun(main())
+    assert [m for m, _ in seen] == ["Configure", "Synchronize", "RunPodSandbox"]
+    assert all(s >= 0 for _, s in seen)
