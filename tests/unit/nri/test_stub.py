@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 
 import pytest
 
@@ -678,3 +679,31 @@ def test_every_answered_request_is_observed(arun, sock_dir):
     arun(main())
     assert [m for m, _ in seen] == ["Configure", "Synchronize", "RunPodSandbox"]
     assert all(s >= 0 for _, s in seen)
+
+
+def test_a_preregistered_stub_serves_its_inherited_socket(arun, monkeypatch):
+    """In process (test_prereg.py runs it as the runtime would, as a child): the fd in
+    NRI_PLUGIN_SOCKET is the connection, made non-inheritable; losing it ends run()."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = theirs.detach()
+    os.set_inheritable(fd, True)
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", str(fd))
+    monkeypatch.setenv("NRI_PLUGIN_NAME", "cni")
+    monkeypatch.setenv("NRI_PLUGIN_IDX", "05")
+    stub = Stub(Recorder(), name="unused", idx="99", socket_path="/nonexistent")
+    assert stub.preregistered and not os.get_inheritable(fd)
+
+    async def main():
+        runtime = NriRuntime()
+        try:
+            await runtime.adopt(ours)
+            task = asyncio.create_task(stub.run())
+            conn = await runtime.wait_plugin()
+            assert (conn.name, conn.idx) == ("cni", "05")
+            await asyncio.wait_for(stub.synchronized.wait(), 60)
+            await runtime.close()
+            await asyncio.wait_for(task, 60)
+        finally:
+            await runtime.stop()
+
+    arun(main())
