@@ -11,6 +11,7 @@ import sys
 import pytest
 import yaml
 
+from tests.support.bin_dir import install_plugin
 from tests.support.harness import new_pod_id, pod_message, run
 from tests.support.nri_runtime import NriRuntime
 
@@ -46,10 +47,8 @@ def signals(mask: str) -> set[int]:
 
 def test_a_daemon_started_under_nohup_runs_plugins_with_no_signal_ignored_or_blocked(node, tmp_path):
     ns = node.jan.netns()
-    plugin = node.bin_dir / "sig-probe"
     dump = tmp_path / "sigstate"
-    plugin.write_text(PROBE_PLUGIN.format(dump=dump))
-    plugin.chmod(0o755)
+    install_plugin(node.bin_dir, "sig-probe", PROBE_PLUGIN.format(dump=dump))
     nets = [
         {
             "name": "podnet",
