@@ -13,7 +13,6 @@ import uuid
 import pytest
 
 from nri_cni.local import proto as localproto
-from tests.e2e.test_pod_shim import shim_node  # noqa: F401  (the fixture)
 from tests.support.hostlocal import host_local_reservations
 
 pytestmark = pytest.mark.e2e

@@ -27,7 +27,7 @@ from tests.support.conflists import host_local, macvlan_conflist, network
 from tests.support.cutcalls import cri_refused
 from tests.support.finalize_probe import install_finalize_probe, probe_calls
 from tests.support.hostlocal import host_local_reservations
-from tests.support.hostnet import bridge_ports, cni_cache_files
+from tests.support.hostnet import bridge_ports, cni_cache_files, netns_ipv4_addrs
 from tests.support.janitor import Janitor
 from tests.support.leaks import LeakChecker
 from tests.support.names import unique_name
@@ -129,15 +129,6 @@ def make_node(tmp_path, make_bridge_network, make_containerd):
         pytest.fail(f"cleanup: {problems}")
 
 
-def _addrs(netns: str, ifname: str) -> list[str]:
-    out = subprocess.run(
-        ["nsenter", f"--net={netns}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
-        capture_output=True,
-        text=True,
-    )
-    return [line.split()[3] for line in out.stdout.splitlines()]
-
-
 def _links(netns: str) -> list[str]:
     out = subprocess.run(
         ["nsenter", f"--net={netns}", "ip", "-o", "link", "show"], capture_output=True, text=True, check=True
@@ -180,9 +171,9 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         assert st.ready
         # CRI's pod IP is containerd's own network's, on eth0
         assert _in(st.ip, node.primary.subnet), st.ip
-        assert f"{st.ip}/24" in _addrs(st.netns_path, "eth0")
+        assert f"{st.ip}/24" in netns_ipv4_addrs(st.netns_path, "eth0")
         # nri-cni's net1, from its own range
-        net1 = _addrs(st.netns_path, "net1")
+        net1 = netns_ipv4_addrs(st.netns_path, "net1")
         assert len(net1) == 1 and _in(net1[0], node.net1_subnet), net1
         assert _links(st.netns_path) == ["eth0", "lo", "net1"]
         # containerd's cache holds its own networks (eth0, and lo); nri-cni's holds net1 only
@@ -206,7 +197,7 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         text=True,
     )
     assert ping.returncode == 0, ping.stdout + ping.stderr
-    peer_net1 = _addrs(statuses[1].netns_path, "net1")[0].split("/")[0]
+    peer_net1 = netns_ipv4_addrs(statuses[1].netns_path, "net1")[0].split("/")[0]
     ping = subprocess.run(
         ["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2", "-I", "net1", peer_net1],
         capture_output=True,
@@ -265,7 +256,7 @@ def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later
         time.sleep(0.2)
     assert daemon.status()["pendingRepair"] == []
     assert _links(st.netns_path) == ["eth0", "lo", "net1"]
-    assert _in(_addrs(st.netns_path, "net1")[0], node.net1_subnet)
+    assert _in(netns_ipv4_addrs(st.netns_path, "net1")[0], node.net1_subnet)
     assert node.probe_calls(pod)[-2:] == [
         ("FINALIZE", "eth0", "eth0,lo,net1"),
         ("FINALIZE", "net1", "eth0,lo,net1"),
