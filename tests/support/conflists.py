@@ -33,9 +33,18 @@ def bridge_conflist(
     gateway: bool = True,
     then: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The bridge plugin on `bridge` (no masquerade: nothing leaves the node), then `then`."""
-    plugin = {"type": "bridge", "bridge": bridge, "isGateway": gateway, "ipMasq": False, "ipam": ipam}
-    return {"cniVersion": version, "name": name, "plugins": [plugin, *then]}
+    """The bridge plugin on `bridge`, then `then`."""
+    return conflist(name, bridge_plugin(bridge, ipam, gateway=gateway), *then, version=version)
+
+
+def bridge_plugin(bridge: str, ipam: dict[str, Any], *, gateway: bool = True) -> dict[str, Any]:
+    """The bridge plugin's entry on `bridge` (no masquerade: nothing leaves the node)."""
+    return {"type": "bridge", "bridge": bridge, "isGateway": gateway, "ipMasq": False, "ipam": ipam}
+
+
+def conflist(name: str, *plugins: dict[str, Any], version: str = "1.1.0") -> dict[str, Any]:
+    """The network list `name` of `plugins`, in order."""
+    return {"cniVersion": version, "name": name, "plugins": list(plugins)}
 
 
 def macvlan_conflist(

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.support.bin_dir import install_plugin, python_script
+from tests.support.conflists import conflist, network
 from tests.support.harness import new_pod_id, pod_message, run
 from tests.support.nri_runtime import NriRuntime
 
@@ -41,17 +42,7 @@ def test_plugins_get_a_minimal_environment_no_inherited_descriptors_and_a_fixed_
     ns = node.jan.netns()
     install_plugin(node.bin_dir, "dump-env", python_script(DUMP_PLUGIN))
     dump = tmp_path / "dump.jsonl"
-    nets = [
-        {
-            "name": "podnet",
-            "default": True,
-            "conflist": {
-                "cniVersion": "1.1.0",
-                "name": "podnet",
-                "plugins": [{"type": "dump-env", "dump": str(dump)}],
-            },
-        }
-    ]
+    nets = [network(conflist("podnet", {"type": "dump-env", "dump": str(dump)}))]
     cfg = node.config("native", nets, cni={**node.config("native", nets)["cni"], "plugin_env": ["WANTED"]})
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
