@@ -44,13 +44,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.native_node import CNI_BIN  # noqa: E402
 from nri_cni.cni.exec import PluginExecutor  # noqa: E402
 from nri_cni.cni.runtime import CNIRuntime  # noqa: E402
 from nri_cni.config import parse_config  # noqa: E402
 from nri_cni.pod.model import PodInfo  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
 from nri_cni.service.service import PodService  # noqa: E402
+from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.conflists import bridge_conflist, host_local, network  # noqa: E402
 from tests.support.daemon_config import daemon_config  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
@@ -84,7 +84,7 @@ def _service(tmp: Path, name: str, networks: list[dict[str, Any]], per_pod: int)
         nri_socket=own / "nri.sock",
         daemon_socket=own / "daemon.sock",
         state_dir=own / "state",
-        bin_dirs=[CNI_BIN],
+        bin_dirs=[REAL_PLUGINS],
         cache_dir=own / "cache",
         finalize_dir=own / "_finalize.d",
         limits={"parallel_per_pod": per_pod},

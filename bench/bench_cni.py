@@ -51,6 +51,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from nri_cni.cli.gctune import tune_gc  # noqa: E402
+from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.firewall import iptables_lines, remove_cni_scaffolding  # noqa: E402
 from tests.support.hostlocal import host_local_reservations  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402  (netns/bridge helpers with cleanup)
@@ -58,8 +59,6 @@ from tests.support.names import free_subnet, unique_name  # noqa: E402
 
 CNI_VERSION = "1.1.0"
 CHAINS = ("real", "real-tmpfs", "noop", "noop-tmpfs")
-DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
-CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
 
 NOOP_C = r"""
 /* A no-op CNI plugin: ADD prints the prevResult object of its config (or a minimal result),
@@ -433,8 +432,8 @@ def measure(args) -> dict:
     from bench import golibcni
 
     chains = [c.strip() for c in args.chains.split(",") if c.strip()]
-    if "real" in chains and not (CNI_BIN / "bridge").exists():
-        raise Unusable(f"no CNI plugins in {CNI_BIN} (run .ci/install-deps)")
+    if "real" in chains and not (REAL_PLUGINS / "bridge").exists():
+        raise Unusable(f"no CNI plugins in {REAL_PLUGINS} (run .ci/install-deps)")
     libcni = ""
     report: dict = {"pods": args.pods, "warmup": args.warmup, "rounds": args.rounds, "chains": {}}
     if not getattr(args, "no_libcni", False):
@@ -511,7 +510,7 @@ def measure(args) -> dict:
                 times = run_chain(
                     chain,
                     conflist,
-                    str(CNI_BIN),
+                    str(REAL_PLUGINS),
                     namespaces,
                     args.pods * args.rounds,
                     args.warmup,

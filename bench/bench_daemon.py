@@ -52,7 +52,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.bench_cni import build_noop  # noqa: E402
-from bench.native_node import CNI_BIN, NativeNode, rss_kib  # noqa: E402
+from bench.native_node import NativeNode, rss_kib  # noqa: E402
+from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 
 NO_VERIFY = "not measured: no verify"
@@ -228,7 +229,7 @@ def _noop_node(jan: Janitor, workdir: Path) -> tuple[NativeNode, dict, object]:
 def _real_node(
     jan: Janitor, pods: int, name: str, dual_stack: bool = False
 ) -> tuple[NativeNode, dict, object]:
-    node = NativeNode(jan, [str(CNI_BIN)])
+    node = NativeNode(jan, [str(REAL_PLUGINS)])
     conflist = node.bridge_list(name, dual_stack=dual_stack)
     return node, conflist, iter([jan.netns().path for _ in range(pods)])
 

@@ -42,7 +42,8 @@ if str(REPO) not in sys.path:
 
 from bench import golibcni  # noqa: E402
 from bench.bench_cni import Floor  # noqa: E402
-from bench.native_node import CNI_BIN, NativeNode  # noqa: E402
+from bench.native_node import NativeNode  # noqa: E402
+from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.hostlocal import host_local_reservations  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 
@@ -140,7 +141,7 @@ def anchor_round(conflist: dict, nets, stale: int, driver: str, workdir: Path) -
     """libcni (or, without Go, the exec floor): N attachments, then collect them all."""
     if driver:
         go = golibcni.LibcniDriver(
-            driver, [str(CNI_BIN)], str(workdir / f"libcni-cache-{uuid.uuid4().hex[:6]}")
+            driver, [str(REAL_PLUGINS)], str(workdir / f"libcni-cache-{uuid.uuid4().hex[:6]}")
         )
         try:
             go.load("gc", conflist)
@@ -152,7 +153,7 @@ def anchor_round(conflist: dict, nets, stale: int, driver: str, workdir: Path) -
         finally:
             go.gc("gc", [])  # after a failure midway: nothing of ours stays attached
             go.close()
-    floor = Floor(str(CNI_BIN))
+    floor = Floor(str(REAL_PLUGINS))
     args = ";".join(f"{k}={v}" for k, v in GO_ARGS)
     attached = []
     try:
@@ -188,7 +189,7 @@ def measure(args) -> dict:
     jan.track_path(workdir)
     parallel = getattr(args, "parallel", 0)  # (python -m bench passes the sizes only)
     extra = {"gc": {"interval": 0, "parallel": parallel}} if parallel else {}
-    node = NativeNode(jan, [str(CNI_BIN)], **extra)
+    node = NativeNode(jan, [str(REAL_PLUGINS)], **extra)
     problems: list[str] = []
     nri: list[dict] = []
     anchor: list[dict] = []

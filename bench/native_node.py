@@ -33,9 +33,6 @@ from tests.support.names import free_subnet, unique_name
 from tests.support.nri_runtime import NriRuntime
 from tests.support.nricni import NriCni
 
-DEPS = Path(os.environ.get("NRI_CNI_DEPS", "/opt/nri-cni-deps"))
-CNI_BIN = DEPS / "root" / "usr" / "lib" / "cni"
-
 
 def free_subnet6() -> ipaddress.IPv6Network:
     """A random unique-local /64 (fd00::/8, 56 random bits) that no host route overlaps."""

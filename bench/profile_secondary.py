@@ -41,7 +41,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.native_node import CNI_BIN  # noqa: E402
 from nri_cni.cni.cache import CacheEntry, ResultCache  # noqa: E402
 from nri_cni.cni.exec import PluginExecutor  # noqa: E402
 from nri_cni.cni.runtime import CNIRuntime  # noqa: E402
@@ -49,6 +48,7 @@ from nri_cni.config import parse_config  # noqa: E402
 from nri_cni.pod import attach as attach_module  # noqa: E402
 from nri_cni.pod.model import PodInfo  # noqa: E402
 from nri_cni.service.modes import mode_for  # noqa: E402
+from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.janitor import Janitor  # noqa: E402
 from tests.support.names import free_subnet  # noqa: E402
 from tests.support.pods import pod_plan, pod_service  # noqa: E402
@@ -145,7 +145,7 @@ async def run(
             "primary_network": "cbr0",
             "state_dir": str(tmp / "state"),
             "cni": {
-                "bin_dirs": [str(CNI_BIN)],
+                "bin_dirs": [str(REAL_PLUGINS)],
                 "cache_dir": str(tmp / "cache"),
                 "runtime_cache_dir": str(tmp / "rt"),
             },
@@ -153,7 +153,7 @@ async def run(
         },
         str(tmp / "c.yaml"),
     )
-    cni = CNIRuntime([str(CNI_BIN)], str(tmp / "cache"), executor=PluginExecutor())
+    cni = CNIRuntime([str(REAL_PLUGINS)], str(tmp / "cache"), executor=PluginExecutor())
     plan = pod_plan(cfg, cni)
     mode = mode_for(cfg)
     service = pod_service(cfg, plan, mode=mode)

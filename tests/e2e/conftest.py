@@ -15,6 +15,9 @@
 - ``make_bridge_network(**kwargs)`` / ``bridge_network``: a bridge + host-local + portmap CNI
   conf dir (nctbr0, 10.246.0.0/24 by default) whose host-side traces are removed afterwards.
   Request it BEFORE ``make_containerd`` so that containerd's pods are gone first.
+- ``shim_node``: nri-cni in shim mode beside a private containerd (tests/support/shimnode.py).
+- ``make_secondary_node(subnets)``: containerd's CNI for eth0, nri-cni in secondary mode for net1
+  (tests/support/secondarynode.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from tests.support.containerd import Containerd, cni_plugin_dir  # noqa: E402
 from tests.support.cri import CriModules, compile_cri  # noqa: E402
 from tests.support.hostnet import BridgeNetwork  # noqa: E402
 from tests.support.pause.image import PauseImage, build_pause_image  # noqa: E402
+from tests.support.secondarynode import SecondaryNode, secondary_nodes  # noqa: E402
+from tests.support.shimnode import shim_node as _shim_node  # noqa: E402
 
 _crio_tally = crio_support.Tally()
 
@@ -162,3 +167,20 @@ def make_bridge_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ca
 @pytest.fixture
 def bridge_network(make_bridge_network: Callable[..., BridgeNetwork]) -> BridgeNetwork:
     return make_bridge_network()
+
+
+@pytest.fixture
+def shim_node(tmp_path: Path, make_containerd: Callable[..., Containerd]) -> Iterator[Any]:
+    with _shim_node(tmp_path, make_containerd) as node:
+        yield node
+
+
+@pytest.fixture
+def make_secondary_node(
+    tmp_path: Path,
+    make_bridge_network: Callable[..., BridgeNetwork],
+    make_containerd: Callable[..., Containerd],
+) -> Iterator[Callable[[tuple[str, str]], SecondaryNode]]:
+    # make_bridge_network before make_containerd: containerd's pods are gone before its network
+    with secondary_nodes(tmp_path, make_bridge_network, make_containerd) as factory:
+        yield factory

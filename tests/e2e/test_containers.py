@@ -18,18 +18,17 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from nri_cni.local import proto as localproto
+from tests.support.bin_dir import install_test_plugin
 from tests.support.busybox import BUSYBOX, build_busybox_image
 from tests.support.crionode import runtime_node  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.e2e
 
-META_PLUGIN = os.path.join(os.path.dirname(__file__), "..", "plugins", "meta_plugin.py")
 STATUS = "/run/nri-cni/network-status.json"
 NS = "nct-e2e"
 STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
@@ -138,9 +137,7 @@ def _without_refused(status: list) -> list:
 @pytest.mark.parametrize("mode", ["shim", "secondary"])
 def test_containers_read_their_pods_networks(runtime_node, mode, busybox):
     node = runtime_node
-    meta = node.setup.bin_dir / "nct-meta"
-    meta.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n" + open(META_PLUGIN).read())
-    meta.chmod(0o755)
+    install_test_plugin(node.setup.bin_dir, "meta_plugin", "nct-meta")
     allowed, outside = node.tmp / "vhost", node.tmp / "outside"
     (allowed / "vu").mkdir(parents=True)
     outside.mkdir()

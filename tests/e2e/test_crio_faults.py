@@ -16,11 +16,13 @@ import time
 
 import pytest
 
-from tests.e2e.test_faults_containerd import CHURN_FAULTS, ROUNDS, _assert_nothing_left_after_removal
 from tests.support.containerd import CNI_RESULTS_DIR, remove_netns
 from tests.support.crionode import crio_rnode, runtime_leaks, start_secondary  # noqa: F401 (fixture)
 from tests.support.faultnode import (
+    CHURN_FAULTS,
+    ROUNDS,
     Churn,
+    assert_nothing_left_after_removal,
     assert_pods_reach_each_other,
     assert_true_within_settle,
     broken_by_name,
@@ -96,7 +98,7 @@ def test_crio_killed_and_stopped_in_the_middle_of_a_churn(crio_rnode):
         _release_cut_pods(node, ours=("eth0",))
         assert_pods_reach_each_other(node, _whole_ready(node))
         assert synchronizations(daemon) == ROUNDS + 1
-        _assert_nothing_left_after_removal(node, checker)
+        assert_nothing_left_after_removal(node, checker)
         assert runtime_leaks(crio, created) == []
     finally:
         churn.stop()

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.test_nad import nad
+from tests.support.conflists import nad
 from tests.support.crionode import crio_rnode, runtime_leaks  # noqa: F401 (fixture)
 from tests.support.finalize_probe import probe_calls
 from tests.support.firewall import iptables_lines

@@ -24,10 +24,9 @@ import uuid
 
 import pytest
 
-from tests.e2e.test_pod_dualstack import _reaches
-from tests.e2e.test_recovery_roster import _unmount_netns_path
-from tests.support.damage import damage, damage_left, dnat_ports, flush_dnat
+from tests.support.damage import damage, damage_left, dnat_ports, flush_dnat, unmount_netns_path
 from tests.support.faultnode import broken_by_name
+from tests.support.hostnet import netns_reaches
 from tests.support.netns import get_link, list_routes
 from tests.support.podtruth import RuntimePod, pod_interfaces, whole_problems
 from tests.support.recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
@@ -126,7 +125,7 @@ def _kinds(node: DamageNode):
         "lease-deleted": lambda pod: (rnode.setup.ipam_dir / "podnet" / pod.ips[0]).unlink(),
         "wrong-address": lambda pod: _wrong_address(pod, rnode.eth0_subnet),
         "ipv6-flushed": lambda pod: _ns(pod, "ip", "-6", "addr", "flush", "dev", "eth0", "scope", "global"),
-        NETNS_GONE: lambda pod: _unmount_netns_path(pod.netns),
+        NETNS_GONE: lambda pod: unmount_netns_path(pod.netns),
         "host-veth-deleted": lambda pod: damage("host-veth-deleted", pod, "eth0", rnode.bridge),
         "pod-link-deleted": lambda pod: damage("pod-link-deleted", pod, "eth0", rnode.bridge),
         "address-flushed": lambda pod: damage("address-flushed", pod, "eth0", rnode.bridge),
@@ -175,7 +174,7 @@ def _reach_ring(pods: list[RuntimePod]) -> None:
         f"{a.id[:12]} -> {ip}"
         for a, b in zip(pods, pods[1:] + pods[:1], strict=True)
         for ip in b.ips
-        if not _reaches(a.netns, ip)
+        if not netns_reaches(a.netns, ip)
     ]
     assert silent == [], f"no answer: {silent}"
 

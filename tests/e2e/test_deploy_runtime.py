@@ -12,6 +12,7 @@ import uuid
 import pytest
 import yaml
 
+from tests.support.bin_dir import install_plugin
 from tests.support.conflists import bridge_conflist, host_local, network
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
@@ -81,9 +82,7 @@ def test_preregistered_launch_gives_pods_networks(shim_env, make_containerd, tmp
     cfg = setup.config(ctd.nri_socket, nets)
     config_path = tmp_path / "nri-cni.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
-    launcher = plugin_dir / "10-cni"
-    launcher.write_text(LAUNCHER.format(python=sys.executable, config=config_path))
-    launcher.chmod(0o755)
+    install_plugin(plugin_dir, "10-cni", LAUNCHER.format(python=sys.executable, config=config_path))
     daemon = NriCni(tmp_path, cfg)  # only to talk to the daemon containerd launched
     ctd.start()
     deadline = time.monotonic() + 60

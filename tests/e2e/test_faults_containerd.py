@@ -21,8 +21,11 @@ import grpc
 import pytest
 
 from tests.support.faultnode import (
+    CHURN_FAULTS,
+    ROUNDS,
     Churn,
     SlowNri,
+    assert_nothing_left_after_removal,
     assert_pods_reach_each_other,
     assert_true_within_settle,
     broken_by_name,
@@ -34,9 +37,6 @@ from tests.support.recovery_node import RecoveryNode, pod_ids_in, rnode  # noqa:
 from tests.support.stubthread import StubThread
 
 pytestmark = pytest.mark.e2e
-
-ROUNDS = 3
-CHURN_FAULTS = ["kill9", "stop", "kill9"]  # one round each: kill -9 twice, a clean stop between
 
 
 def _start(rnode: RecoveryNode, slow: bool):
@@ -53,16 +53,6 @@ def _start(rnode: RecoveryNode, slow: bool):
 def _whole_ready_pods(rnode: RecoveryNode):
     broken = broken_by_name(rnode.daemon)
     return [p for p in rnode.runtime_pods() if p.id not in broken]
-
-
-def _assert_nothing_left_after_removal(rnode: RecoveryNode, checker) -> None:
-    """Exactly the attachments of the pods containerd has; after their removal, nothing."""
-    existing = {p.id for p in rnode.ctd.cri.list_pods()}
-    attached = pod_ids_in(rnode.daemon)
-    assert set(attached) <= existing, set(attached) - existing
-    assert {r.container_id for r in rnode.reservations()} == set(attached)
-    assert rnode.intents() == []
-    rnode.remove_all_leaving_nothing(existing, checker)
 
 
 @pytest.mark.parametrize("slow", [False, True], ids=["alone", "slow-nri-plugin"])
@@ -84,7 +74,7 @@ def test_containerd_killed_in_the_middle_of_a_churn_repeatedly(rnode, slow):
         assert set(churn.kept) <= {p.id for p in ctd.cri.list_pods()}  # kept pods live through it
         assert_pods_reach_each_other(rnode, _whole_ready_pods(rnode))
         assert synchronizations(daemon) == ROUNDS + 1
-        _assert_nothing_left_after_removal(rnode, checker)
+        assert_nothing_left_after_removal(rnode, checker)
     finally:
         churn.stop()
         if stub is not None:
@@ -166,7 +156,7 @@ def test_containerd_goes_between_the_shims_add_and_the_end_of_run_pod_sandbox(rn
             assert_pods_reach_each_other(rnode, _whole_ready_pods(rnode))
             assert survivor in {p.id for p in _whole_ready_pods(rnode)}
         pool.shutdown()
-        _assert_nothing_left_after_removal(rnode, checker)
+        assert_nothing_left_after_removal(rnode, checker)
     finally:
         if stub is not None:
             stub.plugin.hold.clear()

@@ -10,8 +10,6 @@ import uuid
 
 import pytest
 
-from tests.e2e.test_pod_shim import shim_node  # noqa: F401  (the fixture)
-
 pytestmark = pytest.mark.e2e
 
 

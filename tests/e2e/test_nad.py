@@ -5,34 +5,15 @@ added while nri-cni runs is picked up by hot reload; `nri-cni pods` names it nam
 from __future__ import annotations
 
 import ipaddress
-import json
 import time
 
 import pytest
-import yaml
 
-from tests.e2e.test_pod_shim import _addrs, _run_pod, shim_node  # noqa: F401 (fixture)
+from tests.support.conflists import nad
+from tests.support.hostnet import netns_ipv4_addrs
+from tests.support.shimnode import run_pod
 
 pytestmark = pytest.mark.e2e
-
-
-def nad(name: str, master: str, subnet: str, ipam_dir: str, namespace: str = "nct-e2e") -> str:
-    config = {
-        "cniVersion": "1.0.0",
-        "name": f"{name}-net",
-        "type": "macvlan",
-        "master": master,
-        "mode": "bridge",
-        "ipam": {"type": "host-local", "dataDir": ipam_dir, "ranges": [[{"subnet": subnet}]]},
-    }
-    return yaml.safe_dump(
-        {
-            "apiVersion": "k8s.cni.cncf.io/v1",
-            "kind": "NetworkAttachmentDefinition",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"config": json.dumps(config)},
-        }
-    )
 
 
 def wait_for_network(daemon, name: str, timeout: float = 60.0) -> None:
@@ -54,11 +35,11 @@ def test_a_nad_file_attaches_a_pod_through_the_annotation(shim_node, tmp_path):
     node.start(podnet, nad_dir=str(nad_dir), reload={"rescan_interval": 0, "debounce": "50ms"})
     ctd, daemon = node.ctd, node.daemon
 
-    pod = _run_pod(ctd, "nad-1", {"k8s.v1.cni.cncf.io/networks": "macvlan-conf"})
+    pod = run_pod(ctd, "nad-1", {"k8s.v1.cni.cncf.io/networks": "macvlan-conf"})
     st = ctd.cri.pod_status(pod)
     node.leaks.add_markers(pod, st.ip)
     assert st.ready
-    net1 = _addrs(st.netns_path, "net1")
+    net1 = netns_ipv4_addrs(st.netns_path, "net1")
     assert len(net1) == 1 and ipaddress.ip_interface(net1[0]) in ipaddress.ip_network("10.246.42.0/24")
     listed = {p["id"]: p for p in daemon.pods()}[pod]["network-status"]
     assert [(n["name"], n["interface"]) for n in listed] == [
@@ -70,10 +51,10 @@ def test_a_nad_file_attaches_a_pod_through_the_annotation(shim_node, tmp_path):
     # a second NAD written while nri-cni runs: hot reload makes it a network, by namespace/name too
     (nad_dir / "other.yaml").write_text(nad("other", node.master, "10.246.43.0/24", ipam))
     wait_for_network(daemon, "other-net")
-    pod2 = _run_pod(ctd, "nad-2", {"k8s.v1.cni.cncf.io/networks": "nct-e2e/other@extra0"})
+    pod2 = run_pod(ctd, "nad-2", {"k8s.v1.cni.cncf.io/networks": "nct-e2e/other@extra0"})
     st2 = ctd.cri.pod_status(pod2)
     node.leaks.add_markers(pod2, st2.ip)
-    extra = _addrs(st2.netns_path, "extra0")
+    extra = netns_ipv4_addrs(st2.netns_path, "extra0")
     assert len(extra) == 1 and ipaddress.ip_interface(extra[0]) in ipaddress.ip_network("10.246.43.0/24")
     node.leaks.learn()
 

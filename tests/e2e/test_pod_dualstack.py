@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from nri_cni.local import proto as localproto
-from tests.e2e.test_pod_shim import shim_node  # noqa: F401  (the fixture)
 from tests.support.hostlocal import host_local_reservations
+from tests.support.hostnet import netns_reaches
 
 pytestmark = pytest.mark.e2e
 
@@ -30,18 +30,6 @@ def _global_addrs(netns_path: str, ifname: str = "eth0") -> list[str]:
         check=True,
     )
     return sorted(line.split()[3].split("/")[0] for line in out.stdout.splitlines())
-
-
-def _reaches(netns_path: str, ip: str) -> bool:
-    """Pings until the first answer, for up to ~60 s (IPv6: DAD on both ends, and a peer's
-    neighbour entry for a re-made interface waits out its NUD probes)."""
-    for _ in range(30):
-        ping = subprocess.run(
-            ["nsenter", f"--net={netns_path}", "ping", "-c", "1", "-W", "2", ip], capture_output=True
-        )
-        if ping.returncode == 0:
-            return True
-    return False
 
 
 def _verify(daemon, pod_id: str) -> dict:
@@ -77,7 +65,7 @@ def test_every_family_is_answered_reachable_repaired_and_released(shim_node, sub
     node.leaks.learn()
     for a, b in ((0, 1), (1, 0)):
         for ip in ips[b]:
-            assert _reaches(st[a].netns_path, ip), f"pod {a} cannot reach {ip}"
+            assert netns_reaches(st[a].netns_path, ip), f"pod {a} cannot reach {ip}"
     table = {p["id"]: p for p in daemon.pods()}
     assert sorted(table[pods[0]]["network-status"][0]["ips"]) == ips[0]
 
@@ -103,7 +91,7 @@ def test_every_family_is_answered_reachable_repaired_and_released(shim_node, sub
     assert verdict["state"] == "repaired", verdict
     assert _global_addrs(st[0].netns_path) == ips[0]
     assert _verify(daemon, pods[1])["state"] == "ok" and _ifindex(st[1].netns_path) == ifindex_1
-    assert _reaches(st[1].netns_path, v6[0])
+    assert netns_reaches(st[1].netns_path, v6[0])
     (repair,) = [r for r in daemon.op_lines() if r["op"] == "repair"]
     assert sorted(repair["asked"]["podnet/eth0"]) == ips[0]
 

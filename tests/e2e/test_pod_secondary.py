@@ -14,128 +14,19 @@ Subnets: 10.246.128.0/18, one pair per test (containerd's bridge gets a host rou
 from __future__ import annotations
 
 import ipaddress
-import secrets
 import subprocess
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.support.bin_dir import install_plugin, python_script
-from tests.support.conflists import host_local, macvlan_conflist, network
 from tests.support.cutcalls import cri_refused
-from tests.support.finalize_probe import install_finalize_probe, probe_calls
 from tests.support.hostlocal import host_local_reservations
-from tests.support.hostnet import bridge_ports, cni_cache_files
-from tests.support.janitor import Janitor
-from tests.support.leaks import LeakChecker
+from tests.support.hostnet import bridge_ports, cni_cache_files, netns_ipv4_addrs
 from tests.support.names import unique_name
-from tests.support.nricni import NriCni, ShimSetup
+from tests.support.secondarynode import SecondaryNode
 
 pytestmark = pytest.mark.e2e
-
-NAMESPACE = "nct-e2e"
-# Generous: the 2 s default is fine for these few plugins, but the machine is shared and noisy
-# and a timed-out request would make containerd run the pod without nri-cni (another test).
-NRI_TIMEOUT = "15s"
-
-
-class SecondaryNode:
-    """containerd with its own bridge network + nri-cni in secondary mode adding `fastnet`."""
-
-    def __init__(self, tmp: Path, make_bridge_network, make_containerd, subnets: tuple[str, str]):
-        self.tmp = tmp
-        self.make_containerd = make_containerd
-        self.jan = Janitor()
-        self.setup = ShimSetup(tmp)  # nri-cni's bin dir (real + fake plugins), state, cache, socket
-        self.primary = make_bridge_network(
-            bridge=unique_name("cb"), subnet=subnets[0], name=f"cbr0-{secrets.token_hex(3)}"
-        )
-        self.net1_subnet = subnets[1]
-        self.master, _ = self.jan.veth()
-        self.probe_log = tmp / "finalize.log"
-        install_finalize_probe(self.setup, self.probe_log)
-        self.ctd = None
-        self.daemon: NriCni | None = None
-        self.leaks = LeakChecker(
-            dirs=[self.setup.cache_dir, self.setup.ipam_dir, self.setup.state_dir, self.primary.ipam_dir],
-            bridges=[self.primary.bridge],
-        ).start()
-
-    def fastnet(self, *, master: str | None = None, finalize_plugins: list | None = None) -> dict:
-        ipam = host_local(self.setup.ipam_dir, self.net1_subnet)
-        conflist = macvlan_conflist("fastnet", master or self.master, ipam, version="1.0.0")
-        if finalize_plugins:
-            conflist["finalize_plugins"] = finalize_plugins
-        return network(conflist)
-
-    def start(self, net: dict | None = None, **extra) -> NriCni:
-        self.ctd = self.make_containerd(cni_conf_dir=self.primary.conf_dir, nri_request_timeout=NRI_TIMEOUT)
-        cfg = self.setup.config(
-            self.ctd.nri_socket,
-            [net or self.fastnet()],
-            mode="secondary",
-            primary_network=self.primary.name,
-            **extra,
-        )
-        cfg["cni"]["runtime_cache_dir"] = "/var/lib/cni"  # containerd's; it cannot be moved
-        self.daemon = NriCni(self.tmp, cfg).start()
-        return self.daemon
-
-    def run_pod(self, prefix: str) -> str:
-        return self.ctd.cri.run_pod(f"{prefix}-{uuid.uuid4().hex[:8]}", NAMESPACE, str(uuid.uuid4()))
-
-    def probe_calls(self, pod: str) -> list[tuple[str, str, str]]:
-        """(verb, CNI_IFNAME, links) of every probe call for `pod`, in order."""
-        return probe_calls(self.probe_log, pod)
-
-    def failed_pod_id(self) -> str:
-        """The id of the pod whose ADD nri-cni logged as failed (RunPodSandbox gave none)."""
-        ids = {op["podId"] for op in self.daemon.op_lines() if op["op"] == "add" and op["result"] == "error"}
-        assert len(ids) == 1, self.daemon.op_lines()
-        return ids.pop()
-
-    def teardown(self) -> list[str]:
-        problems = []
-        # Pods left by a failed test go while nri-cni still runs, so that it DELs net1 too.
-        if self.ctd is not None and self.ctd.running:
-            try:
-                for pod in self.ctd.cri.list_pods():
-                    self.ctd.cri.stop_pod(pod.id)
-                    self.ctd.cri.remove_pod(pod.id)
-            except Exception as exc:
-                problems.append(f"removing pods: {exc}")
-        if self.daemon is not None:
-            self.daemon.stop()
-        problems += self.jan.cleanup()
-        self.setup.cleanup()
-        return problems
-
-
-@pytest.fixture
-def make_node(tmp_path, make_bridge_network, make_containerd):
-    # make_bridge_network before make_containerd: containerd's pods are gone before its network
-    nodes: list[SecondaryNode] = []
-
-    def factory(subnets: tuple[str, str]) -> SecondaryNode:
-        node = SecondaryNode(tmp_path, make_bridge_network, make_containerd, subnets)
-        nodes.append(node)
-        return node
-
-    yield factory
-    problems = [p for node in nodes for p in node.teardown()]
-    if problems:
-        pytest.fail(f"cleanup: {problems}")
-
-
-def _addrs(netns: str, ifname: str) -> list[str]:
-    out = subprocess.run(
-        ["nsenter", f"--net={netns}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
-        capture_output=True,
-        text=True,
-    )
-    return [line.split()[3] for line in out.stdout.splitlines()]
 
 
 def _links(netns: str) -> list[str]:
@@ -147,11 +38,6 @@ def _links(netns: str) -> list[str]:
 
 def _in(cidr_or_ip: str, subnet: str) -> bool:
     return ipaddress.ip_interface(cidr_or_ip).ip in ipaddress.ip_network(subnet)
-
-
-def _remove(ctd, pod: str) -> None:
-    ctd.cri.stop_pod(pod)
-    ctd.cri.remove_pod(pod)
 
 
 def _listed(daemon) -> list[tuple[str, str, list[str]]]:
@@ -169,8 +55,8 @@ def _assert_pod_gone_clean(node: SecondaryNode, pods: list[str]) -> None:
     assert node.leaks.leaks() == []
 
 
-def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node):
-    node = make_node(("10.246.130.0/24", "10.246.131.0/24"))
+def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_secondary_node):
+    node = make_secondary_node(("10.246.130.0/24", "10.246.131.0/24"))
     daemon = node.start()
     ctd = node.ctd
     pods = [node.run_pod("sec") for _ in range(2)]
@@ -180,9 +66,9 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         assert st.ready
         # CRI's pod IP is containerd's own network's, on eth0
         assert _in(st.ip, node.primary.subnet), st.ip
-        assert f"{st.ip}/24" in _addrs(st.netns_path, "eth0")
+        assert f"{st.ip}/24" in netns_ipv4_addrs(st.netns_path, "eth0")
         # nri-cni's net1, from its own range
-        net1 = _addrs(st.netns_path, "net1")
+        net1 = netns_ipv4_addrs(st.netns_path, "net1")
         assert len(net1) == 1 and _in(net1[0], node.net1_subnet), net1
         assert _links(st.netns_path) == ["eth0", "lo", "net1"]
         # containerd's cache holds its own networks (eth0, and lo); nri-cni's holds net1 only
@@ -206,7 +92,7 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         text=True,
     )
     assert ping.returncode == 0, ping.stdout + ping.stderr
-    peer_net1 = _addrs(statuses[1].netns_path, "net1")[0].split("/")[0]
+    peer_net1 = netns_ipv4_addrs(statuses[1].netns_path, "net1")[0].split("/")[0]
     ping = subprocess.run(
         ["nsenter", f"--net={statuses[0].netns_path}", "ping", "-c", "1", "-W", "2", "-I", "net1", peer_net1],
         capture_output=True,
@@ -228,11 +114,11 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
         ("fastnet", "finalize"),
     ]
 
-    _remove(ctd, pods[0])
+    node.remove_pod(pods[0])
     # the other pod is untouched
     assert _links(statuses[1].netns_path) == ["eth0", "lo", "net1"]
     assert len(host_local_reservations(node.setup.ipam_dir)) == 1
-    _remove(ctd, pods[1])
+    node.remove_pod(pods[1])
     _assert_pod_gone_clean(node, pods)
     # NRI stop DELs net1 while the netns exists (before containerd's own DEL)
     dels = [op for op in daemon.op_lines() if op["op"] == "del" and op["podId"] in pods and op["networks"]]
@@ -240,8 +126,8 @@ def test_containerd_eth0_nri_cni_net1_finalize_both_and_clean_removal(make_node)
     assert all(op["result"] == "ok" for op in dels), dels
 
 
-def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later(make_node):
-    node = make_node(("10.246.132.0/24", "10.246.133.0/24"))
+def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later(make_secondary_node):
+    node = make_secondary_node(("10.246.132.0/24", "10.246.133.0/24"))
     missing = unique_name("mm")  # a master that does not exist yet
     daemon = node.start(node.fastnet(master=missing), gc={"interval": "1s"})
     ctd = node.ctd
@@ -265,19 +151,19 @@ def test_net1_add_failure_auto_policy_keeps_the_pod_and_repair_attaches_it_later
         time.sleep(0.2)
     assert daemon.status()["pendingRepair"] == []
     assert _links(st.netns_path) == ["eth0", "lo", "net1"]
-    assert _in(_addrs(st.netns_path, "net1")[0], node.net1_subnet)
+    assert _in(netns_ipv4_addrs(st.netns_path, "net1")[0], node.net1_subnet)
     assert node.probe_calls(pod)[-2:] == [
         ("FINALIZE", "eth0", "eth0,lo,net1"),
         ("FINALIZE", "net1", "eth0,lo,net1"),
     ]
     assert [n["interface"] for n in daemon.pods()[0]["network-status"]] == ["eth0", "net1"]
     node.leaks.learn()
-    _remove(ctd, pod)
+    node.remove_pod(pod)
     _assert_pod_gone_clean(node, [pod])
 
 
-def test_net1_add_failure_fail_policy_fails_the_pod_cleanly(make_node):
-    node = make_node(("10.246.134.0/24", "10.246.135.0/24"))
+def test_net1_add_failure_fail_policy_fails_the_pod_cleanly(make_secondary_node):
+    node = make_secondary_node(("10.246.134.0/24", "10.246.135.0/24"))
     missing = unique_name("mm")
     node.start(node.fastnet(master=missing), failure_policy="fail")
     msg = str(cri_refused(node.run_pod, "fail"))
@@ -291,8 +177,8 @@ def test_net1_add_failure_fail_policy_fails_the_pod_cleanly(make_node):
     _assert_pod_gone_clean(node, [pod])
 
 
-def test_net1_finalize_failure_fail_policy_rolls_net1_back(make_node):
-    node = make_node(("10.246.136.0/24", "10.246.137.0/24"))
+def test_net1_finalize_failure_fail_policy_rolls_net1_back(make_secondary_node):
+    node = make_secondary_node(("10.246.136.0/24", "10.246.137.0/24"))
     refuse = {
         "type": "fake-fail",
         "fake": {
@@ -319,8 +205,8 @@ def test_net1_finalize_failure_fail_policy_rolls_net1_back(make_node):
     _assert_pod_gone_clean(node, [pod])
 
 
-def test_net1_finalize_failure_auto_policy_keeps_the_pod_without_net1(make_node):
-    node = make_node(("10.246.138.0/24", "10.246.139.0/24"))
+def test_net1_finalize_failure_auto_policy_keeps_the_pod_without_net1(make_secondary_node):
+    node = make_secondary_node(("10.246.138.0/24", "10.246.139.0/24"))
     refuse = {"type": "fake-fail", "fake": {"FINALIZE": {"error": {"code": 121, "msg": "nct no"}}}}
     daemon = node.start(node.fastnet(finalize_plugins=[refuse]))
     pod = node.run_pod("finauto")
@@ -333,13 +219,13 @@ def test_net1_finalize_failure_auto_policy_keeps_the_pod_without_net1(make_node)
     assert pod in daemon.status()["pendingRepair"]
     assert "nct no" in daemon.log_path.read_text()
     node.leaks.learn()
-    _remove(node.ctd, pod)
+    node.remove_pod(pod)
     _assert_pod_gone_clean(node, [pod])
     assert daemon.status()["pendingRepair"] == []  # a removed pod is not repaired
 
 
-def test_pod_started_while_nri_cni_was_down_gets_net1_when_it_connects(make_node):
-    node = make_node(("10.246.142.0/24", "10.246.143.0/24"))
+def test_pod_started_while_nri_cni_was_down_gets_net1_when_it_connects(make_secondary_node):
+    node = make_secondary_node(("10.246.142.0/24", "10.246.143.0/24"))
     daemon = node.start()
     daemon.stop()  # containerd runs pods without NRI plugins meanwhile
     pod = node.run_pod("late")
@@ -354,14 +240,14 @@ def test_pod_started_while_nri_cni_was_down_gets_net1_when_it_connects(make_node
         ("FINALIZE", "net1", "eth0,lo,net1"),
     ]
     node.leaks.learn()
-    _remove(node.ctd, pod)
+    node.remove_pod(pod)
     _assert_pod_gone_clean(node, [pod])
 
 
-def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_node):
+def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_secondary_node):
     """A FINALIZE plugin that returns a changed result for containerd's eth0 must not turn
     containerd's attachment into one of nri-cni's (nri-cni's cache holds only its own)."""
-    node = make_node(("10.246.140.0/24", "10.246.141.0/24"))
+    node = make_secondary_node(("10.246.140.0/24", "10.246.141.0/24"))
     # The drop-in adds a DNS entry to every result it is given (so also to the primary's).
     dns = (
         "import json, sys\n"
@@ -380,7 +266,7 @@ def test_finalize_changing_the_primary_result_stays_out_of_nri_cni_cache(make_no
     assert mine == [f"fastnet-{pod}-net1"]
     assert [n["interface"] for n in daemon.pods()[0]["network-status"]] == ["eth0", "net1"]
     node.leaks.learn()
-    _remove(node.ctd, pod)
+    node.remove_pod(pod)
     _assert_pod_gone_clean(node, [pod])
     # nri-cni DELs its own network only; containerd's DEL is containerd's
     deleted = {

@@ -9,35 +9,26 @@ Subnets: 10.246.144.0/24 and 10.246.145.0/24.
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from tests.e2e.test_pod_secondary import NAMESPACE, _remove, make_node  # noqa: F401 (a fixture)
 from tests.support.hostlocal import host_local_reservations
+from tests.support.secondarynode import NAMESPACE
 
 pytestmark = pytest.mark.e2e
-
-
-def _run_pod(node, prefix: str, networks: list[str] | None = None) -> str:
-    annotations = {"k8s.v1.cni.cncf.io/networks": ",".join(networks)} if networks else None
-    return node.ctd.cri.run_pod(
-        f"{prefix}-{uuid.uuid4().hex[:8]}", NAMESPACE, str(uuid.uuid4()), annotations=annotations
-    )
 
 
 def _eth0_finalizes(node, pod: str) -> int:
     return sum(1 for verb, ifname, _ in node.probe_calls(pod) if (verb, ifname) == ("FINALIZE", "eth0"))
 
 
-def test_every_pod_gets_one_finalize_of_the_runtime_primary_with_an_op_record(make_node):
-    node = make_node(("10.246.144.0/24", "10.246.145.0/24"))
+def test_every_pod_gets_one_finalize_of_the_runtime_primary_with_an_op_record(make_secondary_node):
+    node = make_secondary_node(("10.246.144.0/24", "10.246.145.0/24"))
     net = node.fastnet()
     net["default"] = False  # only the pods that ask for it get net1
     net["namespaces"] = [NAMESPACE]
     daemon = node.start(net)
-    plain = [_run_pod(node, "fin-plain") for _ in range(3)]
-    extra = _run_pod(node, "fin-extra", ["fastnet"])
+    plain = [node.run_pod("fin-plain") for _ in range(3)]
+    extra = node.run_pod("fin-extra", ["fastnet"])
     pods = [*plain, extra]
     for pod in pods:
         st = node.ctd.cri.pod_status(pod)
@@ -72,7 +63,7 @@ def test_every_pod_gets_one_finalize_of_the_runtime_primary_with_an_op_record(ma
     assert sorted(op["podId"] for op in daemon.op_lines() if op["op"] == "add") == sorted(pods)
 
     for pod in pods:
-        _remove(node.ctd, pod)
+        node.remove_pod(pod)
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert daemon.pods() == []
     # the marks of finalized pods go with the pods

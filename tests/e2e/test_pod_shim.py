@@ -11,76 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.conflists import bridge_conflist, host_local, macvlan_conflist, network, portmap
 from tests.support.cutcalls import cri_refused
-from tests.support.finalize_probe import install_finalize_probe, probe_calls
+from tests.support.finalize_probe import probe_calls
 from tests.support.hostlocal import host_local_reservations
-from tests.support.janitor import Janitor
-from tests.support.leaks import LeakChecker
-from tests.support.names import unique_name
-from tests.support.nricni import NriCni, ShimSetup
+from tests.support.hostnet import netns_ipv4_addrs
+from tests.support.shimnode import run_pod
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def shim_node(tmp_path, make_containerd):
-    jan = Janitor()
-    setup = ShimSetup(tmp_path)
-    daemons: list[NriCni] = []
-    node = type("ShimNode", (), {})()
-    node.jan, node.setup = jan, setup
-    node.bridge = unique_name("br")
-    jan.track_link(node.bridge)
-    node.master, _ = jan.veth()
-    node.probe_log = tmp_path / "finalize.log"
-    install_finalize_probe(setup, node.probe_log)
-
-    def networks(*, net1_default=False, eth0_subnet="10.246.40.0/24", net1_subnet="10.246.41.0/24"):
-        eth0 = bridge_conflist(
-            "podnet", node.bridge, host_local(setup.ipam_dir, eth0_subnet), then=[portmap()]
-        )
-        net1 = macvlan_conflist(
-            "fastnet", node.master, host_local(setup.ipam_dir, net1_subnet), version="1.0.0"
-        )
-        return [network(eth0), network(net1, default=net1_default, namespaces=["nct-e2e"])]
-
-    def start(nets=None, *, containerd=True, **extra):
-        ctd = (
-            make_containerd(cni_conf_dir=setup.conf_dir, cni_bin_dirs=[setup.bin_dir]) if containerd else None
-        )
-        node.ctd = ctd
-        cfg = setup.config(ctd.nri_socket if ctd else str(tmp_path / "nri.sock"), nets or networks(), **extra)
-        d = NriCni(tmp_path, cfg)
-        daemons.append(d)
-        node.daemon = d.start(wait_registered=containerd)
-        return node.daemon
-
-    node.networks, node.start = networks, start
-    node.leaks = LeakChecker(
-        dirs=[setup.cache_dir, setup.ipam_dir, setup.state_dir], bridges=[node.bridge]
-    ).start()
-    yield node
-    for d in daemons:
-        if d.proc and d.proc.poll() is None:
-            d.stop()
-    failed = jan.cleanup()
-    setup.cleanup()
-    if failed:
-        pytest.fail(f"cleanup: {failed}")
-
-
-def _run_pod(ctd, name, annotations=None):
-    return ctd.cri.run_pod(name, "nct-e2e", str(uuid.uuid4()), annotations=annotations or {})
-
-
-def _addrs(netns_path, ifname):
-    out = subprocess.run(
-        ["nsenter", f"--net={netns_path}", "ip", "-o", "-4", "addr", "show", "dev", ifname],
-        capture_output=True,
-        text=True,
-    )
-    return [line.split()[3] for line in out.stdout.splitlines()]
 
 
 def test_two_networks_finalize_cri_ip_reachability_and_clean_removal(shim_node):
@@ -88,15 +25,15 @@ def test_two_networks_finalize_cri_ip_reachability_and_clean_removal(shim_node):
     node.start()
     ctd, daemon = node.ctd, node.daemon
     ann = {"k8s.v1.cni.cncf.io/networks": "fastnet"}
-    pods = [_run_pod(ctd, f"web-{i}", ann) for i in range(2)]
+    pods = [run_pod(ctd, f"web-{i}", ann) for i in range(2)]
     statuses = [ctd.cri.pod_status(p) for p in pods]
     for pod, st in zip(pods, statuses):
         node.leaks.add_markers(pod, st.ip)
         assert st.ready
         # CRI reports the address nri-cni's bridge network assigned
         assert ipaddress.ip_address(st.ip) in ipaddress.ip_network("10.246.40.0/24")
-        assert f"{st.ip}/24" in _addrs(st.netns_path, "eth0")
-        net1 = _addrs(st.netns_path, "net1")
+        assert f"{st.ip}/24" in netns_ipv4_addrs(st.netns_path, "eth0")
+        net1 = netns_ipv4_addrs(st.netns_path, "net1")
         assert len(net1) == 1 and ipaddress.ip_interface(net1[0]) in ipaddress.ip_network("10.246.41.0/24")
     node.leaks.learn()
     # the two pods reach each other over nri-cni's bridge
@@ -129,7 +66,7 @@ def test_daemon_down_fails_the_pod_cleanly(shim_node):
     node = shim_node
     node.start()
     node.daemon.stop()
-    refused = cri_refused(_run_pod, node.ctd, f"down-{uuid.uuid4().hex[:6]}")
+    refused = cri_refused(run_pod, node.ctd, f"down-{uuid.uuid4().hex[:6]}")
     assert "nri-cni daemon is not reachable" in str(refused)
     # containerd tears the failed sandbox down; nothing of nri-cni's exists
     assert host_local_reservations(node.setup.ipam_dir) == []
@@ -141,7 +78,7 @@ def test_second_network_failure_in_shim_mode_is_clear_and_leaves_nothing(shim_no
     nets = node.networks(net1_default=True)
     nets[1]["conflist"]["plugins"][0]["master"] = "nctnomaster9"
     node.start(nets)
-    msg = str(cri_refused(_run_pod, node.ctd, f"bad-{uuid.uuid4().hex[:6]}"))
+    msg = str(cri_refused(run_pod, node.ctd, f"bad-{uuid.uuid4().hex[:6]}"))
     assert "fastnet" in msg and "macvlan" in msg, msg
     assert host_local_reservations(node.setup.ipam_dir) == []
     assert node.leaks.leaks() == []
@@ -152,7 +89,7 @@ def test_annotation_outside_the_allow_list_refuses_the_pod(shim_node):
     node.start()
     for value in ("kube-system/fastnet", "../../etc/cni/net.d/evil", "nosuchnet"):
         refused = cri_refused(
-            _run_pod, node.ctd, f"ann-{uuid.uuid4().hex[:6]}", {"k8s.v1.cni.cncf.io/networks": value}
+            run_pod, node.ctd, f"ann-{uuid.uuid4().hex[:6]}", {"k8s.v1.cni.cncf.io/networks": value}
         )
         assert "k8s.v1.cni.cncf.io/networks" in str(refused)
     assert host_local_reservations(node.setup.ipam_dir) == []
@@ -165,7 +102,7 @@ def test_fifty_pods_eight_at_a_time(shim_node):
     ctd, daemon = node.ctd, node.daemon
     names = [f"churn-{i}-{uuid.uuid4().hex[:4]}" for i in range(50)]
     with ThreadPoolExecutor(8) as pool:
-        pods = list(pool.map(lambda n: _run_pod(ctd, n), names))
+        pods = list(pool.map(lambda n: run_pod(ctd, n), names))
     assert len(host_local_reservations(node.setup.ipam_dir)) == 100
     assert len(daemon.pods()) == 50
 

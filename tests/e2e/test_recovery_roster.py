@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 import uuid
 
 import pytest
 
+from tests.support.damage import unmount_netns_path
 from tests.support.faultnode import Churn, assert_true_within_settle, wait_resynchronized
 from tests.support.nricni import NriCni
 from tests.support.recovery_node import RecoveryNode, rnode  # noqa: F401 (fixture)
@@ -103,18 +102,6 @@ def test_pods_lists_the_runtimes_pods_after_restarts_and_kills_during_a_churn(rn
     assert checker.leaks() == []
 
 
-def _unmount_netns_path(path: str) -> None:
-    # detached (MNT_DETACH), as `ip netns delete` and containerd remove a netns: a plain umount
-    # is refused (EBUSY) while anyone has the path open, nri-cni's verify reading it included
-    done = subprocess.run(["umount", "--lazy", path], capture_output=True, text=True)
-    if done.returncode != 0:
-        mounts = subprocess.run(["findmnt", "-n", path], capture_output=True, text=True).stdout.strip()
-        raise AssertionError(
-            f"umount {path}: exit {done.returncode}: {done.stderr.strip()}; mounted: {mounts!r}"
-        )
-    os.unlink(path)
-
-
 def test_a_running_pod_whose_netns_path_vanished_is_reported_and_keeps_its_ips(rnode):
     rnode.start_containerd()
     cfg = rnode.daemon_config(
@@ -129,7 +116,7 @@ def test_a_running_pod_whose_netns_path_vanished_is_reported_and_keeps_its_ips(r
     assert leases
     netns = rnode.ctd.cri.pod_status(victim).netns_path
     try:
-        _unmount_netns_path(netns)  # the pause process still holds the namespace
+        unmount_netns_path(netns)  # the pause process still holds the namespace
 
         def reported():
             return [b for b in daemon.status()["broken"] if b["pod"] == victim]

@@ -2,8 +2,9 @@
 # outside the product. While it blocks, a test can kill nri-cni (or the runtime) by PID, stop
 # containerd, restart things, and then release the plugin or kill it too.
 #
-# Installed with a `#!<python> -IS` line (standard library only), like fake_plugin.py; `install()`
-# below does that. The same file, imported, gives the test side: `BlockControl`.
+# Installed with a `#!<python> -IS` line (standard library only), like fake_plugin.py, by
+# tests/support/bin_dir.py's `install_test_plugin`. The same file, imported, gives the test side:
+# `BlockControl`.
 #
 # Config key "block" (in the plugin's own config in the conflist):
 #   "dir"       a directory of the test's (required)
@@ -89,14 +90,6 @@ def main() -> int:
 
 
 # ---- the test side -------------------------------------------------------------------------
-
-
-def install(bin_dir: str | os.PathLike, name: str = "block") -> Path:
-    """Writes the plugin into `bin_dir` as `name`, run by this interpreter; returns its path."""
-    target = Path(bin_dir) / name
-    target.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n" + Path(__file__).read_text())
-    target.chmod(0o755)
-    return target
 
 
 @dataclass(frozen=True)

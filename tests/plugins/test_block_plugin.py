@@ -15,7 +15,8 @@ from nri_cni.cni.config import parse_conflist
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.errors import CNIError
-from tests.plugins.block_plugin import BlockControl, install
+from tests.plugins.block_plugin import BlockControl
+from tests.support.bin_dir import install_test_plugin
 
 PREV = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}], "ips": [{"address": "10.247.0.2/24"}]}
 
@@ -23,7 +24,8 @@ PREV = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}], "ips": [{"addre
 @pytest.fixture
 def plugin(tmp_path):
     (tmp_path / "bin").mkdir()
-    return install(tmp_path / "bin")
+    install_test_plugin(tmp_path / "bin", "block_plugin", "block")
+    return tmp_path / "bin" / "block"
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from nri_cni.pod.select import MAX_ANNOTATION_BYTES, MAX_REQUESTED_NETWORKS
-from tests.unit.daemon.test_reload import base_config, inline, start, write
+from tests.support.reloading import base_config, inline, start, write
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

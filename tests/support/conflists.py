@@ -1,10 +1,13 @@
-"""The CNI network lists the tests and bench/ give nri-cni or a runtime, and the entry that
-names one in nri-cni's config."""
+"""The CNI network lists the tests and bench/ give nri-cni or a runtime, the entry that names one
+in nri-cni's config, and a network as a NetworkAttachmentDefinition file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 def host_local(ipam_dir: str | Path, *subnets: str) -> dict[str, Any]:
@@ -30,9 +33,18 @@ def bridge_conflist(
     gateway: bool = True,
     then: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The bridge plugin on `bridge` (no masquerade: nothing leaves the node), then `then`."""
-    plugin = {"type": "bridge", "bridge": bridge, "isGateway": gateway, "ipMasq": False, "ipam": ipam}
-    return {"cniVersion": version, "name": name, "plugins": [plugin, *then]}
+    """The bridge plugin on `bridge`, then `then`."""
+    return conflist(name, bridge_plugin(bridge, ipam, gateway=gateway), *then, version=version)
+
+
+def bridge_plugin(bridge: str, ipam: dict[str, Any], *, gateway: bool = True) -> dict[str, Any]:
+    """The bridge plugin's entry on `bridge` (no masquerade: nothing leaves the node)."""
+    return {"type": "bridge", "bridge": bridge, "isGateway": gateway, "ipMasq": False, "ipam": ipam}
+
+
+def conflist(name: str, *plugins: dict[str, Any], version: str = "1.1.0") -> dict[str, Any]:
+    """The network list `name` of `plugins`, in order."""
+    return {"cniVersion": version, "name": name, "plugins": list(plugins)}
 
 
 def macvlan_conflist(
@@ -46,3 +58,23 @@ def macvlan_conflist(
 def network(conflist: dict[str, Any], *, default: bool = True, **keys: Any) -> dict[str, Any]:
     """The entry of nri-cni's `networks` that attaches `conflist` (by its name)."""
     return {"name": conflist["name"], "default": default, **keys, "conflist": conflist}
+
+
+def nad(name: str, master: str, subnet: str, ipam_dir: str, namespace: str = "nct-e2e") -> str:
+    """A NetworkAttachmentDefinition file (YAML) for macvlan over `master`, as Multus reads one."""
+    config = {
+        "cniVersion": "1.0.0",
+        "name": f"{name}-net",
+        "type": "macvlan",
+        "master": master,
+        "mode": "bridge",
+        "ipam": {"type": "host-local", "dataDir": ipam_dir, "ranges": [[{"subnet": subnet}]]},
+    }
+    return yaml.safe_dump(
+        {
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"config": json.dumps(config)},
+        }
+    )

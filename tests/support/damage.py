@@ -7,6 +7,7 @@ held before, and the host end of each veth is a port of its bridge again.
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from pyroute2 import IPRoute
@@ -97,3 +98,16 @@ def damage_left(pod: RuntimePod, before: dict[str, list[str]], bridged: list[str
         elif peer is None or peer.master != bridge_link.index:
             problems.append(f"pod {pod.id[:12]}: the host end of {ifname} is not on {bridge}")
     return problems
+
+
+def unmount_netns_path(path: str) -> None:
+    """The pod's netns path gone while its namespace lives on (held by the pause process)."""
+    # detached (MNT_DETACH), as `ip netns delete` and containerd remove a netns: a plain umount
+    # is refused (EBUSY) while anyone has the path open, nri-cni's verify reading it included
+    done = subprocess.run(["umount", "--lazy", path], capture_output=True, text=True)
+    if done.returncode != 0:
+        mounts = subprocess.run(["findmnt", "-n", path], capture_output=True, text=True).stdout.strip()
+        raise AssertionError(
+            f"umount {path}: exit {done.returncode}: {done.stderr.strip()}; mounted: {mounts!r}"
+        )
+    os.unlink(path)

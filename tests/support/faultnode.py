@@ -16,9 +16,10 @@ import time
 import uuid
 
 from tests.support.cutcalls import CutCalls
+from tests.support.leaks import LeakChecker
 from tests.support.nricni import NriCni
 from tests.support.podtruth import RuntimePod, reaches, whole_problems
-from tests.support.recovery_node import RecoveryNode
+from tests.support.recovery_node import RecoveryNode, pod_ids_in
 from tests.support.stubthread import Recorder
 
 # the node is true again soon after nri-cni's reconnect (about 5 s on a quiet machine:
@@ -122,6 +123,11 @@ def wait_resynchronized(daemon: NriCni, count: int, timeout: float = 60) -> None
         time.sleep(0.02)
 
 
+# The faults of a churn test, one round each: kill -9 twice, a clean stop between.
+CHURN_FAULTS = ["kill9", "stop", "kill9"]
+ROUNDS = len(CHURN_FAULTS)
+
+
 def churn_through_runtime_faults(rnode: RecoveryNode, churn: Churn, faults, after_restart=None) -> None:
     """Each fault in turn, in the middle of the churn: the runtime killed ("kill9": SIGKILL) or
     stopped ("stop": SIGTERM) by its PID, started again, nri-cni resynchronized (then
@@ -139,6 +145,16 @@ def churn_through_runtime_faults(rnode: RecoveryNode, churn: Churn, faults, afte
         if after_restart is not None:
             after_restart()
     churn.stop()
+
+
+def assert_nothing_left_after_removal(rnode: RecoveryNode, checker: LeakChecker) -> None:
+    """Exactly the attachments of the pods containerd has; after their removal, nothing."""
+    existing = {p.id for p in rnode.ctd.cri.list_pods()}
+    attached = pod_ids_in(rnode.daemon)
+    assert set(attached) <= existing, set(attached) - existing
+    assert {r.container_id for r in rnode.reservations()} == set(attached)
+    assert rnode.intents() == []
+    rnode.remove_all_leaving_nothing(existing, checker)
 
 
 BROKEN_LINE = re.compile(r" id=([0-9a-f]+) is broken \(([a-z-]+)\): ")

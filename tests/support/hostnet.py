@@ -65,6 +65,24 @@ def netns_addrs(netns_path: str, ifname: str = "eth0") -> list[str]:
     ]
 
 
+def netns_ipv4_addrs(netns_path: str, ifname: str) -> list[str]:
+    """The IPv4 addresses (with prefix) of ``ifname`` inside the netns; none if it is missing."""
+    out = run("nsenter", f"--net={netns_path}", "ip", "-o", "-4", "addr", "show", "dev", ifname, check=False)
+    return [line.split()[3] for line in out.splitlines()]
+
+
+def netns_reaches(netns_path: str, ip: str) -> bool:
+    """Pings until the first answer, for up to ~60 s (IPv6: DAD on both ends, and a peer's
+    neighbour entry for a re-made interface waits out its NUD probes)."""
+    for _ in range(30):
+        ping = subprocess.run(
+            ["nsenter", f"--net={netns_path}", "ping", "-c", "1", "-W", "2", ip], capture_output=True
+        )
+        if ping.returncode == 0:
+            return True
+    return False
+
+
 def netns_routes(netns_path: str) -> list[str]:
     """IPv4 and IPv6 routes inside the netns at ``netns_path``, one line each."""
     out = []

@@ -31,8 +31,7 @@ import yaml
 
 from nri_cni.local import proto as localproto
 from tests.plugins.block_plugin import BlockControl
-from tests.plugins.block_plugin import install as install_block
-from tests.support.bin_dir import install_plugin, python_script
+from tests.support.bin_dir import install_plugin, install_test_plugin, python_script
 from tests.support.conflists import bridge_conflist, host_local, macvlan_conflist, network, portmap
 from tests.support.hostlocal import host_local_reservations
 from tests.support.janitor import Janitor
@@ -108,7 +107,7 @@ class RecoveryNode:
         self.control = tmp_path / "ctl"
         self.control.mkdir()
         install_ctl(self.setup.bin_dir)
-        install_block(self.setup.bin_dir)
+        install_test_plugin(self.setup.bin_dir, "block_plugin", "block")
         self.block = BlockControl(tmp_path / "block")
         self.finalize_log = tmp_path / "finalize.log"
         self.eth0_subnet, self.net1_subnet = _subnets()

@@ -12,7 +12,7 @@ import pytest
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.errors import CniCode, CNIError
-from tests.unit.cni.test_cni_cache import GOLDEN, golden_entry
+from tests.support.golden_cache import GOLDEN, golden_entry
 
 
 @pytest.fixture

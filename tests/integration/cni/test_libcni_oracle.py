@@ -18,6 +18,7 @@ from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.errors import CNIError
 from tests.integration.cni.helpers import run
+from tests.support.bin_dir import install_plugin
 from tests.support.libcni import Libcni, driver_path
 
 pytestmark = pytest.mark.integration
@@ -63,15 +64,15 @@ OUTPUTS = {
 def emit_plugin(bin_dir: Path, output: bytes) -> None:
     data = bin_dir / "emit.out"
     data.write_bytes(output)
-    script = bin_dir / "emit"
-    script.write_text(
+    install_plugin(
+        bin_dir,
+        "emit",
         "#!/bin/sh\n"
         'case "$CNI_COMMAND" in\n'
         f"ADD) cat '{data}' ;;\n"
         """VERSION) echo '{"cniVersion":"1.1.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}' ;;\n"""
-        "esac\n"
+        "esac\n",
     )
-    script.chmod(0o755)
 
 
 def rt_fields() -> dict:

@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from tests.integration.cni.helpers import CniEnv, run
+from tests.support.conflists import bridge_plugin
 from tests.support.hostlocal import host_local_reservations
 from tests.support.names import unique_name
 
@@ -23,7 +24,7 @@ def _assert_nothing_left(env: CniEnv, net_name: str) -> None:
 
 
 def _bridge(env: CniEnv, bridge: str) -> dict:
-    return {"type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False, "ipam": env.host_local()}
+    return bridge_plugin(bridge, env.host_local(), gateway=False)
 
 
 def test_missing_plugin_binary_in_the_chain(cni_env: CniEnv):

@@ -19,6 +19,7 @@ import stat
 import pytest
 
 from tests.integration.cni.helpers import CACHE_FIELDS, CniEnv, libcni_cache_bytes, random_port, run
+from tests.support.conflists import bridge_plugin
 from tests.support.firewall import iptables_lines
 from tests.support.hostlocal import host_local_reservations
 from tests.support.names import unique_name
@@ -31,7 +32,7 @@ NOTE = "a<b>&c-é"
 
 def _conflist(env: CniEnv, bridge: str) -> dict:
     return env.conflist(
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "ipam": env.host_local()},
+        bridge_plugin(bridge, env.host_local()),
         {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False, "backend": "iptables"},
         {"type": "firewall", "backend": "iptables"},
     )

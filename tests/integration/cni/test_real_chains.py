@@ -18,6 +18,7 @@ from tests.integration.cni.helpers import (
     random_port,
     run,
 )
+from tests.support.conflists import bridge_plugin
 from tests.support.firewall import iptables_lines
 from tests.support.hostlocal import host_local_reservations
 from tests.support.names import unique_name
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.netns
 
 def _bridge_chain(env: CniEnv, bridge: str) -> dict:
     return env.conflist(
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "ipam": env.host_local()},
+        bridge_plugin(bridge, env.host_local()),
         {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False, "backend": "iptables"},
         {
             "type": "tuning",
@@ -286,13 +287,7 @@ def test_bridge_with_static_ipam(cni_env: CniEnv):
     addr = env.cidr(7)
     net = env.net(
         env.conflist(
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": False,
-                "ipMasq": False,
-                "ipam": {"type": "static", "addresses": [{"address": addr}]},
-            }
+            bridge_plugin(bridge, {"type": "static", "addresses": [{"address": addr}]}, gateway=False)
         )
     )
     conf = env.rtconf()

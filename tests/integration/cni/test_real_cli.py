@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.integration.cni.helpers import CniEnv, random_port
+from tests.support.conflists import bridge_plugin
 from tests.support.hostlocal import host_local_reservations
 from tests.support.names import unique_name
 
@@ -45,7 +46,7 @@ def test_cli_add_check_del(cni_env: CniEnv, ip_forward_restored):
     confdir = env.tmp / "net.d"
     confdir.mkdir()
     conflist = env.conflist(
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "ipam": env.host_local()},
+        bridge_plugin(bridge, env.host_local()),
         {"type": "portmap", "capabilities": {"portMappings": True}, "snat": False},
     )
     (confdir / "10-nct.conflist").write_text(json.dumps(conflist))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.cni.helpers import CniEnv, run
+from tests.support.conflists import bridge_plugin
 from tests.support.hostlocal import host_local_reservations
 from tests.support.names import unique_name
 
@@ -20,17 +21,7 @@ pytestmark = pytest.mark.netns
 
 
 def _bridge_net(env: CniEnv, bridge: str, **ipam):
-    return env.net(
-        env.conflist(
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": False,
-                "ipMasq": False,
-                "ipam": env.host_local(**ipam),
-            }
-        )
-    )
+    return env.net(env.conflist(bridge_plugin(bridge, env.host_local(**ipam), gateway=False)))
 
 
 def test_gc_releases_everything_but_the_valid_attachment(cni_env: CniEnv):

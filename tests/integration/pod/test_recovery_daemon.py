@@ -20,7 +20,7 @@ import pytest
 
 from nri_cni.errors import GrpcCode, RPCError
 from tests.plugins.block_plugin import BlockControl
-from tests.plugins.block_plugin import install as install_block
+from tests.support.bin_dir import install_test_plugin
 from tests.support.harness import DaemonHarness, new_pod_id, pod_message, run
 from tests.support.netns import get_link
 from tests.support.recovery_node import install_ctl, read_calls
@@ -173,7 +173,7 @@ def test_gc_runs_alone_between_pod_operations(node):
     """GC waits for the pod operation in flight, and an operation that comes meanwhile waits for
     GC. Each step is an event the test sees (a plugin blocked, a lock's waiters), not a time."""
     install_ctl(node.bin_dir)
-    install_block(node.bin_dir)
+    install_test_plugin(node.bin_dir, "block_plugin", "block")
     control = node.tmp / "ctl"
     control.mkdir()
     block = BlockControl(node.tmp / "block")

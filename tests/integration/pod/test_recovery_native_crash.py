@@ -19,7 +19,7 @@ from nri_cni.api import nri_pb2
 from nri_cni.errors import Unavailable
 from nri_cni.local.codec import LocalProtocolError
 from tests.plugins.block_plugin import BlockControl, Blocked
-from tests.plugins.block_plugin import install as install_block
+from tests.support.bin_dir import install_test_plugin
 from tests.support.damage import damage_left
 from tests.support.faultnode import broken_by_name
 from tests.support.harness import new_pod_id, pod_message, run
@@ -67,7 +67,7 @@ class NativeScene:
 
     def __init__(self, node, kind: str) -> None:
         self.node = node
-        install_block(node.bin_dir)
+        install_test_plugin(node.bin_dir, "block_plugin", "block")
         install_ctl(node.bin_dir)
         (node.tmp / "ctl").mkdir()
         self.block = BlockControl(node.tmp / "block")

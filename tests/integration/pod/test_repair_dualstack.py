@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import sys
 
 import pytest
 
@@ -22,6 +20,7 @@ from nri_cni.errors import PodError
 from nri_cni.pod.model import PodInfo
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import BrokenCode, PodState
+from tests.support.bin_dir import install_plugin, python_script
 from tests.support.harness import new_pod_id
 from tests.support.netns import get_link
 from tests.support.pods import pod_plan, pod_service
@@ -59,9 +58,7 @@ class DualWorld:
         self.bridge = plugin["bridge"]
         self.gate = node.tmp / "del-gate-closed"
         if del_gate:
-            script = node.bin_dir / "delgate"
-            script.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n{DEL_GATE}")
-            script.chmod(0o755)
+            install_plugin(node.bin_dir, "delgate", python_script(DEL_GATE))
             conflist["plugins"].append({"type": "delgate", "failFile": str(self.gate)})
         doc = node.config("shim", [{"name": "podnet", "default": True, "conflist": conflist}])
         self.cfg = parse_config(doc, str(node.tmp / "config.yaml"))

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import subprocess
-import sys
 
 import pytest
 
@@ -22,6 +20,7 @@ from nri_cni.pod.model import AttachRequest, PodInfo
 from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import BrokenCode, PodState
 from nri_cni.service.service import PodService
+from tests.support.bin_dir import install_plugin, python_script
 from tests.support.harness import new_pod_id
 from tests.support.netns import delete_link, get_link
 from tests.support.pods import pod_plan, pod_service
@@ -54,9 +53,7 @@ class World:
         self.bridge = conflist["plugins"][0]["bridge"]
         self.fail_file = node.tmp / "gate-closed"
         if gate:
-            script = node.bin_dir / "gate"
-            script.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n{GATE}")
-            script.chmod(0o755)
+            install_plugin(node.bin_dir, "gate", python_script(GATE))
             conflist["plugins"].append({"type": "gate", "failFile": str(self.fail_file)})
         networks = [{"name": "podnet", "default": True, "conflist": conflist}]
         if mode == "secondary":  # the runtime's own eth0 (not made here); podnet is an extra

@@ -13,6 +13,8 @@ import sys
 import pytest
 import yaml
 
+from tests.support.bin_dir import install_plugin, python_script
+from tests.support.conflists import conflist, network
 from tests.support.harness import new_pod_id, pod_message, run
 from tests.support.nri_runtime import NriRuntime
 
@@ -38,21 +40,9 @@ elif os.environ.get("CNI_COMMAND") == "VERSION":
 
 def test_plugins_get_a_minimal_environment_no_inherited_descriptors_and_a_fixed_cwd(node, tmp_path):
     ns = node.jan.netns()
-    plugin = node.bin_dir / "dump-env"
-    plugin.write_text(f"#!{os.path.realpath(sys.executable)} -IS\n{DUMP_PLUGIN}")
-    plugin.chmod(0o755)
+    install_plugin(node.bin_dir, "dump-env", python_script(DUMP_PLUGIN))
     dump = tmp_path / "dump.jsonl"
-    nets = [
-        {
-            "name": "podnet",
-            "default": True,
-            "conflist": {
-                "cniVersion": "1.1.0",
-                "name": "podnet",
-                "plugins": [{"type": "dump-env", "dump": str(dump)}],
-            },
-        }
-    ]
+    nets = [network(conflist("podnet", {"type": "dump-env", "dump": str(dump)}))]
     cfg = node.config("native", nets, cni={**node.config("native", nets)["cni"], "plugin_env": ["WANTED"]})
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg))

@@ -11,6 +11,8 @@ import sys
 import pytest
 import yaml
 
+from tests.support.bin_dir import install_plugin
+from tests.support.conflists import conflist, network
 from tests.support.harness import new_pod_id, pod_message, run
 from tests.support.nri_runtime import NriRuntime
 
@@ -46,21 +48,9 @@ def signals(mask: str) -> set[int]:
 
 def test_a_daemon_started_under_nohup_runs_plugins_with_no_signal_ignored_or_blocked(node, tmp_path):
     ns = node.jan.netns()
-    plugin = node.bin_dir / "sig-probe"
     dump = tmp_path / "sigstate"
-    plugin.write_text(PROBE_PLUGIN.format(dump=dump))
-    plugin.chmod(0o755)
-    nets = [
-        {
-            "name": "podnet",
-            "default": True,
-            "conflist": {
-                "cniVersion": "1.1.0",
-                "name": "podnet",
-                "plugins": [{"type": "sig-probe"}],
-            },
-        }
-    ]
+    install_plugin(node.bin_dir, "sig-probe", PROBE_PLUGIN.format(dump=dump))
+    nets = [network(conflist("podnet", {"type": "sig-probe"}))]
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(node.config("native", nets)))
     daemon = [sys.executable, "-m", "nri_cni.cli", "run", "--config", str(config_path)]

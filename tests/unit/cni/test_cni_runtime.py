@@ -19,8 +19,8 @@ from nri_cni.cni.executor import FAKE_BIN, FakeExecutor
 from nri_cni.cni.result_parse import parse_result
 from nri_cni.cni.runtime import Attachment, CNIRuntime, GCError, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, ConfigError, PluginExecError, PluginTimeout
+from tests.support.golden_cache import GOLDEN
 
-GOLDEN_CACHE = (Path(__file__).parent / "golden" / "libcni-cache-v1.json").read_bytes()
 CNI_VARS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
 
 
@@ -113,7 +113,7 @@ def test_delete_reverse_with_cached_result(runtime, make_net, call_log, rt, capl
 @pytest.mark.parametrize(
     "version,expected",
     [
-        ("1.0.0", json.loads(GOLDEN_CACHE)["result"]),
+        ("1.0.0", json.loads(GOLDEN)["result"]),
         (
             "0.4.0",
             {
@@ -134,7 +134,7 @@ def test_delete_reverse_with_cached_result(runtime, make_net, call_log, rt, capl
 def test_delete_consumes_libcni_cache_file(runtime, make_net, call_log, rt, version, expected):
     path = cache_file(runtime, "nct-golden", rt)
     path.parent.mkdir(parents=True)
-    path.write_bytes(GOLDEN_CACHE)
+    path.write_bytes(GOLDEN)
     net = make_net(["fake-a", "fake-b"], name="nct-golden", version=version)
     run(runtime.delete(net, rt))
     assert [c["stdin"].get("prevResult") for c in call_log.calls()] == [expected, expected]

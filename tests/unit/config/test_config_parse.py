@@ -8,21 +8,7 @@ import pytest
 
 from nri_cni.config import Config, ConfigErrors, load_config_text, parse_config
 from nri_cni.errors import ConfigError
-
-BRIDGE = {
-    "cniVersion": "1.1.0",
-    "name": "podnet",
-    "plugins": [{"type": "bridge", "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}],
-}
-
-
-def _net(name, **kw):
-    conf = dict(BRIDGE, name=name)
-    return {"name": name, "conflist": conf, **kw}
-
-
-def _cfg(networks, **extra):
-    return parse_config({"networks": networks, **extra}, "/etc/nri-cni/config.yaml")
+from tests.support.configdocs import BRIDGE, bridge_net, parse_networks
 
 
 def test_config_errors_are_located_and_all_reported():
@@ -31,8 +17,8 @@ def test_config_errors_are_located_and_all_reported():
         "nri": {"plugin_index": "7", "socket": "relative/path"},
         "cni": {"plugin_timeout": "soon"},
         "networks": [
-            _net("podnet", default=True),
-            _net("podnet"),
+            bridge_net("podnet", default=True),
+            bridge_net("podnet"),
             {"name": "x", "file": "/nonexistent.conflist"},
             {"name": "bad/name", "conflist": BRIDGE},
         ],
@@ -62,7 +48,7 @@ def test_yaml_syntax_error_names_line_and_column():
 
 def test_inline_conflist_must_match_its_name_and_have_bare_plugin_types():
     with pytest.raises(ConfigError) as err:
-        _cfg(
+        parse_networks(
             [
                 {
                     "name": "podnet",
@@ -73,13 +59,13 @@ def test_inline_conflist_must_match_its_name_and_have_bare_plugin_types():
         )
     assert "networks[0].conflist" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        _cfg([{"name": "other", "default": True, "conflist": BRIDGE}])
+        parse_networks([{"name": "other", "default": True, "conflist": BRIDGE}])
     assert "named 'podnet'" in str(err.value)
 
 
 def test_defaults_and_durations():
-    cfg = _cfg(
-        [_net("podnet", default=True)],
+    cfg = parse_networks(
+        [bridge_net("podnet", default=True)],
         gc={"interval": "2m"},
         nri={"plugin_index": 5, "request_timeout": "1500ms"},
     )
@@ -91,9 +77,11 @@ def test_defaults_and_durations():
 
 def test_metrics_listen_only_local():
     with pytest.raises(ConfigError) as err:
-        _cfg([_net("podnet", default=True)], metrics={"listen": "0.0.0.0:9100"})
+        parse_networks([bridge_net("podnet", default=True)], metrics={"listen": "0.0.0.0:9100"})
     assert "metrics.listen" in str(err.value)
-    assert _cfg([_net("podnet", default=True)], metrics={"listen": "127.0.0.1:9100"}).metrics_listen
+    assert parse_networks(
+        [bridge_net("podnet", default=True)], metrics={"listen": "127.0.0.1:9100"}
+    ).metrics_listen
 
 
 def test_a_document_without_keys_gets_the_dataclass_defaults():

@@ -8,23 +8,11 @@ import yaml
 
 from nri_cni.config import parse_config
 from nri_cni.errors import ConfigError
-
-
-def _doc(**extra) -> dict:
-    return {
-        "networks": [
-            {
-                "name": "podnet",
-                "default": True,
-                "conflist": {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "bridge"}]},
-            }
-        ],
-        **extra,
-    }
+from tests.support.configdocs import podnet_doc
 
 
 def test_verify_and_repair_defaults():
-    cfg = parse_config(_doc())
+    cfg = parse_config(podnet_doc())
     assert (cfg.verify_interval, cfg.verify_check_every, cfg.repair) == (30.0, 10, "on")
 
 
@@ -33,15 +21,17 @@ def test_verify_and_repair_defaults():
 )
 def test_repair_reads_yaml_words_and_booleans(text, want):
     # unquoted on/off are YAML 1.1 booleans: they still mean the words
-    doc = _doc(**yaml.safe_load(f"repair: {text}"))
+    doc = podnet_doc(**yaml.safe_load(f"repair: {text}"))
     assert parse_config(doc).repair == want
 
 
 def test_verify_section_and_bad_values_are_located():
-    cfg = parse_config(_doc(verify={"interval": "5s", "check_every": 3}))
+    cfg = parse_config(podnet_doc(verify={"interval": "5s", "check_every": 3}))
     assert (cfg.verify_interval, cfg.verify_check_every) == (5.0, 3)
     with pytest.raises(ConfigError) as ei:
-        parse_config(_doc(verify={"interval": "soon", "check_every": 0, "every": 1}, repair="sometimes"))
+        parse_config(
+            podnet_doc(verify={"interval": "soon", "check_every": 0, "every": 1}, repair="sometimes")
+        )
     text = str(ei.value)
     for where in ("verify.interval", "verify.check_every", "verify.every", "repair"):
         assert where in text, text

@@ -10,7 +10,7 @@ import yaml
 
 from nri_cni.config import load_config
 from nri_cni.errors import ConfigError
-from tests.unit.daemon.test_reload import base_config, refusal, start, write
+from tests.support.reloading import base_config, refusal, start, write
 
 BRIDGE = {
     "name": "pods",

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nri_cni.config import parse_config
-from nri_cni.daemon.app import build_daemon
 from nri_cni.daemon.cycles import COLLECT_EVERY, CycleCollector, due
+from tests.support.unstarted import daemon_for
 
-NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "cy-br"}]}
 CONNECTIONS = 3 * COLLECT_EVERY + 10
 
 
@@ -48,15 +46,7 @@ def _closed_transports() -> int:
 
 @pytest.mark.parametrize("collect", [True, False])
 def test_closed_connections_of_the_local_socket_do_not_pile_up(tmp_path: Path, collect: bool):
-    doc = {
-        "mode": "native",
-        "state_dir": str(tmp_path / "state"),
-        "nri": {"socket": str(tmp_path / "nri.sock")},
-        "daemon": {"socket": str(tmp_path / "daemon.sock")},
-        "cni": {"cache_dir": str(tmp_path / "cache"), "bin_dirs": [str(tmp_path / "bin")]},
-        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
-    }
-    local = build_daemon(parse_config(doc, str(tmp_path / "config.yaml"))).local
+    local = daemon_for(tmp_path).local
     if not collect:
         local.closed = None  # control: only the automatic collector, which the test holds off
     done = asyncio.Queue()

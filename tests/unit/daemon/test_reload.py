@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import time
 from pathlib import Path
@@ -14,58 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nri_cni.config import load_config
 from nri_cni.daemon.inotify import DirWatcher
 from nri_cni.daemon.reload import RESTART_ONLY, ConfigReloader, watched_dirs
 from nri_cni.lifecycle import generation_id
-
-
-def base_config(tmp, networks, **extra) -> dict:
-    (tmp / "net.d" / "_finalize.d").mkdir(parents=True, exist_ok=True)
-    return {
-        "mode": "native",
-        "nri": {"socket": str(tmp / "nri.sock")},
-        "daemon": {"socket": str(tmp / "daemon.sock")},
-        "state_dir": str(tmp / "state"),
-        "cni": {
-            "bin_dirs": [str(tmp / "bin")],
-            "cache_dir": str(tmp / "cache"),
-            "finalize_dir": str(tmp / "net.d" / "_finalize.d"),
-        },
-        "reload": {"watch": True, "rescan_interval": 0, "debounce": "50ms"},
-        "networks": networks,
-        **extra,
-    }
-
-
-def inline(name, *, default=False, plugin_type="fake-ok", **keys) -> dict:
-    return {
-        "name": name,
-        "default": default,
-        "conflist": {"cniVersion": "1.1.0", "name": name, "plugins": [{"type": plugin_type, **keys}]},
-    }
-
-
-def write(path, text: str) -> None:
-    """As editors and ConfigMaps do: a new file renamed over the old one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.rename(tmp, path)
-
-
-class Applied:
-    def __init__(self) -> None:
-        self.configs = []
-        self.event = asyncio.Event()
-
-    async def __call__(self, cfg) -> None:
-        self.configs.append(cfg)
-        self.event.set()
-
-    async def next(self, timeout=60.0):
-        await asyncio.wait_for(self.event.wait(), timeout)
-        self.event.clear()
-        return self.configs[-1]
+from tests.support.reloading import Applied, base_config, inline, refusal, start, write
 
 
 def rounds_from_now(reloader) -> list[bool]:
@@ -89,22 +40,6 @@ async def until_true(predicate, timeout: float = 60.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "the event did not come"
         await asyncio.sleep(0.01)
-
-
-async def refusal(reloader, cleared: bool = False, timeout: float = 60.0) -> str:
-    """Waits for the reloader to report a refused change (`cleared`: to report none any more),
-    the event a refused write causes; the deadline only fails a hang. Returns the report's text."""
-    deadline = time.monotonic() + timeout
-    while bool(reloader.report()["refused"]) == cleared:
-        assert time.monotonic() < deadline, f"no refusal {'cleared' if cleared else 'reported'}"
-        await asyncio.sleep(0.01)
-    return reloader.report()["refused"]
-
-
-def start(path):
-    applied = Applied()
-    reloader = ConfigReloader(load_config(str(path)), applied)
-    return reloader, applied
 
 
 def test_a_rewritten_config_is_seen_by_inotify_and_applied(tmp_path):

@@ -11,7 +11,7 @@ import re
 import yaml
 
 from nri_cni.cli.logsetup import setup_logging
-from tests.unit.daemon.test_reload import base_config, inline, refusal, start, write
+from tests.support.reloading import base_config, inline, refusal, start, write
 
 
 def test_a_refusal_clears_when_the_running_file_is_written_back(tmp_path):

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from nri_cni.daemon.app import build_daemon
-from tests.unit.service.test_modes import _cfg
+from tests.support.configdocs import mode_config
 
 
 class _Part:
@@ -25,7 +25,7 @@ class _Part:
 
 
 def test_a_part_that_fails_to_start_stops_the_ones_before_it_in_reverse(tmp_path):
-    daemon = build_daemon(_cfg(tmp_path, "native"))
+    daemon = build_daemon(mode_config(tmp_path, "native"))
     log: list[str] = []
     daemon.lifecycle = _Part("lifecycle", log)  # type: ignore[assignment]
     daemon.reloader = _Part("reloader", log)  # type: ignore[assignment]

@@ -8,7 +8,7 @@ import os
 
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.model import PodInfo
-from tests.unit.pod.test_recovery_rules import _networker
+from tests.support.delrecorder import del_recording_plan
 
 LISTED, UNLISTED, NETNS_GONE = ("a" * 64, "b" * 64, "c" * 64)
 
@@ -24,7 +24,7 @@ def test_a_mark_holds_the_netns_and_goes_with_forget(tmp_path):
 
 
 def test_detach_and_gc_drop_the_marks_of_pods_that_are_gone(tmp_path):
-    plan = _networker(tmp_path, fail=set())
+    plan = del_recording_plan(tmp_path, fail=set())
     netns = tmp_path / "netns"
     netns.mkdir()
     (netns / "alive").touch()

@@ -13,16 +13,16 @@ from nri_cni.errors import AnnotationRefused
 from nri_cni.pod.model import PrimaryNetwork
 from nri_cni.pod.select import select_networks
 from nri_cni.service.modes import mode_for
-from tests.unit.config.test_config_parse import _cfg, _net
+from tests.support.configdocs import bridge_net, parse_networks
 
 
 def _sel_cfg(mode="native"):
-    return _cfg(
+    return parse_networks(
         [
-            _net("podnet", default=True),
-            _net("fast", namespaces=["default"]),
-            _net("storage", namespaces=["*"], interface="stor0"),
-            _net("admin", namespaces=["kube-system"]),
+            bridge_net("podnet", default=True),
+            bridge_net("fast", namespaces=["default"]),
+            bridge_net("storage", namespaces=["*"], interface="stor0"),
+            bridge_net("admin", namespaces=["kube-system"]),
         ],
         mode=mode,
         **({"primary_network": "cbr0"} if mode == "secondary" else {}),
@@ -94,9 +94,13 @@ def test_secondary_mode_leaves_eth0_to_the_runtime():
 
 
 def test_primary_network_comes_first_as_eth0_in_every_mode_that_owns_it():
-    nets = [_net("podnet", default=True), _net("pods2", default=True), _net("fast", namespaces=["*"])]
+    nets = [
+        bridge_net("podnet", default=True),
+        bridge_net("pods2", default=True),
+        bridge_net("fast", namespaces=["*"]),
+    ]
     for mode in ("native", "shim"):
-        cfg = _cfg(nets, mode=mode, primary_network="pods2")
+        cfg = parse_networks(nets, mode=mode, primary_network="pods2")
         primary = mode_for(cfg).primary
         assert primary == PrimaryNetwork("pods2", ours=True)
         sel = select_networks(cfg, "default", {"k8s.v1.cni.cncf.io/networks": "fast"}, primary=primary)
@@ -106,6 +110,6 @@ def test_primary_network_comes_first_as_eth0_in_every_mode_that_owns_it():
             ("fast", "net2"),
         ]
         # without primary_network: the first default network
-        cfg = _cfg(nets, mode=mode)
+        cfg = parse_networks(nets, mode=mode)
         sel = select_networks(cfg, "default", {}, primary=mode_for(cfg).primary)
         assert [(s.network.name, s.ifname) for s in sel] == [("podnet", "eth0"), ("pods2", "net1")]

@@ -13,7 +13,6 @@ import pytest
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
-from nri_cni.cni.executor import FakeExecutor
 from nri_cni.config import parse_config
 from nri_cni.errors import CniCode, CNIError, PluginExecError, PluginNotRun, PluginRef, PluginTimeout
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
@@ -22,13 +21,9 @@ from nri_cni.pod.oprecord import OpRecord
 from nri_cni.pod.rollback import nothing_created
 from nri_cni.pod.upkeep import netns_gone
 from nri_cni.service.modes import mode_for
+from tests.support.delrecorder import CHAIN, del_recording_plan
 from tests.support.pods import pod_plan, pod_service
 
-CHAIN = {
-    "cniVersion": "1.1.0",
-    "name": "podnet",
-    "plugins": [{"type": "bridge"}, {"type": "tuning"}, {"type": "ctl"}, {"type": "portmap"}],
-}
 POD = "0123456789abcdef" * 4
 
 
@@ -79,69 +74,27 @@ def test_nothing_created(exc, doomed):
     assert nothing_created(exc) is doomed
 
 
-class FakeCNI:
-    """Records each DEL as the plugin types of the (sub-)list it was given, last first."""
-
-    def __init__(self, fail: set[str]) -> None:
-        self.fail = fail
-        self.calls: list[list[str]] = []
-        self.cache = type(
-            "C",
-            (),
-            {"read": lambda *a, **k: None, "entries": lambda *a, **k: [], "results_dir": "/nonexistent"},
-        )()
-
-    async def delete(self, net, rt, *, observe=None):
-        types = [p.type for p in reversed(net.plugins)]
-        self.calls.append(types)
-        for t in types:
-            if t in self.fail:
-                raise CNIError(111, f"{t} DEL failed", ref=PluginRef(plugin=t, command="DEL"))
-
-    async def delete_cached(self, entry, *, observe=None):
-        await self.delete(parse_conflist(entry.config), None)
-
-    async def gc(self, net, valid):
-        self.calls.append(["GC", net.name, len(valid)])
-
-    def with_cache(self, cache):
-        return self
-
-    executor = FakeExecutor({})  # GC wraps it; this runtime's verbs exec nothing
-
-    def with_executor(self, executor):
-        return self
-
-
-def _networker(tmp_path, fail):
-    cfg = parse_config(
-        {"state_dir": str(tmp_path), "networks": [{"name": "podnet", "default": True, "conflist": CHAIN}]},
-        str(tmp_path / "c.yaml"),
-    )
-    return pod_plan(cfg, FakeCNI(fail))
-
-
 def _entry():
     conf = parse_conflist(CHAIN)
     return CacheEntry(container_id=POD, ifname="eth0", network_name="podnet", config=conf.bytes)
 
 
 def test_del_is_cut_around_the_doomed_plugin_and_its_failure_ignored(tmp_path):
-    net = _networker(tmp_path, fail={"ctl"})
+    net = del_recording_plan(tmp_path, fail={"ctl"})
     asyncio.run(net.rollback.delete_entry(_entry(), doomed={2}))
     # portmap, then ctl alone (fails: ignored), then tuning and bridge: every DEL ran
     assert net.cni.calls == [["portmap"], ["ctl"], ["tuning", "bridge"]]
 
 
 def test_without_a_doomed_record_the_del_stops_at_the_failure(tmp_path):
-    net = _networker(tmp_path, fail={"ctl"})
+    net = del_recording_plan(tmp_path, fail={"ctl"})
     with pytest.raises(CNIError):
         asyncio.run(net.rollback.delete_entry(_entry()))
     assert net.cni.calls == [["portmap", "ctl", "tuning", "bridge"]]  # one chain; ctl failed it
 
 
 def test_a_failure_of_a_plugin_that_is_not_doomed_still_counts(tmp_path):
-    net = _networker(tmp_path, fail={"tuning"})
+    net = del_recording_plan(tmp_path, fail={"tuning"})
     with pytest.raises(CNIError) as err:
         asyncio.run(net.rollback.delete_entry(_entry(), doomed={2}))
     assert "tuning" in str(err.value)
@@ -149,7 +102,7 @@ def test_a_failure_of_a_plugin_that_is_not_doomed_still_counts(tmp_path):
 
 
 def test_failed_rollback_keeps_what_is_left_in_the_record_and_retries(tmp_path):
-    net = _networker(tmp_path, fail={"ctl"})
+    net = del_recording_plan(tmp_path, fail={"ctl"})
     config = parse_conflist(CHAIN).bytes
     intent = Intent(POD, "", [IntendedNetwork("podnet", "eth0", config)])
     net.intents.write(intent)
@@ -274,7 +227,7 @@ def test_a_del_given_a_netns_path_that_is_no_netns_runs_with_an_empty_cni_netns(
     async def recording(entry, *, observe=None):
         seen.append(entry.netns)
 
-    plan = _networker(tmp_path, fail=set())
+    plan = del_recording_plan(tmp_path, fail=set())
     plan.cni.delete_cached = recording
     left_file = tmp_path / "cni-left-behind"
     left_file.write_text("")

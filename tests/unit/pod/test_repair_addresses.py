@@ -10,7 +10,7 @@ import pytest
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.config import parse_config
 from nri_cni.pod.repair import ip_holders, repair_selection, result_ips
-from tests.unit.config.test_config_verify_repair import _doc
+from tests.support.configdocs import podnet_doc
 
 
 def _entry(pod: str, ifname: str, *ips: str, network: str = "podnet") -> CacheEntry:
@@ -38,7 +38,7 @@ def test_result_ips_and_holders():
 
 
 def test_repair_selection_keeps_the_attachments_config_and_capability_args():
-    cfg = parse_config(_doc())
+    cfg = parse_config(podnet_doc())
     from nri_cni.pod.select import Selected
 
     selected = [Selected(cfg.networks[0], "eth0")]

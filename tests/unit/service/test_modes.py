@@ -10,36 +10,21 @@ from pathlib import Path
 import pytest
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.config import NetworkSpec, parse_config
+from nri_cni.config import NetworkSpec
 from nri_cni.pod.model import PodInfo, PrimaryNetwork
 from nri_cni.pod.select import Selected
 from nri_cni.service.modes import NativeMode, RuntimeIps, SecondaryMode, ShimMode, mode_for
 from nri_cni.service.podcheck import PodCheck
 from nri_cni.service.roster import PodRecord
+from tests.support.configdocs import mode_config
 
 ROOT = Path(__file__).resolve().parents[3]
-NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "bridge"}]}
-
-
-def _cfg(tmp_path: Path, mode: str, **extra) -> object:
-    doc = {
-        "mode": mode,
-        "state_dir": str(tmp_path / "state"),
-        "nri": {"socket": str(tmp_path / "nri.sock")},
-        "daemon": {"socket": str(tmp_path / "daemon.sock")},
-        "cni": {"cache_dir": str(tmp_path / "cache"), "runtime_cache_dir": str(tmp_path / "runtime")},
-        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
-        "gc": {"interval": 0},
-        "status": {"interval": 0},
-        **extra,
-    }
-    return parse_config(doc, str(tmp_path / "config.yaml"))
 
 
 def test_each_mode_answers_the_questions_once(tmp_path):
-    shim = mode_for(_cfg(tmp_path, "shim"))
-    native = mode_for(_cfg(tmp_path, "native", primary_network="podnet"))
-    secondary = mode_for(_cfg(tmp_path, "secondary", primary_network="cbr0"))
+    shim = mode_for(mode_config(tmp_path, "shim"))
+    native = mode_for(mode_config(tmp_path, "native", primary_network="podnet"))
+    secondary = mode_for(mode_config(tmp_path, "secondary", primary_network="cbr0"))
     assert (
         isinstance(shim, ShimMode) and isinstance(native, NativeMode) and isinstance(secondary, SecondaryMode)
     )
@@ -62,7 +47,7 @@ def test_each_mode_answers_the_questions_once(tmp_path):
 
 
 def test_secondary_mode_reads_the_runtime_primary_from_the_runtimes_cache(tmp_path):
-    mode = mode_for(_cfg(tmp_path, "secondary", primary_network="cbr0"))
+    mode = mode_for(mode_config(tmp_path, "secondary", primary_network="cbr0"))
     pod = PodInfo("p" * 64, netns="/run/netns/x")
     assert mode.runtime_primary(pod) is not None
     assert mode.runtime_primary(pod).entry is None  # nothing cached yet: FINALIZE skips it

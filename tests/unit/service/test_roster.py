@@ -8,39 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import pytest
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.config import parse_config
-from nri_cni.daemon.app import Daemon, build_daemon
+from nri_cni.daemon.app import Daemon
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.upkeep import pause_alive
 from nri_cni.service import verbs
 from nri_cni.service.podcheck import Retry
 from nri_cni.service.podstate import BrokenCode
 from nri_cni.service.roster import Roster
+from tests.support.unstarted import daemon_for
 
-NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "ncver-none"}]}
 GONE, KEPT, HELD = "a" * 64, "b" * 64, "c" * 64
-
-
-def daemon_for(tmp_path: Path, **extra) -> Daemon:
-    """A native-mode daemon, built and never started, over a network whose plugin does not exist."""
-    doc = {
-        "mode": "native",
-        "state_dir": str(tmp_path / "state"),
-        "nri": {"socket": str(tmp_path / "nri.sock")},
-        "daemon": {"socket": str(tmp_path / "daemon.sock")},
-        "cni": {"cache_dir": str(tmp_path / "cache"), "bin_dirs": [str(tmp_path / "bin")]},
-        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
-        "gc": {"interval": 0},
-        "status": {"interval": 0},
-        "repair_on_sync": False,
-        **extra,
-    }
-    return build_daemon(parse_config(doc, str(tmp_path / "config.yaml")))
 
 
 def _pod(pod_id: str, name: str, **kw) -> PodInfo:

@@ -11,15 +11,14 @@ import pytest
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.service.podcheck import at_once, check_parallel
-from tests.unit.service.test_roster import daemon_for
-from tests.unit.service.test_verify_unreadable import RESULT, FakeInspector, _pod
+from tests.support.unstarted import RESULT, FakeInspector, daemon_for, verify_pod
 
 
 def test_the_round_is_done_before_its_checks_which_run_a_few_at_once(tmp_path):
     daemon = daemon_for(tmp_path, verify={"check_every": 1})  # every attachment CHECKed each round
     netns = tmp_path / "netns"
     netns.write_text("")  # a path that exists: the fake inspector answers for it
-    pods = [_pod(n, netns) for n in range(1, 9)]
+    pods = [verify_pod(n, netns) for n in range(1, 9)]
     svc = daemon.pods
     for n, pod in enumerate(pods, start=1):
         result = {**RESULT, "ips": [{"address": f"10.9.0.{n}/24", "interface": 0}]}

@@ -7,49 +7,9 @@ on a guess, and a pod read fine next to them stays ok."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from pathlib import Path
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.node import Difference, Expectation, Finding, FindingKind
-from nri_cni.pod.model import PodInfo
-from tests.unit.service.test_roster import daemon_for
-
-RESULT = {
-    "cniVersion": "1.1.0",
-    "interfaces": [{"name": "eth0", "sandbox": "/x", "mac": "02:00:00:00:00:01"}],
-    "ips": [{"address": "10.9.0.{n}/24", "interface": 0}],
-}
-
-
-class FakeInspector:
-    """What NodeInspector answers: per expectation, a finding; `unreadable` names the keys
-    whose netns (or host links, with `host=True`) netlink could not read."""
-
-    def __init__(self, netns: set[str], host: set[str]) -> None:
-        self.netns, self.host = netns, host
-
-    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
-        out = []
-        for e in exps:
-            pod = e.key.split("/")[0]
-            if pod in self.netns:
-                why = f"cannot read netns {e.netns}: [Errno 13] Permission denied"
-                out.append(Finding(e, (Difference(FindingKind.UNREADABLE, why),)))
-            elif pod in self.host:
-                out.append(Finding(e, (Difference(FindingKind.UNREADABLE, "cannot read host links: EIO"),)))
-            else:
-                out.append(Finding(e))
-        return out
-
-    def close(self) -> None:
-        pass
-
-
-def _pod(n: int, netns: Path) -> PodInfo:
-    return PodInfo(
-        f"{n:x}" * 64, name=f"ncver-{n}", namespace="ncver", netns=str(netns), ips=(f"10.9.0.{n}",)
-    )
+from tests.support.unstarted import RESULT, FakeInspector, daemon_for, verify_pod
 
 
 def test_what_cannot_be_read_is_reported_never_ok(tmp_path):
@@ -57,7 +17,7 @@ def test_what_cannot_be_read_is_reported_never_ok(tmp_path):
     daemon = daemon_for(tmp_path, verify={"check_every": 10000})
     netns = tmp_path / "netns"
     netns.write_text("")  # a path that exists: what it holds is the fake inspector's answer
-    fine, bad_netns, bad_host, no_result, bad_result = (_pod(n, netns) for n in range(1, 6))
+    fine, bad_netns, bad_host, no_result, bad_result = (verify_pod(n, netns) for n in range(1, 6))
     svc = daemon.pods
     for pod in (fine, bad_netns, bad_host, no_result, bad_result):
         n = int(pod.ips[0].rsplit(".", 1)[1])
