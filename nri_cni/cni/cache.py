@@ -87,6 +87,11 @@ class CacheEntry:
     result: dict[str, Any] | None = None  # the final ADD result, in the version it was printed in
     path: str = ""  # where it was read from (not serialised)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """The attachment it records: (network, ifname)."""
+        return (self.network_name, self.ifname)
+
     def to_json(self) -> bytes:
         """libcni's cachedInfo as Go marshals it."""
         return (self._head() + _result_tail(self.result)).encode()

@@ -19,9 +19,7 @@ from nri_cni.service.podcheck import (
     Key,
     PodCheck,
     Retry,
-    key_of,
     netns_unreadable,
-    selected_key,
     unreadable_reason,
 )
 from nri_cni.service.podstate import BrokenCode, PodState
@@ -84,9 +82,9 @@ def _left(why: str) -> Verdict:
 def wrong_of(c: PodCheck, failed_checks: Mapping[Key, str], mismatch: str) -> list[str]:
     """What differs, one line each: netlink's findings, failed CHECKs, networks not attached,
     the runtime's IPs against the records."""
-    wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in map(key_of, c.damaged)]
+    wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in (e.key for e in c.damaged)]
     wrong += [f"{n}/{i}: CHECK failed: {err}" for (n, i), err in failed_checks.items()]
-    wrong += [f"{n}/{i}: not attached" for n, i in map(selected_key, c.missing)]
+    wrong += [f"{n}/{i}: not attached" for n, i in (s.key for s in c.missing)]
     return wrong + ([mismatch] if mismatch else [])
 
 
@@ -140,10 +138,10 @@ def _differs(
 def _to_cut(c: PodCheck, failed_checks: Mapping[Key, str], ips: RuntimeIps) -> tuple[CacheEntry, ...]:
     """The attachments a repair DELs: damaged, failing CHECK, and the primary when the
     runtime's IPs are not its own."""
-    bad = {key_of(d) for d in c.damaged} | set(failed_checks)
+    bad = {d.key for d in c.damaged} | set(failed_checks)
     if ips.mismatch and ips.primary is not None:
         bad.add(ips.primary)
-    return tuple(e for e in c.entries if key_of(e) in bad)
+    return tuple(e for e in c.entries if e.key in bad)
 
 
 def _ips(check: Reading, runtime: RuntimeIps, retry: Retry | None) -> dict[Key, tuple[str, ...]]:
@@ -152,10 +150,10 @@ def _ips(check: Reading, runtime: RuntimeIps, retry: Retry | None) -> dict[Key, 
     primary when they are eth0's."""
     c = check.check
     ips = dict(retry.ips if retry is not None else {}) | dict(runtime.readd)
-    bad = {key_of(d) for d in c.damaged} | set(check.failed_checks)
+    bad = {d.key for d in c.damaged} | set(check.failed_checks)
     for entry in c.entries:
-        if key_of(entry) in bad:
-            ips.setdefault(key_of(entry), result_ips(entry))
+        if entry.key in bad:
+            ips.setdefault(entry.key, result_ips(entry))
     if runtime.primary is not None and runtime.primary_ips:
         ips[runtime.primary] = runtime.primary_ips
     return {k: v for k, v in ips.items() if v}
@@ -176,7 +174,7 @@ def missed_reason(record: PodRecord, c: PodCheck, mismatch: str, action: str) ->
     elif mismatch:
         why = f"the runtime did not take nri-cni's answer ({mismatch}): past the NRI deadline or killed"
     else:
-        names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
+        names = ", ".join(f"{n}/{i}" for n, i in (s.key for s in c.missing))
         why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
     return f"missed: {why}; {action}"
 

@@ -24,14 +24,6 @@ NO_RESULT = "no-result"
 BAD_RESULT = "bad-result"
 
 
-def key_of(e: CacheEntry) -> Key:
-    return (e.network_name, e.ifname)
-
-
-def selected_key(s: Selected) -> Key:
-    return (s.network.name, s.ifname)
-
-
 @dataclass
 class PodCheck:
     """One pod in one round: its records, what netlink showed, what it lacks."""
@@ -48,12 +40,12 @@ class PodCheck:
 
     @property
     def missing(self) -> list[Selected]:
-        have = {key_of(e) for e in self.entries}
-        return [s for s in self.selected if selected_key(s) not in have]
+        have = {e.key for e in self.entries}
+        return [s for s in self.selected if s.key not in have]
 
     @property
     def damaged(self) -> list[CacheEntry]:
-        return [e for e in self.entries if (f := self.findings.get(key_of(e))) is not None and f.damaged]
+        return [e for e in self.entries if (f := self.findings.get(e.key)) is not None and f.damaged]
 
     @property
     def unreadable(self) -> list[str]:
@@ -69,7 +61,7 @@ class PodCheck:
         return self.path_gone or any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
 
     def signature(self) -> list[tuple[Key, object]]:
-        return [(key_of(e), e.result) for e in self.entries]
+        return [(e.key, e.result) for e in self.entries]
 
 
 def expect(check: PodCheck, *, host_side: bool = True) -> None:
@@ -80,7 +72,7 @@ def expect(check: PodCheck, *, host_side: bool = True) -> None:
     for entry in check.entries:
         if entry.result is None:  # nothing recorded to compare with: unknown, never ok
             why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"  # fmt: skip
-            check.unknown[key_of(entry)] = (NO_RESULT, why)
+            check.unknown[entry.key] = (NO_RESULT, why)
             continue
         try:
             exp = expectation_from_result(
@@ -89,7 +81,7 @@ def expect(check: PodCheck, *, host_side: bool = True) -> None:
             )  # fmt: skip
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
             why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
-            check.unknown[key_of(entry)] = (BAD_RESULT, why)
+            check.unknown[entry.key] = (BAD_RESULT, why)
             continue
         exp = dataclasses.replace(exp, container_id=entry.container_id)
         if host_side:
@@ -99,7 +91,7 @@ def expect(check: PodCheck, *, host_side: bool = True) -> None:
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 # the pod's side is still checked
                 why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
-                check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
+                check.unknown[entry.key] = (FindingKind.UNREADABLE.value, why)
         check.expectations.append((entry, exp))
 
 
@@ -118,7 +110,7 @@ class Retry:
 def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
     out = []
     for entry in c.entries:
-        key = key_of(entry)
+        key = entry.key
         finding = c.findings.get(key)
         if key in c.unknown:
             out.append(AttachmentVerdict(key[0], key[1], *c.unknown[key]))
@@ -128,7 +120,7 @@ def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVe
             out.append(AttachmentVerdict(key[0], key[1], "check-failed", failed_checks[key]))
         else:
             out.append(AttachmentVerdict(key[0], key[1], "ok"))
-    out += [AttachmentVerdict(n, i, "missing", "not attached") for n, i in map(selected_key, c.missing)]
+    out += [AttachmentVerdict(n, i, "missing", "not attached") for n, i in (s.key for s in c.missing)]
     return out
 
 

@@ -44,7 +44,6 @@ from nri_cni.service.podcheck import (
     build_check,
     check_parallel,
     expect,
-    key_of,
     netns_unreadable,
     verdicts_of,
 )
@@ -192,7 +191,7 @@ class Verifier:
             return
         findings = iter(await self.inspector.inspect(exps))
         for c in checks:
-            c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
+            c.findings = {entry.key: next(findings) for entry, _ in c.expectations}
 
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
         if c.netns_gone or c.damaged or c.missing:
@@ -212,7 +211,7 @@ class Verifier:
             and self.policy.needs_check(
                 f"{c.pod.id}/{e.network_name}/{e.ifname}",
                 self.rounds,
-                differs=key_of(e) in {key_of(d) for d in c.damaged},
+                differs=e.key in {d.key for d in c.damaged},
                 forced=forced,
             )
         ]
@@ -251,7 +250,7 @@ class Verifier:
                 return self._unlocked(c, explicit=explicit)
             pod = record.pod
             now = self.plan.cached(pod.id)
-            if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
+            if [(e.key, e.result) for e in attach_order(now)] != c.signature():
                 c = self._plan(pod, now)  # an operation ran since the round read it
                 await self._inspect([c])
             failed: dict[Key, str] = {}  # the CHECKs due this round that failed -> the error
@@ -260,7 +259,7 @@ class Verifier:
                 for entry in self._due(c, forced) if not c.netns_gone else []:
                     error = await self.plan.check_entry(entry, c.pod.netns)
                     if error:
-                        failed[key_of(entry)] = error
+                        failed[entry.key] = error
             finally:
                 PLUGIN_NICE.reset(niced)
             return await self._apply_locked(c, self._decide(c, explicit=explicit, failed=failed), failed)
@@ -277,7 +276,7 @@ class Verifier:
             async with self._repairing:  # one at a time, also when pods settle at once
                 await self.plan.repair(
                     c.pod,
-                    selected=repair_selection(c.selected, c.entries, map(key_of, decision.damaged)),
+                    selected=repair_selection(c.selected, c.entries, [e.key for e in decision.damaged]),
                     damaged=list(decision.damaged),
                     ips=retry.ips,
                     wrong=list(decision.wrong),
