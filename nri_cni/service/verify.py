@@ -12,7 +12,7 @@ FIRST_RETRY with doubling, then broken): docs/reliability.md, per finding kind.
 A pod with an operation in flight is left for the next round; the netlink read of a round is
 done for all pods at once, outside any lock (it only reads); a pod whose records changed before
 its lock was taken is read again under the lock. The CHECKs of pods netlink found intact run
-a few at once (podcheck.check_parallel); repairs run one at a time.
+a few at once (check_parallel); repairs run one at a time.
 """
 
 from __future__ import annotations
@@ -31,22 +31,13 @@ from nri_cni.node import NodeInspector, VerifyPolicy
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
+from nri_cni.pod.parallel import at_once
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
 from nri_cni.service.modes import Mode, mode_in_force
-from nri_cni.service.podcheck import (
-    Key,
-    PodCheck,
-    Retry,
-    at_once,
-    build_check,
-    check_parallel,
-    expect,
-    netns_unreadable,
-    verdicts_of,
-)
+from nri_cni.service.podcheck import Key, PodCheck, Retry, ToRead, netns_unreadable, read_checks
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
 from nri_cni.service.roster import Roster
 
@@ -55,6 +46,30 @@ log = logging.getLogger("nri_cni.daemon")
 
 FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
+
+
+def check_parallel() -> int:
+    """CHECKs of intact pods a verify round runs at once: a CHECK is mostly its plugins' CPU
+    (bridge, portmap's iptables), so a couple per CPU (one at a time, the 50 CHECKs of a round
+    over 500 pods took 2.2 s)."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+
+
+def _verdicts(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
+    out = []
+    for entry in c.entries:
+        key = entry.key
+        finding = c.findings.get(key)
+        if key in c.unknown:
+            out.append(AttachmentVerdict(key[0], key[1], *c.unknown[key]))
+        elif finding is not None and not finding.ok:
+            out.append(AttachmentVerdict(key[0], key[1], finding.kind.value, finding.reason))
+        elif key in failed_checks:
+            out.append(AttachmentVerdict(key[0], key[1], "check-failed", failed_checks[key]))
+        else:
+            out.append(AttachmentVerdict(key[0], key[1], "ok"))
+    out += [AttachmentVerdict(*s.key, "missing", "not attached") for s in c.missing]
+    return out
 
 
 class Verifier:
@@ -131,14 +146,14 @@ class Verifier:
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            checks = [  # a pod whose netns path is gone: nothing to read (its pause may still run)
+            to_read = [  # a pod whose netns path is gone: nothing to read (its pause may still run)
                 self._plan(p, by_pod.get(p.id, []))
                 if os.path.exists(p.netns)
-                else PodCheck(p, attach_order(by_pod.get(p.id, [])), [], path_gone=True)
+                else ToRead(p, attach_order(by_pod.get(p.id, [])), [], path_gone=True)
                 for p in pods
                 if p.netns
             ]
-            await self._inspect(checks)
+            checks = await read_checks(self.inspector, to_read)
             out: list[PodHealth] = []
             explicit = pod_id is not None
             # pods netlink found intact whose only business is a CHECK: several at once, last
@@ -166,32 +181,20 @@ class Verifier:
             )
             return out + [h for h in done if h is not None]
 
-    def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
+    def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> ToRead:
         try:
             selected = self.plan.expected(pod, self.mode.primary)
         except NriCniError as exc:  # refused now (a reload): what it has is checked, nothing added
             log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
             selected = []
-        return build_check(pod, attach_order(entries), selected)
+        return ToRead(pod, attach_order(entries), selected)
 
     async def node_shows(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
         """Whether netlink shows each of `entries` as its result says (the pod's links up with
         their addresses and routes, their host-side links): nothing unreadable, nothing
         differs. The host's rules and leases are not read (no iptables-save): a cheap look."""
-        c = PodCheck(pod, list(entries), [])
-        expect(c, host_side=False)
-        if c.unknown or len(c.expectations) != len(entries):
-            return False
-        await self._inspect([c])
-        return len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
-
-    async def _inspect(self, checks: Sequence[PodCheck]) -> None:
-        exps = [e for c in checks for _, e in c.expectations]
-        if not exps:
-            return
-        findings = iter(await self.inspector.inspect(exps))
-        for c in checks:
-            c.findings = {entry.key: next(findings) for entry, _ in c.expectations}
+        (c,) = await read_checks(self.inspector, [ToRead(pod, list(entries), [])], host_side=False)
+        return not c.unknown and len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
 
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
         if c.netns_gone or c.damaged or c.missing:
@@ -230,7 +233,7 @@ class Verifier:
         nri-cni can change): no lock needed, nothing awaited."""
         decision = self._decide(c, explicit=explicit)
         assert isinstance(decision, Verdict)  # a repair is ordered only when something differs
-        return self._report(c, decision, verdicts_of(c, {}))
+        return self._report(c, decision, _verdicts(c, {}))
 
     async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
         """The pod's part of the round: without its lock when there is nothing to run, else
@@ -250,9 +253,8 @@ class Verifier:
                 return self._unlocked(c, explicit=explicit)
             pod = record.pod
             now = self.plan.cached(pod.id)
-            if [(e.key, e.result) for e in attach_order(now)] != c.signature():
-                c = self._plan(pod, now)  # an operation ran since the round read it
-                await self._inspect([c])
+            if [(e.key, e.result) for e in attach_order(now)] != [(e.key, e.result) for e in c.entries]:
+                (c,) = await read_checks(self.inspector, [self._plan(pod, now)])  # an operation ran since
             failed: dict[Key, str] = {}  # the CHECKs due this round that failed -> the error
             niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
             try:
@@ -268,10 +270,10 @@ class Verifier:
         self, c: PodCheck, decision: Verdict | RepairOrder, failed: Mapping[Key, str]
     ) -> PodHealth | None:
         if isinstance(decision, Verdict):
-            return self._report(c, decision, verdicts_of(c, dict(failed)))
+            return self._report(c, decision, _verdicts(c, dict(failed)))
         retry = self._retries.setdefault(c.pod.id, Retry())
         retry.ips = dict(decision.ips)
-        verdicts = verdicts_of(c, dict(failed))
+        verdicts = _verdicts(c, dict(failed))
         try:
             async with self._repairing:  # one at a time, also when pods settle at once
                 await self.plan.repair(
@@ -292,8 +294,9 @@ class Verifier:
             return self._report(c, verdict, verdicts)
         except NriCniError as exc:
             return self._judged(c, decision, retry, verdicts, error=str(exc))
-        after = self._plan(c.pod, self.plan.cached(c.pod.id))  # the pod read again
-        await self._inspect([after])
+        (after,) = await read_checks(
+            self.inspector, [self._plan(c.pod, self.plan.cached(c.pod.id))]
+        )  # read again
         return self._judged(c, decision, retry, verdicts, after=after)
 
     def _judged(
@@ -311,7 +314,7 @@ class Verifier:
         verdict = judge_repair(after or c, order, retry.failures, error)
         if verdict.state is PodState.REPAIRED:
             log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, verdict.reason)
-            return self._report(c, verdict, verdicts_of(after or c, {}))
+            return self._report(c, verdict, _verdicts(after or c, {}))
         if verdict.state is None:
             log.warning(
                 "pod %s id=%s: %s (again in %.0f s)",
