@@ -1,7 +1,8 @@
 """What one pod's verify round decides, as a pure function of what the round read.
 
 A round reads (the records, netlink, the CHECKs that were due, whether the pause process
-runs: `Reading`), `decide(check, record, mode, policy)` returns a `Verdict` (what to report,
+runs: `Reading`; the mode's reading of the runtime's IPs: `RuntimeIps`),
+`decide(check, record, ips, policy)` returns a `Verdict` (what to report,
 nothing changed on the node) or a `RepairOrder` (what a repair must DEL and ask for), and the
 round applies it under the pod's lock (service/verify.py). After a repair, `judge_repair` says
 what it came to. docs/reliability.md has each outcome per finding kind.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.pod.repair import result_ips
-from nri_cni.service.modes import Mode, RuntimeIps
+from nri_cni.service.modes import RuntimeIps
 from nri_cni.service.podcheck import (
     Key,
     PodCheck,
@@ -88,7 +89,7 @@ def wrong_of(c: PodCheck, failed_checks: Mapping[Key, str], mismatch: str) -> li
     return wrong + ([mismatch] if mismatch else [])
 
 
-def decide(check: Reading, record: PodRecord, mode: Mode, policy: Policy) -> Verdict | RepairOrder:
+def decide(check: Reading, record: PodRecord, ips: RuntimeIps, policy: Policy) -> Verdict | RepairOrder:
     c = check.check
     if record.pod is None:
         return _left("not listed by the runtime")
@@ -99,7 +100,6 @@ def decide(check: Reading, record: PodRecord, mode: Mode, policy: Policy) -> Ver
             why, _ = netns_unreadable(c.pod, c.entries)
             return _broken(BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", ends_retries=True)
         return _left("its netns is gone and its pause process too: the reaper's")
-    ips = mode.runtime_ips(c, record)
     if ips.lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
         return _broken(BrokenCode.TORN_DOWN, f"{ips.lost}; {ADMIN_ACTION}", ends_retries=True)
     wrong = wrong_of(c, check.failed_checks, ips.mismatch)

@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.plugin_process import PLUGIN_NICE
@@ -36,10 +37,10 @@ from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
-from nri_cni.service.modes import Mode, mode_in_force
+from nri_cni.service.modes import Mode, RuntimeIps, mode_in_force
 from nri_cni.service.podcheck import Key, PodCheck, Retry, ToRead, netns_unreadable, read_checks
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
-from nri_cni.service.roster import Roster
+from nri_cni.service.roster import PodRecord, Roster
 
 log = logging.getLogger("nri_cni.daemon")
 
@@ -70,6 +71,15 @@ def _verdicts(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerd
             out.append(AttachmentVerdict(key[0], key[1], "ok"))
     out += [AttachmentVerdict(*s.key, "missing", "not attached") for s in c.missing]
     return out
+
+
+@dataclass(frozen=True)
+class ModeRead:
+    """The mode's reading of the runtime's IPs (`Mode.runtime_ips`) of one check and record."""
+
+    check: PodCheck
+    record: PodRecord
+    ips: RuntimeIps
 
 
 class Verifier:
@@ -167,7 +177,7 @@ class Verifier:
                     out.append(health)
             for c in later:  # their verdict from netlink and the host side, until CHECKed
                 if not self.locks.busy(c.pod.id):
-                    self._unlocked(c, explicit=False)
+                    self._unlocked(c, None, explicit=False)
             if pod_id is None:  # every pod compared with the node: the round is done ...
                 self.health.round_done(started, time.time())
                 self.retain(set(self.roster.pods()))
@@ -220,18 +230,22 @@ class Verifier:
         ]
 
     def _decide(
-        self, c: PodCheck, *, explicit: bool, failed: Mapping[Key, str] | None = None
+        self, c: PodCheck, read: ModeRead | None, *, explicit: bool, failed: Mapping[Key, str] | None = None
     ) -> Verdict | RepairOrder:
-        """What the round read of the pod leads to (decide.py): its reading, its record, the mode,
-        the repair policy with the pod's failed tries."""
+        """What the round read of the pod leads to (decide.py): its reading, its record, the
+        mode's reading of the runtime's IPs (`read` when made of this check and record, else
+        asked again), the repair policy with the pod's failed tries."""
         reading = Reading(c, failed or {}, self.roster.running(c.pod.id))
+        record = self.roster.record(c.pod.id)
+        if read is None or read.check is not c or read.record != record:
+            read = ModeRead(c, record, self.mode.runtime_ips(c, record))
         policy = Policy(self.source.current.repair, self._retries.get(c.pod.id), self.clock(), explicit)
-        return decide(reading, self.roster.record(c.pod.id), self.mode, policy)
+        return decide(reading, record, read.ips, policy)
 
-    def _unlocked(self, c: PodCheck, *, explicit: bool) -> PodHealth | None:
+    def _unlocked(self, c: PodCheck, read: ModeRead | None, *, explicit: bool) -> PodHealth | None:
         """The verdict of a pod with nothing to run (nothing differs, no CHECK due, or nothing
         nri-cni can change): no lock needed, nothing awaited."""
-        decision = self._decide(c, explicit=explicit)
+        decision = self._decide(c, read, explicit=explicit)
         assert isinstance(decision, Verdict)  # a repair is ordered only when something differs
         return self._report(c, decision, _verdicts(c, {}))
 
@@ -239,10 +253,12 @@ class Verifier:
         """The pod's part of the round: without its lock when there is nothing to run, else
         under it, its records read again when an operation ran since the round read them."""
         pod = c.pod
-        ips = self.mode.runtime_ips(c, self.roster.record(pod.id))
+        record = self.roster.record(pod.id)
+        read = ModeRead(c, record, self.mode.runtime_ips(c, record))
+        ips = read.ips
         quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced)
         if c.netns_gone or ips.lost or (quiet and not self.locks.busy(pod.id)):
-            return self._unlocked(c, explicit=explicit)
+            return self._unlocked(c, read, explicit=explicit)
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
@@ -250,7 +266,7 @@ class Verifier:
             if record.pod is None or not os.path.exists(record.pod.netns):
                 return None
             if record.stopped:  # torn down while the round read it: read no further
-                return self._unlocked(c, explicit=explicit)
+                return self._unlocked(c, read, explicit=explicit)
             pod = record.pod
             now = self.plan.cached(pod.id)
             if [(e.key, e.result) for e in attach_order(now)] != [(e.key, e.result) for e in c.entries]:
@@ -264,7 +280,9 @@ class Verifier:
                         failed[entry.key] = error
             finally:
                 PLUGIN_NICE.reset(niced)
-            return await self._apply_locked(c, self._decide(c, explicit=explicit, failed=failed), failed)
+            return await self._apply_locked(
+                c, self._decide(c, read, explicit=explicit, failed=failed), failed
+            )
 
     async def _apply_locked(
         self, c: PodCheck, decision: Verdict | RepairOrder, failed: Mapping[Key, str]

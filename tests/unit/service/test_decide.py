@@ -70,7 +70,7 @@ def run(
     failed: dict[tuple[str, str], str] | None = None,
     running: bool = True,
 ) -> Verdict | RepairOrder:
-    return decide(Reading(c, failed or {}, running), record, mode, policy)
+    return decide(Reading(c, failed or {}, running), record, mode.runtime_ips(c, record), policy)
 
 
 def flags(v: Verdict) -> frozenset[str]:
