@@ -56,7 +56,14 @@ def check_parallel() -> int:
     return max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 
-def _verdicts(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
+def signature(entries: Sequence[CacheEntry]) -> list[tuple[Key, object]]:
+    """What a pod's round compares before and under its lock: its attachments and results."""
+    return [(e.key, e.result) for e in entries]
+
+
+def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
+    """The verdict per attachment the health book keeps: unknown, netlink's finding, a failed
+    CHECK, else ok; then the networks it lacks."""
     out = []
     for entry in c.entries:
         key = entry.key
@@ -247,7 +254,7 @@ class Verifier:
         nri-cni can change): no lock needed, nothing awaited."""
         decision = self._decide(c, read, explicit=explicit)
         assert isinstance(decision, Verdict)  # a repair is ordered only when something differs
-        return self._report(c, decision, _verdicts(c, {}))
+        return self._report(c, decision, verdicts_of(c, {}))
 
     async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
         """The pod's part of the round: without its lock when there is nothing to run, else
@@ -269,7 +276,7 @@ class Verifier:
                 return self._unlocked(c, read, explicit=explicit)
             pod = record.pod
             now = self.plan.cached(pod.id)
-            if [(e.key, e.result) for e in attach_order(now)] != [(e.key, e.result) for e in c.entries]:
+            if signature(attach_order(now)) != signature(c.entries):
                 (c,) = await read_checks(self.inspector, [self._plan(pod, now)])  # an operation ran since
             failed: dict[Key, str] = {}  # the CHECKs due this round that failed -> the error
             niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
@@ -288,10 +295,10 @@ class Verifier:
         self, c: PodCheck, decision: Verdict | RepairOrder, failed: Mapping[Key, str]
     ) -> PodHealth | None:
         if isinstance(decision, Verdict):
-            return self._report(c, decision, _verdicts(c, dict(failed)))
+            return self._report(c, decision, verdicts_of(c, dict(failed)))
         retry = self._retries.setdefault(c.pod.id, Retry())
         retry.ips = dict(decision.ips)
-        verdicts = _verdicts(c, dict(failed))
+        verdicts = verdicts_of(c, dict(failed))
         try:
             async with self._repairing:  # one at a time, also when pods settle at once
                 await self.plan.repair(
@@ -332,7 +339,7 @@ class Verifier:
         verdict = judge_repair(after or c, order, retry.failures, error)
         if verdict.state is PodState.REPAIRED:
             log.info("pod %s id=%s repaired: %s", c.pod.label(), c.pod.id, verdict.reason)
-            return self._report(c, verdict, _verdicts(after or c, {}))
+            return self._report(c, verdict, verdicts_of(after or c, {}))
         if verdict.state is None:
             log.warning(
                 "pod %s id=%s: %s (again in %.0f s)",
