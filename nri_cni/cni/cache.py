@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import decimal
 import functools
 import json
 import logging
@@ -60,14 +61,16 @@ _EXACT = 1 << 53  # float64 holds every integer below this
 
 def _as_float64(value: Any) -> Any:
     """A result's numbers as libcni writes them: it decodes the result into a Go map, so every
-    number passes through a float64 (9007199254740993 is written 9007199254740992)."""
+    number passes through a float64 (9007199254740993 is written 9007199254740992), which Go
+    writes with the fewest digits that read back as it (2**60 + 1 is written 1152921504606847000):
+    repr's digits, positional below 1e21, in the exponent form from there."""
     if isinstance(value, dict):
         return {k: _as_float64(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_as_float64(v) for v in value]
     if isinstance(value, int) and not isinstance(value, bool) and not -_EXACT < value < _EXACT:
         rounded = float(value)
-        return int(rounded) if abs(rounded) < 1e21 else rounded  # Go's exponent form from 1e21
+        return int(decimal.Decimal(repr(rounded))) if abs(rounded) < 1e21 else rounded
     return value
 
 

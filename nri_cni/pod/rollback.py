@@ -132,7 +132,7 @@ class Rollback:
             await self.cni.delete_cached(entry, observe=observe)
             return
         net = parse_conflist(entry.config, source=f"cache:{entry.path}" if entry.path else "intent")
-        rt = conf_of(entry, netns)
+        rt = conf_of(entry)  # the netns just set
         # The chain in reverse, cut around each doomed plugin: its DEL runs alone and its
         # failure is logged only, so the plugins before it still get their DEL.
         segments: list[list[int]] = []

@@ -11,6 +11,7 @@ config never needs them) and nesting depth is bounded while composing.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -67,9 +68,25 @@ def yaml_load(text: str, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MA
 
     if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
         raise yaml.YAMLError(f"the document is over the limit of {max_bytes} bytes")
+    loader = _limited_loader()(text, max_depth)
+    try:
+        return loader.get_single_data()
+    except RecursionError:
+        raise yaml.YAMLError(f"nested deeper than {max_depth} levels") from None
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _limited_loader() -> type:
+    """The loader class, made once (a class made per read is a reference cycle per read)."""
+    import yaml
 
     class LimitedLoader(yaml.SafeLoader):
-        _depth = 0
+        def __init__(self, text: str, max_depth: int) -> None:
+            super().__init__(text)
+            self.max_depth = max_depth
+            self.depth = 0
 
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
@@ -77,21 +94,15 @@ def yaml_load(text: str, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MA
                 raise yaml.composer.ComposerError(
                     None, None, "aliases (*name) are not allowed in nri-cni's config", event.start_mark
                 )
-            self._depth += 1
+            self.depth += 1
             try:
-                if self._depth > max_depth:
+                if self.depth > self.max_depth:
                     event = self.peek_event()
                     raise yaml.composer.ComposerError(
-                        None, None, f"nested deeper than {max_depth} levels", event.start_mark
+                        None, None, f"nested deeper than {self.max_depth} levels", event.start_mark
                     )
                 return super().compose_node(parent, index)
             finally:
-                self._depth -= 1
+                self.depth -= 1
 
-    loader = LimitedLoader(text)
-    try:
-        return loader.get_single_data()
-    except RecursionError:
-        raise yaml.YAMLError(f"nested deeper than {max_depth} levels") from None
-    finally:
-        loader.dispose()
+    return LimitedLoader

@@ -216,8 +216,12 @@ class NriRuntime:
         finally:
             theirs.close()
         self._processes.append(proc)
-        await asyncio.get_running_loop().connect_accepted_socket(self._new_trunk, ours)
+        await self.adopt(ours)
         return proc
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a plugin on our end of a connected socket pair (the plugin has the other)."""
+        await asyncio.get_running_loop().connect_accepted_socket(self._new_trunk, sock)
 
     # -- waiting for the plugin ---------------------------------------------------------------
 

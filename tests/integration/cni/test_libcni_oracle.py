@@ -48,6 +48,8 @@ OUTPUTS = {
     "escaped-in-the-output": b'{"cniVersion":"1.1.0","dns":{"domain":"\\u00e9\\u003c\\/x","search":["\\ud83d\\ude00"]}}',
     "numbers": b'{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mtu":9000}],"routes":[{"dst":"10.9.0.0/16",'
     b'"mtu":1400,"advmss":1360,"priority":9007199254740993,"table":4294967295,"scope":253}]}',
+    "numbers-past-2^53-written-shortest": b'{"cniVersion":"1.1.0","routes":[{"dst":"10.9.0.0/16",'
+    b'"priority":1152921504606846977,"table":-999999999999999999,"mtu":1}]}',
     "invalid-utf8": b'{"cniVersion":"1.1.0","interfaces":[{"name":"eth\xff\xfe0","mac":"0a:58:0a:00:00:05"}],'
     b'"dns":{"domain":"bad\xc3(.example"}}',
     "unknown-keys": b'{"cniVersion":"1.1.0","x-top":{"b":1,"a":[1.5,"z"]},"interfaces":[{"name":"eth0",'

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_cni.cni.cache import CacheEntry, ResultCache
-from nri_cni.errors import ConfigError
+from nri_cni.cni.cache import CacheEntry, CorruptEntry, ResultCache
+from nri_cni.errors import CniCode, CNIError, ConfigError
 
 # written by real libcni (golden/make_cache.py; tests/integration/cni/test_libcni_oracle.py checks it)
 GOLDEN = (Path(__file__).parent / "golden" / "libcni-cache-v1.json").read_bytes()
@@ -207,9 +207,12 @@ def test_sync_later(tmp_path, monkeypatch):
     done = threading.Event()
 
     def spy(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        path = os.readlink(f"/proc/self/fd/{fd}")
         real_fsync(fd)
-        if os.path.isdir(synced[-1]):
+        if not path.startswith(f"{tmp_path}/"):
+            return  # another test's syncer thread, still at work
+        synced.append(path)
+        if os.path.isdir(path):
             done.set()
 
     monkeypatch.setattr(os, "fsync", spy)
@@ -242,6 +245,11 @@ def test_flush_waits_for_pending_syncs(tmp_path, monkeypatch):
         (9007199254740991, b"9007199254740991"),  # the control: float64 holds it exactly
         (9007199254740993, b"9007199254740992"),
         (-9007199254740993, b"-9007199254740992"),
+        (2**60 + 1, b"1152921504606847000"),  # the float64 2**60, in its shortest digits
+        (-(2**60) - 1, b"-1152921504606847000"),
+        (10**21 - 2**17, b"999999999999999900000"),  # the last float64 below 1e21: still digits
+        (10**21, b"1e+21"),  # from 1e21 on, Go's exponent form
+        (-(10**21), b"-1e+21"),
         (10**22 + 1, b"1e+22"),
         (True, b"true"),
     ],
@@ -274,3 +282,207 @@ def test_entries_skip_an_entry_with_an_empty_id_ifname_or_network(tmp_path, cid,
     assert [(e.container_id, e.ifname, e.network_name) for e in cache.entries()] == (
         [("c1", "eth0", "net-a")] if listed else []
     )
+
+
+@pytest.mark.parametrize(
+    "text, written",
+    [
+        ("a/b", '"a/b"'),  # the control case: nothing Go escapes
+        ("a<b", '"a\\u003cb"'),
+        ("a>b", '"a\\u003eb"'),
+        ("a&b", '"a\\u0026b"'),
+        ("a\u2028b", '"a\\u2028b"'),
+        ("a\u2029b", '"a\\u2029b"'),
+        ("\u00e9", '"\u00e9"'),  # other non-ASCII stays UTF-8, as Go writes it
+    ],
+)
+def test_strings_are_escaped_as_go_escapes_them(text, written):
+    entry = CacheEntry(container_id="c", ifname="eth0", network_name="n", config=b"{}", netns=text)
+    assert f',"netns":{written}}}'.encode() in entry.to_json()
+
+
+BARE = b'{"kind":"cniCacheV1"'
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "empty file"),
+        (b" \n", "empty file"),
+        (b"{trunc", "not JSON: "),
+        (b"[]", "not a JSON object"),
+        (b'{"kind":"other"}', "kind is 'other', not 'cniCacheV1'"),
+        (b"{}", "kind is None, not 'cniCacheV1'"),
+        (BARE + b',"containerId":1}', "containerid is not a string"),
+        (BARE + b',"ifName":[]}', "ifname is not a string"),
+        (BARE + b',"config":"***"}', "config is not base64"),
+        (BARE + b',"cniArgs":"a=b"}', "cniArgs is not a list of [key, value] pairs"),
+        (BARE + b',"cniArgs":["ab"]}', "cniArgs is not a list of [key, value] pairs"),
+        (BARE + b',"cniArgs":[["a"]]}', "cniArgs is not a list of [key, value] pairs"),
+        (BARE + b',"cniArgs":[["a","b","c"]]}', "cniArgs is not a list of [key, value] pairs"),
+        (BARE + b',"cniArgs":[["a",1]]}', "cniArgs is not a list of [key, value] pairs"),
+        (BARE + b',"capabilityArgs":[1]}', "capabilityArgs or result is not an object"),
+        (BARE + b',"result":[{}]}', "capabilityArgs or result is not an object"),
+    ],
+)
+def test_corrupt_entry_reasons(content, reason):
+    """Each way a file is not a cniCacheV1 object, and the reason the warning gives for it."""
+    with pytest.raises(CorruptEntry) as err:
+        CacheEntry.from_json(content)
+    assert str(err.value).startswith(reason) and (reason.endswith(": ") or str(err.value) == reason)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        BARE + b"}",  # the control case of the table above: only the kind
+        BARE + b',"containerId":null,"ifName":null,"networkName":null,"netns":null,"config":null}',
+        BARE + b',"cniArgs":null,"capabilityArgs":null,"result":null}',
+        BARE + b',"cniArgs":[],"capabilityArgs":{},"result":{}}',
+    ],
+)
+def test_absent_null_and_empty_fields_read_as_empty(content):
+    """As Go decodes them into cachedInfo's zero values (an empty result is no result)."""
+    entry = CacheEntry.from_json(content)
+    assert entry == CacheEntry(container_id="", ifname="", network_name="", config=b"")
+    assert entry.result is None and entry.cni_args == [] and entry.capability_args == {}
+
+
+@pytest.mark.parametrize(
+    "parts, nameable",
+    [
+        (("n", "c", "eth0"), True),  # the control case
+        (("", "c", "eth0"), False),
+        (("n", "", "eth0"), False),
+        (("n", "c", ""), False),
+        (("n/x", "c", "eth0"), False),
+        (("n", "c/x", "eth0"), False),
+        (("n", "c", "eth/0"), False),
+        (("n\0x", "c", "eth0"), False),
+        (("n", "c\0x", "eth0"), False),
+        (("n", "c", "eth\0"), False),
+    ],
+)
+def test_only_single_path_components_name_an_entry(tmp_path, parts, nameable):
+    """read() and delete() of an entry no file can be named after find nothing, without raising."""
+    cache = ResultCache(str(tmp_path))
+    if nameable:
+        assert cache.path(*parts) == str(tmp_path / "results" / "-".join(parts))
+    else:
+        with pytest.raises(ConfigError, match="cannot name a cache file after") as err:
+            cache.path(*parts)
+        assert err.value.location == cache.results_dir
+    assert cache.read(*parts) is None
+    cache.delete(*parts)
+
+
+def test_an_unreadable_entry_reads_as_none_and_is_warned_about(tmp_path, caplog):
+    cache = ResultCache(str(tmp_path))
+    os.makedirs(cache.path("n", "c", "eth0"))  # a directory where the file should be
+    with caplog.at_level(logging.WARNING):
+        assert cache.read("n", "c", "eth0") is None
+    assert "cannot read CNI cache file" in caplog.text
+
+
+def test_count_is_of_the_entry_files_by_name(tmp_path):
+    """Every regular file but our temporary ones, opened or not (a corrupt one counts)."""
+    cache = ResultCache(str(tmp_path))
+    assert cache.count() == 0  # no results directory yet
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"))
+    assert cache.count() == 1  # the control case for each file below
+    results = tmp_path / "results"
+    (results / "n-c2-eth0").write_text("{corrupt")
+    (results / ".n-c3-eth0.1.2.tmp").write_text("")
+    (results / "n-c4-eth0").mkdir()
+    (results / "n-c5-eth0").symlink_to(results / "n-c1-eth0")
+    assert cache.count() == 2
+    (tmp_path / "file").write_text("")
+    assert ResultCache(str(tmp_path / "file")).count() == 0  # no directory to list
+
+
+def test_entries_for_a_container_whose_network_name_is_one_character(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"))
+    assert [e.network_name for e in cache.entries(container_id="c1")] == ["n"]
+
+
+def test_prepare_twice_makes_one_temporary_file(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    w = cache.prepare(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"))
+    w.prepare()
+    w.prepare()
+    assert len(os.listdir(cache.results_dir)) == 1
+    w.commit(None)
+    assert os.listdir(cache.results_dir) == ["n-c1-eth0"]
+    with pytest.raises(RuntimeError, match="already committed or discarded"):
+        w.commit(None)
+
+
+def test_prepare_of_an_impossible_name_leaves_the_error_to_commit(tmp_path):
+    cache = ResultCache(str(tmp_path))
+    w = cache.prepare(CacheEntry(container_id="c/1", ifname="eth0", network_name="n", config=b"{}"))
+    w.prepare()  # best effort: no error here
+    with pytest.raises(ConfigError):
+        w.commit(None)
+
+
+def test_a_failed_write_is_an_io_failure_naming_the_file(tmp_path):
+    """The results directory is a file: no temporary file can be made (nor synced, nor listed)."""
+    cache = ResultCache(str(tmp_path))
+    (tmp_path / "results").write_text("")
+    path = cache.path("n", "c1", "eth0")
+    with pytest.raises(CNIError) as err:
+        cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"))
+    assert (err.value.cni_code, err.value.msg, err.value.details) == (
+        CniCode.IO_FAILURE,
+        f"cannot write CNI cache file {path}",
+        "Not a directory",
+    )
+    with pytest.raises(CNIError) as err:
+        cache.sync("n", "c1", "eth0")
+    assert (err.value.cni_code, err.value.msg, err.value.details) == (
+        CniCode.IO_FAILURE,
+        f"cannot sync CNI cache file {path}",
+        "Not a directory",
+    )
+
+
+@pytest.fixture
+def fsynced(monkeypatch, tmp_path):
+    """The paths under tmp_path os.fsync is called on, in order (another test's syncer thread
+    may still be at work elsewhere)."""
+    paths: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(f"{tmp_path}/"):
+            paths.append(path)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return paths
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_write_is_fsynced_file_then_directory_unless_told_not_to(tmp_path, fsynced, durable):
+    cache = ResultCache(str(tmp_path))
+    entry = CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}")
+    if durable:
+        cache.write(entry)  # the default
+        (tmp,) = fsynced[:1]
+        assert os.path.basename(tmp).startswith(".n-c1-eth0.") and fsynced[1:] == [cache.results_dir]
+    else:
+        cache.write(entry, durable=False)
+        assert fsynced == []
+
+
+@pytest.mark.parametrize("directory", [True, False])
+def test_sync_fsyncs_the_file_and_its_directory_unless_told_not_to(tmp_path, fsynced, directory):
+    cache = ResultCache(str(tmp_path))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"), durable=False)
+    if directory:
+        cache.sync("n", "c1", "eth0")  # the default
+    else:
+        cache.sync("n", "c1", "eth0", directory=False)
+    assert fsynced == [cache.path("n", "c1", "eth0")] + ([cache.results_dir] if directory else [])

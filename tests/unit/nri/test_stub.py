@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 
 import pytest
 
@@ -473,5 +474,236 @@ def test_a_handler_of_a_lost_connection_does_not_mark_the_next_one_synced(arun, 
             assert not h.stub.synchronized.is_set()
             await h.runtime.wait_plugin()
             await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+
+    arun(main())
+
+
+class HeldSync(Recorder):
+    """A Recorder whose first Synchronize waits for `release`; `syncing` is set when it began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def synchronize(self, pods, containers):
+        self.syncing.set()
+        await self.release.wait()
+        await super().synchronize(pods, containers)
+
+
+def test_resync_once_synchronized_reconnects(arun, sock_dir):
+    """resync() after the Synchronize closes the connection and the stub registers again.
+    Control case: test_resync_during_the_handshake_changes_nothing (not yet synchronized: the
+    same call leaves the connection alone)."""
+
+    async def main():
+        async with Harness(sock_dir, Recorder()) as h:
+            await h.runtime.wait_plugin()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            h.stub.resync()
+            await h.runtime.wait_plugin(2)
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            assert h.plugin.calls.count(("disconnect",)) == 1
+
+    arun(main())
+
+
+def test_resync_during_the_handshake_changes_nothing(arun, sock_dir):
+    """Connected but not yet synchronized: resync() keeps the connection, whose Synchronize
+    then completes (no disconnect, one Synchronize). Control case:
+    test_resync_once_synchronized_reconnects."""
+
+    async def main():
+        plugin = HeldSync()
+        async with Harness(sock_dir, plugin) as h:
+            await plugin.syncing.wait()
+            h.stub.resync()
+            plugin.release.set()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            assert ("disconnect",) not in plugin.calls
+            assert [c[0] for c in plugin.calls].count("synchronize") == 1
+
+    arun(main())
+
+
+@pytest.mark.parametrize("preregistered", [True, False])
+def test_unavailable_names_where_the_runtime_was_looked_for(arun, sock_dir, monkeypatch, preregistered):
+    """The error names the inherited fd of a pre-registered plugin, else the socket path. The
+    two cases are each other's control: only NRI_PLUGIN_SOCKET differs."""
+    path = str(sock_dir / "none.sock")
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(fd)  # a number no file is open under
+    if preregistered:
+        monkeypatch.setenv("NRI_PLUGIN_SOCKET", str(fd))
+        monkeypatch.setenv("NRI_PLUGIN_NAME", "x")
+        monkeypatch.setenv("NRI_PLUGIN_IDX", "01")
+    else:
+        monkeypatch.delenv("NRI_PLUGIN_SOCKET", raising=False)
+    stub = Stub(Recorder(), name="x", idx="01", socket_path=path, reconnect=False)
+    with pytest.raises(Unavailable) as info:
+        arun(stub.run())
+    expected = f"fd {fd}" if preregistered else path
+    assert expected in str(info.value)
+    assert info.value.details == str(info.value.__cause__) and isinstance(info.value.__cause__, OSError)
+    assert (path in str(info.value)) is not preregistered
+
+
+def test_a_lost_configured_connection_is_made_again_at_once(arun, sock_dir, monkeypatch):
+    """After the runtime drops a connection that had been configured, the stub registers again
+    without waiting out any backoff (no wait on its stop event with a timeout). Control case:
+    test_stop_ends_run_while_retrying, where no connection was made, waits out the backoff."""
+    h = Harness(sock_dir, Recorder(), backoff_initial=3600, backoff_max=3600)
+    backoffs: list[float] = []
+    wait_for = asyncio.wait_for
+
+    def recording(aw, timeout):
+        frame = getattr(aw, "cr_frame", None)
+        if frame is not None and frame.f_locals.get("self") is h.stub._stopping:
+            backoffs.append(timeout)
+        return wait_for(aw, timeout)
+
+    async def main():
+        async with h:
+            await h.runtime.wait_plugin()
+            await h.runtime.close()
+            await h.runtime.wait_plugin(2)
+            assert backoffs == []
+
+    monkeypatch.setattr(asyncio, "wait_for", recording)
+    arun(main())
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_closed_connection_is_logged_unless_stopping(arun, sock_dir, caplog, stopping):
+    """The runtime closing the connection is a warning; stop() closing it is not. The two cases
+    are each other's control: only who closed the connection differs."""
+
+    async def main():
+        h = Harness(sock_dir, Recorder(), reconnect=False)
+        async with h:
+            await h.runtime.wait_plugin()
+            if stopping:
+                await h.stub.stop()
+            else:
+                await h.runtime.close()
+            await asyncio.wait_for(h.task, 60)
+
+    with caplog.at_level(logging.WARNING, logger="nri_cni.nri.stub"):
+        arun(main())
+    assert ("NRI runtime closed the connection" in caplog.text) is not stopping
+
+
+class GatedSync:
+    """Each Synchronize waits for its own gate; `entered[n]` is set when the n-th began and
+    `finished[n]` when it returned."""
+
+    def __init__(self, count: int) -> None:
+        self.gates = [asyncio.Event() for _ in range(count)]
+        self.entered = [asyncio.Event() for _ in range(count)]
+        self.finished = [asyncio.Event() for _ in range(count)]
+        self.calls = 0
+
+    async def synchronize(self, pods, containers):
+        n = self.calls
+        self.calls += 1
+        self.entered[n].set()
+        await self.gates[n].wait()
+        self.finished[n].set()
+
+
+def test_a_late_handler_of_any_lost_connection_does_not_mark_a_later_one_synced(arun, sock_dir):
+    """Two connections are lost while their Synchronize runs; the second one's, finishing during
+    the third connection's, must not mark the stub synchronized. Control case: the third's own
+    Synchronize finishing does."""
+
+    async def main():
+        plugin = GatedSync(3)
+        async with Harness(sock_dir, plugin, dict(request_timeout_ms=200)) as h:
+            await plugin.entered[1].wait()  # the first connection was dropped, its handler hangs
+            h.runtime.request_timeout_ms = 60000
+            await plugin.entered[2].wait()  # the second was dropped too
+            plugin.gates[1].set()
+            await plugin.finished[1].wait()
+            assert not h.stub.synchronized.is_set()
+            plugin.gates[2].set()
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            plugin.gates[0].set()
+
+    arun(main())
+
+
+def test_the_backoff_doubles_up_to_its_longest(arun, sock_dir, monkeypatch):
+    """No runtime: the waits between attempts start at backoff_initial and double up to
+    backoff_max. Control case: test_a_lost_configured_connection_is_made_again_at_once, where
+    the connection had worked, waits none."""
+    stub = Stub(
+        Recorder(),
+        name="x",
+        idx="01",
+        socket_path=str(sock_dir / "none.sock"),
+        backoff_initial=0.001,
+        backoff_max=0.004,
+    )
+    backoffs: list[float] = []
+    enough = asyncio.Event()
+    wait_for = asyncio.wait_for
+
+    def recording(aw, timeout):
+        frame = getattr(aw, "cr_frame", None)
+        if frame is not None and frame.f_locals.get("self") is stub._stopping:
+            backoffs.append(timeout)
+            if len(backoffs) == 5:
+                enough.set()
+        return wait_for(aw, timeout)
+
+    async def main():
+        task = asyncio.create_task(stub.run())
+        await enough.wait()
+        await stub.stop()
+        await task
+
+    monkeypatch.setattr(asyncio, "wait_for", recording)
+    arun(main())
+    assert backoffs[:5] == [0.001, 0.002, 0.004, 0.004, 0.004]
+
+
+def test_every_answered_request_is_observed(arun, sock_dir):
+    seen: list[tuple[str, float]] = []
+
+    async def main():
+        async with Harness(sock_dir, Recorder(), observe_request=lambda m, s: seen.append((m, s))) as h:
+            await asyncio.wait_for(h.stub.synchronized.wait(), 60)
+            await h.runtime.run_pod_sandbox(pod("seen"))
+
+    arun(main())
+    assert [m for m, _ in seen] == ["Configure", "Synchronize", "RunPodSandbox"]
+    assert all(s >= 0 for _, s in seen)
+
+
+def test_a_preregistered_stub_serves_its_inherited_socket(arun, monkeypatch):
+    """In process (test_prereg.py runs it as the runtime would, as a child): the fd in
+    NRI_PLUGIN_SOCKET is the connection, made non-inheritable; losing it ends run()."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = theirs.detach()
+    os.set_inheritable(fd, True)
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", str(fd))
+    monkeypatch.setenv("NRI_PLUGIN_NAME", "cni")
+    monkeypatch.setenv("NRI_PLUGIN_IDX", "05")
+    stub = Stub(Recorder(), name="unused", idx="99", socket_path="/nonexistent")
+    assert stub.preregistered and not os.get_inheritable(fd)
+
+    async def main():
+        runtime = NriRuntime()
+        try:
+            await runtime.adopt(ours)
+            task = asyncio.create_task(stub.run())
+            conn = await runtime.wait_plugin()
+            assert (conn.name, conn.idx) == ("cni", "05")
+            await asyncio.wait_for(stub.synchronized.wait(), 60)
+            await runtime.close()
+            await asyncio.wait_for(task, 60)
+        finally:
+            await runtime.stop()
 
     arun(main())

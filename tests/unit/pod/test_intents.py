@@ -10,6 +10,7 @@ import pytest
 
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
+from nri_cni.safety.validate import InvalidInput
 
 
 def test_intent_round_trip_and_damaged_records(tmp_path):
@@ -40,3 +41,129 @@ def test_sync_makes_a_written_record_durable_and_names_a_missing_one(tmp_path):
     with pytest.raises(NriCniError) as err:
         asyncio.run(store.sync("b" * 64))
     assert err.value.kind is Kind.IO
+    missing = tmp_path / "intents" / ("b" * 64)
+    assert str(err.value) == f"cannot sync the intent record {missing}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    "doomed, indexes",
+    [
+        (["2:ctl"], {2}),  # the control case
+        (["2:ctl", "10:tuning", "2:ctl"], {2, 10}),
+        (["3:vendor:plugin"], {3}),  # the position is before the first colon
+        (["x:ctl", ":ctl", "-1:ctl", "ctl"], set()),  # no position: nothing
+        ([], set()),
+    ],
+)
+def test_doomed_indexes(doomed, indexes):
+    assert IntendedNetwork("n", "eth0", b"{}", doomed_plugins=doomed).doomed_indexes() == indexes
+
+
+def test_a_record_without_the_optional_fields_reads_with_their_defaults(tmp_path):
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))  # makes the directory
+    (tmp_path / "intents" / "pod1").write_text(
+        '{"podId":"pod1","networks":[{"network":"n","ifName":"eth0","config":"e30="}]}'
+    )
+    assert store.load("pod1") == Intent("pod1", "", [IntendedNetwork("n", "eth0", b"{}")])
+
+
+@pytest.mark.parametrize(
+    "doc, readable",
+    [
+        ('{"podId":"pod1","networks":[]}', True),  # the control case
+        ('{"podId":"../pod1","networks":[]}', False),  # not a valid id
+        ('{"podId":"pod1"}', False),
+        # the config's base64 lacks its padding
+        ('{"podId":"pod1","networks":[{"network":"n","ifName":"eth0","config":"e30"}]}', False),
+        ('["pod1"]', False),
+    ],
+)
+def test_a_damaged_record_is_removed(tmp_path, caplog, doc, readable):
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))
+    (tmp_path / "intents" / "pod1").write_text(doc)
+    assert (store.load("pod1") is not None) is readable
+    assert (tmp_path / "intents" / "pod1").exists() is readable
+    if not readable:
+        assert "is unreadable" in caplog.text
+
+
+def test_a_record_naming_an_invalid_pod_id_is_removed_with_the_reason(tmp_path, caplog):
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))
+    (tmp_path / "intents" / "pod1").write_text('{"podId":"../pod1","networks":[]}')
+    assert store.load("pod1") is None
+    assert "is unreadable (pod id '../pod1' is not a valid id)" in caplog.text
+
+
+@pytest.mark.parametrize("pod_id, valid", [("pod1", True), ("../pod1", False), ("", False)])
+def test_a_record_is_named_after_a_valid_pod_id_only(tmp_path, pod_id, valid):
+    store = IntentStore(str(tmp_path))
+    if valid:  # the control case
+        store.write(Intent(pod_id, "", []))
+        assert os.listdir(tmp_path / "intents") == [pod_id]
+        return
+    with pytest.raises(InvalidInput, match="^pod id "):
+        store.write(Intent(pod_id, "", []))
+    with pytest.raises(InvalidInput, match="^pod id "):
+        store.load(pod_id)
+
+
+def test_pod_ids_list_records_and_no_temporary_files(tmp_path):
+    store = IntentStore(str(tmp_path))
+    assert store.pod_ids() == [] and store.load_all() == [] and store.load("pod1") is None
+    store.write(Intent("pod2", "", []))
+    store.write(Intent("pod1", "", []))
+    (tmp_path / "intents" / ".pod3.1.2.tmp").write_text("half")
+    assert store.pod_ids() == ["pod1", "pod2"]
+
+
+def test_a_record_that_cannot_be_written_is_an_io_error(tmp_path):
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))
+    (tmp_path / "intents" / "pod1").unlink()
+    (tmp_path / "intents" / "pod1").mkdir()  # a directory where the record goes: no rename over it
+    with pytest.raises(NriCniError) as err:
+        store.write(Intent("pod1", "", []))
+    assert err.value.kind is Kind.IO
+    assert str(err.value).startswith(f"cannot write the intent record {tmp_path / 'intents' / 'pod1'}: ")
+    assert os.listdir(tmp_path / "intents") == ["pod1"]  # no temporary file left
+
+
+@pytest.fixture
+def fsynced(monkeypatch, tmp_path):
+    """The paths under tmp_path os.fsync is called on."""
+    paths: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(f"{tmp_path}/"):
+            paths.append(path)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return paths
+
+
+def test_a_record_is_fsynced_when_written_or_else_by_sync(tmp_path, fsynced):
+    store = IntentStore(str(tmp_path))
+    record, directory = str(tmp_path / "intents" / "pod1"), str(tmp_path / "intents")
+    store.write(Intent("pod1", "", []))  # durable, the default: the temporary file, then the directory
+    assert len(fsynced) == 2 and os.path.basename(fsynced[0]).startswith(".pod1.")
+    assert fsynced[1] == directory
+    fsynced.clear()
+    store.write(Intent("pod1", "", []), durable=False)  # the control case: no fsync yet
+    assert fsynced == []
+    asyncio.run(store.sync("pod1"))  # the file and the directory, at once (either first)
+    assert sorted(fsynced) == sorted([record, directory])
+
+
+def test_load_all_removes_a_half_written_record_and_reads_the_rest(tmp_path):
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))
+    (tmp_path / "intents" / ".pod0.1.2.tmp").write_text('{"podId":"pod0","netw')  # sorts first
+    (tmp_path / "intents" / "pod2.tmp").write_text('{"podId":"pod2","networks":[]}')  # a record's name
+    assert store.load_all() == [Intent("pod1", "", []), Intent("pod2", "", [])]
+    assert sorted(os.listdir(tmp_path / "intents")) == ["pod1", "pod2.tmp"]

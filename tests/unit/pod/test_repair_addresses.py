@@ -109,3 +109,75 @@ def test_a_repair_of_a_chain_that_cannot_be_asked_for_addresses_touches_nothing(
             )
         )
     assert touched == ["emit:IpsNotRequestable"]  # one record, nothing DELed or ADDed
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("requested IP address 10.77.0.8 is not available in range set", "10.77.0.8"),
+        ("10.77.0.8 has been allocated to pod-b", "10.77.0.8"),
+        ("address 10.77.0.8 already reserved", "10.77.0.8"),
+        ("address 10.77.0.8 in use", "10.77.0.8"),
+        ("address 10.77.0.8 reserved", "10.77.0.8"),
+        ("fd77:77::4 is NOT AVAILABLE", "fd77:77::4"),  # the words in any case
+        ("fd77:77::40 is not available", ""),  # a longer address (hex digit after)
+        ("fd77:77::4:1 is not available", ""),  # a longer address (a colon after)
+        ("10.77.0.8.1 is not available", ""),  # a longer dotted string
+        ("10.77.0.80 and 10.77.0.8 are not available", "10.77.0.8"),  # the second mention counts
+        ("not available: 10.77.0.8", "10.77.0.8"),  # at the very end
+        ("10.77.0.8 cannot be parsed", ""),  # no refusal word: control case of the first row
+        ("not available: 10.77.0.9", ""),  # another address: nothing asked is refused
+    ],
+)
+def test_what_counts_as_an_ipam_refusal(text, expected):
+    """Control cases: the first row against "cannot be parsed" (the refusal word removed) and
+    against 10.77.0.9 (the address changed)."""
+    from nri_cni.errors import PodError
+    from nri_cni.pod.repair import _refused_address
+
+    assert str(PodError(text)) == text
+    assert _refused_address(PodError(text), [("10.77.0.8/24", "fd77:77::4/64")]) == expected
+
+
+def test_a_refusal_in_a_cause_counts():
+    """The ADD's error wraps the IPAM's (its cause). Control case: the same outer error alone."""
+    from nri_cni.errors import CNIError, PodError
+    from nri_cni.pod.repair import _refused_address
+
+    outer = PodError("ADD of podnet failed")
+    assert _refused_address(outer, [("10.77.0.8/24",)]) == ""
+    try:
+        raise outer from CNIError(999, "requested IP address 10.77.0.8 is not available")
+    except PodError as exc:
+        assert _refused_address(exc, [("10.77.0.8/24",)]) == "10.77.0.8"
+    wrapped = PodError("ADD of podnet failed", cause=CNIError(999, "10.77.0.8 already in use"))
+    assert _refused_address(wrapped, [("10.77.0.8/24",)]) == "10.77.0.8"
+
+
+@pytest.mark.parametrize(
+    "iface, mac",
+    [
+        ({"name": "lo", "mac": "aa:bb:cc:dd:ee:ff"}, "00:00:00:00:00:00"),  # host side: as now
+        ({"name": "lo", "mac": "aa:bb:cc:dd:ee:ff", "sandbox": "/run/netns/x"}, "aa:bb:cc:dd:ee:ff"),
+        ({"name": "no-such-link0", "mac": "aa:bb:cc:dd:ee:ff"}, "aa:bb:cc:dd:ee:ff"),  # gone: CHECK says so
+        ({"name": "../net/lo", "mac": "aa:bb:cc:dd:ee:ff"}, "aa:bb:cc:dd:ee:ff"),  # no interface name
+        ({"mac": "aa:bb:cc:dd:ee:ff"}, "aa:bb:cc:dd:ee:ff"),
+    ],
+)
+def test_host_macs_as_now(iface, mac):
+    """Only a host-side interface that exists takes its MAC of now (the loopback's, all zeros).
+    Control case: the first row against the same interface with a sandbox (the pod's own)."""
+    from nri_cni.pod.repair import host_macs_as_now
+
+    prev = {"cniVersion": "1.1.0", "interfaces": [iface], "ips": []}
+    out = host_macs_as_now(prev)
+    assert out["interfaces"][0]["mac"] == mac
+    assert {k: v for k, v in out.items() if k != "interfaces"} == {"cniVersion": "1.1.0", "ips": []}
+    assert prev["interfaces"][0] is iface  # the cached result itself is not changed
+
+
+def test_host_macs_as_now_without_an_interface_list():
+    from nri_cni.pod.repair import host_macs_as_now
+
+    prev = {"cniVersion": "1.1.0", "interfaces": "eth0"}
+    assert host_macs_as_now(prev) is prev

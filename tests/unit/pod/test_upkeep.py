@@ -1,0 +1,193 @@
+"""Upkeep's decisions (nri_cni/pod/upkeep.py): how many stale pods GC takes at once, when a pod's
+netns counts as gone, which pods the reaper takes, which temp files the start-up sweep drops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.exec_errors import Ended
+from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import Config
+from nri_cni.pod.detach import Detacher
+from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
+from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
+from nri_cni.pod.oprecord import NoSink, OperationLog
+from nri_cni.pod.rollback import Rollback
+from nri_cni.pod.upkeep import Upkeep, all_netns_gone, by_pod, gc_parallel, pod_of
+
+POD, OTHER = "a" * 64, "b" * 64
+CONFLIST = {"cniVersion": "1.1.0", "name": "net-a", "plugins": [{"type": "up-a"}]}
+
+
+@pytest.mark.parametrize(
+    "configured, cpus, expected",
+    [
+        (3, 8, 3),  # configured: the machine says nothing
+        (0, 1, 4),  # at least 4
+        (0, None, 4),  # CPUs unknown: as one
+        (0, 2, 8),  # 4 per CPU
+        (0, 3, 12),
+        (0, 4, 16),
+        (0, 5, 16),  # at most 16
+    ],
+)
+def test_gc_parallel(monkeypatch, configured, cpus, expected):
+    """Control case: (0, 4) against (0, 5): one CPU more stops adding slots at 16."""
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert gc_parallel(Config(gc_parallel=configured)) == expected
+
+
+@pytest.mark.parametrize(
+    "paths, expected",
+    [
+        ([], False),  # nothing recorded: nothing can be said
+        ([""], False),
+        (["gone-1"], True),
+        (["gone-1", "gone-2"], True),
+        (["gone-1", ""], True),  # an entry without a path says nothing
+        (["gone-1", "present"], False),  # one path still there: the pod may live
+        (["present"], False),
+    ],
+)
+def test_all_netns_gone(tmp_path, paths, expected):
+    """Control case: ["gone-1", "gone-2"] against ["gone-1", "present"]."""
+    (tmp_path / "present").write_text("")
+    entries = [
+        CacheEntry(POD, f"eth{i}", "net-a", b"{}", netns=str(tmp_path / p) if p else "")
+        for i, p in enumerate(paths)
+    ]
+    assert all_netns_gone(entries) is expected
+
+
+def test_by_pod_and_pod_of():
+    named = CacheEntry(
+        POD, "eth0", "net-a", b"{}", cni_args=[(K8S_POD_NAMESPACE, "ns"), (K8S_POD_NAME, "web")]
+    )
+    second = CacheEntry(POD, "net1", "net-b", b"{}")
+    unnamed = CacheEntry(OTHER, "eth0", "net-a", b"{}")
+    assert by_pod([named, unnamed, second]) == {POD: [named, second], OTHER: [unnamed]}
+    assert pod_of(named) == PodInfo(id=POD, name="web", namespace="ns")
+    assert pod_of(unnamed) == PodInfo(id=OTHER, name="", namespace="")
+
+
+class Node:
+    """An Upkeep over a cache in tmp_path, its one plugin `up-a` answering every DEL with `delete`."""
+
+    def __init__(self, tmp_path, delete: Ended | bytes = b"") -> None:
+        self.fake = FakeExecutor({"up-a": {"DEL": delete}})
+        self.cni = CNIRuntime([str(tmp_path / "bin")], str(tmp_path / "cache"), executor=self.fake)
+        self.intents = IntentStore(str(tmp_path / "state"))
+        rollback = Rollback(self.cni, self.intents)
+        detacher = Detacher(self.cni, intents=self.intents, rollback=rollback)
+        cfg = Config(state_dir=str(tmp_path / "state"))
+        self.upkeep = Upkeep(
+            cfg, self.cni, rollback=rollback, detacher=detacher, oplog=OperationLog(NoSink())
+        )
+
+    def attach(self, pod_id: str, netns: str) -> None:
+        self.cni.cache.write(CacheEntry(pod_id, "eth0", "net-a", json.dumps(CONFLIST).encode(), netns=netns))
+
+    def cached(self) -> list[str]:
+        return sorted(e.container_id for e in self.cni.cache.entries())
+
+
+def test_reap_detaches_a_pod_whose_netns_is_gone(tmp_path):
+    """Control case: the other pod, the same but for its netns path still there, is neither a
+    candidate nor detached."""
+    (tmp_path / "present").write_text("")
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / "gone"))
+    node.attach(OTHER, str(tmp_path / "present"))
+    assert node.upkeep.reap_candidates() == [POD]
+    assert asyncio.run(node.upkeep.reap(OTHER)) is False
+    assert node.fake.commands("up-a") == []
+    assert asyncio.run(node.upkeep.reap(POD)) is True
+    assert node.fake.commands("up-a") == ["DEL"]
+    assert node.cached() == [OTHER]
+    assert asyncio.run(node.upkeep.reap(POD)) is False  # detached already: nothing left
+
+
+def test_reap_whose_del_fails_is_not_done(tmp_path):
+    """Control case: test_reap_detaches_a_pod_whose_netns_is_gone, the same pod whose DEL passes."""
+    failing = Ended(stdout=b'{"cniVersion":"1.1.0","code":11,"msg":"busy"}', status=1)
+    node = Node(tmp_path, delete=failing)
+    node.attach(POD, str(tmp_path / "gone"))
+    assert asyncio.run(node.upkeep.reap(POD)) is False
+    assert node.fake.commands("up-a") == ["DEL"]
+    assert node.cached() == [POD]  # GC retries
+
+
+def test_recover_rolls_back_an_interrupted_add(tmp_path):
+    node = Node(tmp_path)
+    net = IntendedNetwork("net-a", "eth0", json.dumps(CONFLIST).encode())
+    node.intents.write(Intent(POD, str(tmp_path / "gone"), [net]))
+    asyncio.run(node.upkeep.recover(node.intents.load(POD)))
+    assert node.fake.commands("up-a") == ["DEL"]
+    assert node.intents.pod_ids() == []
+
+
+@pytest.mark.parametrize("running, deleted", [(False, True), (True, False)])
+def test_gc_keeps_a_valid_pod_whose_netns_path_is_gone_only_while_it_runs(tmp_path, running, deleted):
+    """The pod is valid (the runtime lists it) and its netns path is gone; the two cases are
+    each other's control: only whether its pause process runs differs."""
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / "gone"))
+    report = asyncio.run(node.upkeep.collect_garbage({POD}, running=lambda pod_id: running))
+    assert report["deleted"] == ([f"net-a/{POD}/eth0"] if deleted else [])
+    assert node.cached() == ([] if deleted else [POD])
+
+
+@pytest.mark.parametrize(
+    "valid_again, netns, running, deleted",
+    [
+        (False, "present", False, True),  # still stale: DELed
+        (True, "present", False, False),  # an ADD made it valid meanwhile: kept
+        (True, "gone", True, False),  # valid, its path gone, but it runs: kept
+        (True, "gone", False, True),  # valid but its netns gone and nothing runs: DELed
+    ],
+)
+def test_gc_asks_again_under_the_pods_lock(tmp_path, valid_again, netns, running, deleted):
+    """The pod is stale when GC lists the stale pods; under its lock GC asks the valid set again.
+    Control cases: each row differs from the one above in one input, and the outcome flips."""
+    (tmp_path / "present").write_text("")
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / netns))
+    asked: list[int] = []
+
+    def valid() -> set[str]:
+        asked.append(1)
+        return {POD} if valid_again and len(asked) > 1 else set()
+
+    report = asyncio.run(node.upkeep.collect_garbage(valid, running=lambda pod_id: running))
+    assert report["deleted"] == ([f"net-a/{POD}/eth0"] if deleted else [])
+    assert node.cached() == ([] if deleted else [POD])
+
+
+def test_sweep_drops_the_temp_files_of_other_processes_only(tmp_path):
+    """Control case: the same temp name with this process's pid is kept (a write of ours may be
+    under way), as is a file that is no temp file."""
+    node = Node(tmp_path)
+    results = node.cni.cache.results_dir
+    os.makedirs(results)
+    names = {
+        f".net-a-x-eth0.{os.getpid()}0.0.tmp": False,  # another process's (its pid begins as ours)
+        f".net-a-x-eth0.{os.getpid()}.0.tmp": True,
+        "net-a-x-eth0": True,
+    }
+    for name in names:
+        with open(os.path.join(results, name), "w") as f:
+            f.write("{}")
+    node.upkeep.sweep_cache_temp_files()
+    assert sorted(os.listdir(results)) == sorted(n for n, kept in names.items() if kept)
+
+
+def test_sweep_without_a_cache_dir_does_nothing(tmp_path):
+    node = Node(tmp_path)
+    node.upkeep.sweep_cache_temp_files()
+    assert not os.path.exists(node.cni.cache.results_dir)
