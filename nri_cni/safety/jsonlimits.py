@@ -80,7 +80,7 @@ def yaml_load(text: str, *, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MA
 @functools.cache
 def _limited_loader() -> type:
     """The loader class, made once (a class made per read is a reference cycle per read)."""
-    import yaml
+    import yaml  # lazy: as in yaml_load, PyYAML only where a config file is read
 
     class LimitedLoader(yaml.SafeLoader):
         def __init__(self, text: str, max_depth: int) -> None:

@@ -146,3 +146,33 @@ def test_a_yaml_read_leaves_no_reference_cycle():
 
     assert _cycles_left_by(class_per_read) >= 50  # control: the counter sees such cycles
     assert _cycles_left_by(lambda: jsonlimits.yaml_load("a: 1")) < 50
+
+
+@pytest.mark.parametrize(
+    "doc, max_depth, error",
+    [
+        (b"[[[1]]]", 2, "nested deeper than 2 levels"),  # the caller's limit, not the default
+        (b"[[[1]]]", 3, None),  # control: at the limit
+        # unbalanced once the pairs are gone: the parser's syntax error, not a limit
+        (b"[[]][[]]]", 2, "Extra data"),
+        (b"[[],[]]", 2, None),  # control: as many openings (past the shortcut), balanced
+    ],
+)
+def test_loads_takes_the_callers_depth_and_leaves_syntax_to_the_parser(doc, max_depth, error):
+    if error is None:
+        assert jsonlimits.loads(doc, max_depth=max_depth) is not None
+        return
+    with pytest.raises(ValueError) as caught:
+        jsonlimits.loads(doc, max_depth=max_depth)
+    assert error in str(caught.value)
+    assert isinstance(caught.value, jsonlimits.JsonLimitError) == error.startswith("nested")
+
+
+def test_a_limit_past_the_parsers_recursion_is_still_a_limit_error():
+    """A caller's depth limit above what the parsers can recurse: their RecursionError leaves as
+    the limit's error (JSON: JsonLimitError; YAML: YAMLError), naming the limit."""
+    deep = "[" * 3000 + "]" * 3000
+    with pytest.raises(jsonlimits.JsonLimitError, match="^nested deeper than 100000 levels$"):
+        jsonlimits.loads(deep.encode(), max_depth=100_000)
+    with pytest.raises(yaml.YAMLError, match="^nested deeper than 100000 levels$"):
+        jsonlimits.yaml_load(deep, max_depth=100_000)
