@@ -47,8 +47,7 @@ def _go_json(value: Any) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _b64(config: bytes) -> str:
-    """A network's config, as every one of its entries holds it (the same bytes object per
-    network generation: its hash is computed once)."""
+    """A network's config, as its entries hold it (one bytes object per generation: hashed once)."""
     return base64.b64encode(config).decode()
 
 
@@ -89,6 +88,10 @@ class CacheEntry:
     capability_args: dict[str, Any] = field(default_factory=dict[str, Any])
     result: dict[str, Any] | None = None  # the final ADD result, in the version it was printed in
     path: str = ""  # where it was read from (not serialised)
+
+    @property
+    def key(self) -> tuple[str, str]:  # the attachment it records: (network, ifname)
+        return (self.network_name, self.ifname)
 
     def to_json(self) -> bytes:
         """libcni's cachedInfo as Go marshals it."""
@@ -178,10 +181,9 @@ class ResultCache:
         """Atomic (readers see the old entry or the new one, never a part); raises
         CNIError(IO_FAILURE) and leaves no partial file.
 
-        durable: on disk when this returns (fsync, rename, directory fsync). Without it the
-        fsyncs are left to sync() or sync_later(): a power loss before then can leave the entry
-        missing or empty, which read() reports as corrupt and DEL tolerates.
-        """
+        durable: on disk when this returns (fsync, rename, directory fsync). Without it the fsyncs are left to
+        sync() or sync_later(): a power loss before then can leave the entry missing or empty, which read()
+        reports as corrupt and DEL tolerates."""
         prepared = self.prepare(entry)
         prepared.commit(entry.result, durable=durable)
 

@@ -95,7 +95,7 @@ class Attacher:
         managed = [s for s in selected if is_managed(s.network.conflist)]
         if self.lifecycle is None or not managed:
             return contextlib.nullcontext()
-        existing = {(e.network_name, e.ifname) for e in self.cni.cache.entries(container_id=pod.id)}
+        existing = {e.key for e in self.cni.cache.entries(container_id=pod.id)}
         return self.lifecycle.leases(
             s.network.conflist for s in managed if (s.network.name, s.ifname) not in existing
         )
@@ -124,12 +124,12 @@ class Attacher:
     ) -> PodNetworks:
         # the entries this pod's networks would have, read by name: no listing of every pod's
         existing = {
-            _key(s): e
+            s.key: e
             for s in selected
             if (e := self.cni.cache.read(s.network.name, pod.id, s.ifname)) is not None
         }
         results = {key: parse_result(e.result or {"cniVersion": "1.1.0"}) for key, e in existing.items()}
-        todo = [s for s in selected if _key(s) not in existing]
+        todo = [s for s in selected if s.key not in existing]
         if not todo:
             # Already attached (repeated RunPodSandbox, or NRI Run after the shim's ADD), or
             # nothing of nri-cni's to attach (secondary mode, a pod with eth0 only).
@@ -184,14 +184,14 @@ class Attacher:
             async with pod_slots, self.node_slots:
                 if adds.failure is not None:
                     return  # another network failed: this one is not started
-                net, rt = confs[_key(sel)]
+                net, rt = confs[sel.key]
                 t0 = time.perf_counter()
-                adds.started.append(planned[_key(sel)])
+                adds.started.append(planned[sel.key])
                 try:
-                    adds.results[_key(sel)] = await self._add_one(net, rt, record)
+                    adds.results[sel.key] = await self._add_one(net, rt, record)
                 except NriCniError as exc:
                     adds.failure = adds.failure or exc
-                    self.rollback.record_doomed(intent, planned[_key(sel)], net, rt, exc)
+                    self.rollback.record_doomed(intent, planned[sel.key], net, rt, exc)
                     return
                 record.step(net.name, sel.ifname, "add", t0)
 
@@ -236,7 +236,7 @@ class Attacher:
         runtime_primary: RuntimePrimary | None,
     ) -> None:
         await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
-        nets = [(_key(sel), *confs[_key(sel)]) for sel in selected]
+        nets = [(sel.key, *confs[sel.key]) for sel in selected]
         extra = self.finalize_dropins
         for key, net, rt in nets:
             if not net.finalize_plugins and not extra:
@@ -304,9 +304,9 @@ def _runtime_confs(pod: PodInfo, selected: list[Selected], request: AttachReques
             args=pod.cni_args(),
             capability_args=caps,
             # ADD's alone: the intent record and the cache keep args and caps without it
-            ip_request=tuple(request.ips.get(_key(sel)) or ()),
+            ip_request=tuple(request.ips.get(sel.key) or ()),
         )
-        confs[_key(sel)] = (sel.network.conflist, rt)
+        confs[sel.key] = (sel.network.conflist, rt)
     return confs
 
 
@@ -314,7 +314,7 @@ def _intent(pod: PodInfo, todo: list[Selected], confs: Confs) -> Intent:
     """The record of the ADDs about to run (pod/intents.py): what a rollback or recovery DELs."""
     networks = []
     for sel in todo:
-        net, rt = confs[_key(sel)]
+        net, rt = confs[sel.key]
         networks.append(IntendedNetwork(sel.network.name, sel.ifname, net.bytes, rt.args, rt.capability_args))
     return Intent(pod.id, pod.netns, networks)
 
@@ -322,7 +322,7 @@ def _intent(pod: PodInfo, todo: list[Selected], confs: Confs) -> Intent:
 def _answer(pod: PodInfo, selected: list[Selected], results: dict[Key, Result]) -> PodNetworks:
     answer = PodNetworks(pod)
     for sel in selected:
-        answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[_key(sel)]))
+        answer.attachments.append(NetworkAttachment(sel.network.name, sel.ifname, results[sel.key]))
     return answer
 
 
@@ -373,7 +373,3 @@ def pod_error(pod: PodInfo, exc: NriCniError, rollback_errors: Sequence[NetworkF
         cause=exc,
         network=exc.ref.network if isinstance(exc, CNIError) else "",
     )
-
-
-def _key(sel: Selected) -> Key:
-    return (sel.network.name, sel.ifname)

@@ -191,7 +191,7 @@ class PodPlan:
         if fresh is None or fresh.netns != pod.netns or self.oplog.clock() - fresh.ended > within:
             return None
         entries = self.cached(pod.id)
-        keys = {(e.network_name, e.ifname) for e in entries}
+        keys = {e.key for e in entries}
         if keys != fresh.attachments or ifname not in {i for _, i in keys}:
             return None
         if any(e.netns != pod.netns or e.result is None for e in entries) or self.intents.load(pod.id):

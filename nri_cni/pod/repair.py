@@ -84,10 +84,10 @@ def repair_selection(
     """The networks a repair ADDs or keeps, in the pod's order: each that has an attachment with
     the config and capability arguments it was made with (the port mappings the runtime gave
     its ADD are in no config), then damaged ones the config no longer names (from the cache)."""
-    by_key = {(e.network_name, e.ifname): e for e in entries}
+    by_key = {e.key: e for e in entries}
     out = []
     for sel in selected:
-        entry = by_key.pop((sel.network.name, sel.ifname), None)
+        entry = by_key.pop(sel.key, None)
         out.append(sel if entry is None else _from_cache(sel, entry))
     for key in damaged:
         entry = by_key.get(key)
@@ -194,10 +194,10 @@ def _check_requestable(
     pod: PodInfo, selected: Sequence[Selected], ips: Mapping[Key, tuple[str, ...]]
 ) -> None:
     for sel in selected:
-        if ips.get((sel.network.name, sel.ifname)) and not ip_request_method(sel.network.conflist):
+        if ips.get(sel.key) and not ip_request_method(sel.network.conflist):
             raise IpsNotRequestable(
                 f"pod {pod.label()}: network {sel.network.name!r} ({sel.ifname}) must get "
-                f"{', '.join(map(plain, ips[(sel.network.name, sel.ifname)]))} back, and no plugin "
+                f"{', '.join(map(plain, ips[sel.key]))} back, and no plugin "
                 "of its chain can be asked for an address (no `ips` capability, no IPAM that "
                 "reads args.cni.ips): not cut, as a new ADD would give it other IPs",
                 sel.network.name,

@@ -38,6 +38,11 @@ class Selected:
     ifname: str
     capability_args: dict[str, Any] = field(default_factory=dict)  # ips / mac asked for by the pod
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """The attachment it makes: (network, ifname)."""
+        return (self.network.name, self.ifname)
+
 
 def select_networks(
     cfg: Config,

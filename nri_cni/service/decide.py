@@ -1,7 +1,8 @@
 """What one pod's verify round decides, as a pure function of what the round read.
 
 A round reads (the records, netlink, the CHECKs that were due, whether the pause process
-runs: `Reading`), `decide(check, record, mode, policy)` returns a `Verdict` (what to report,
+runs: `Reading`; the mode's reading of the runtime's IPs: `RuntimeIps`),
+`decide(check, record, ips, policy)` returns a `Verdict` (what to report,
 nothing changed on the node) or a `RepairOrder` (what a repair must DEL and ask for), and the
 round applies it under the pod's lock (service/verify.py). After a repair, `judge_repair` says
 what it came to. docs/reliability.md has each outcome per finding kind.
@@ -14,14 +15,12 @@ from dataclasses import dataclass, field
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.pod.repair import result_ips
-from nri_cni.service.modes import Mode, RuntimeIps
+from nri_cni.service.modes import RuntimeIps
 from nri_cni.service.podcheck import (
     Key,
     PodCheck,
     Retry,
-    key_of,
     netns_unreadable,
-    selected_key,
     unreadable_reason,
 )
 from nri_cni.service.podstate import BrokenCode, PodState
@@ -84,13 +83,13 @@ def _left(why: str) -> Verdict:
 def wrong_of(c: PodCheck, failed_checks: Mapping[Key, str], mismatch: str) -> list[str]:
     """What differs, one line each: netlink's findings, failed CHECKs, networks not attached,
     the runtime's IPs against the records."""
-    wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in map(key_of, c.damaged)]
+    wrong = [f"{n}/{i}: {c.findings[(n, i)].reason}" for n, i in (e.key for e in c.damaged)]
     wrong += [f"{n}/{i}: CHECK failed: {err}" for (n, i), err in failed_checks.items()]
-    wrong += [f"{n}/{i}: not attached" for n, i in map(selected_key, c.missing)]
+    wrong += [f"{n}/{i}: not attached" for n, i in (s.key for s in c.missing)]
     return wrong + ([mismatch] if mismatch else [])
 
 
-def decide(check: Reading, record: PodRecord, mode: Mode, policy: Policy) -> Verdict | RepairOrder:
+def decide(check: Reading, record: PodRecord, ips: RuntimeIps, policy: Policy) -> Verdict | RepairOrder:
     c = check.check
     if record.pod is None:
         return _left("not listed by the runtime")
@@ -101,7 +100,6 @@ def decide(check: Reading, record: PodRecord, mode: Mode, policy: Policy) -> Ver
             why, _ = netns_unreadable(c.pod, c.entries)
             return _broken(BrokenCode.NETNS_UNREADABLE, f"{why}; {ADMIN_ACTION}", ends_retries=True)
         return _left("its netns is gone and its pause process too: the reaper's")
-    ips = mode.runtime_ips(c, record)
     if ips.lost:  # not nri-cni's network: nothing to repair; its own are kept while it is listed
         return _broken(BrokenCode.TORN_DOWN, f"{ips.lost}; {ADMIN_ACTION}", ends_retries=True)
     wrong = wrong_of(c, check.failed_checks, ips.mismatch)
@@ -140,10 +138,10 @@ def _differs(
 def _to_cut(c: PodCheck, failed_checks: Mapping[Key, str], ips: RuntimeIps) -> tuple[CacheEntry, ...]:
     """The attachments a repair DELs: damaged, failing CHECK, and the primary when the
     runtime's IPs are not its own."""
-    bad = {key_of(d) for d in c.damaged} | set(failed_checks)
+    bad = {d.key for d in c.damaged} | set(failed_checks)
     if ips.mismatch and ips.primary is not None:
         bad.add(ips.primary)
-    return tuple(e for e in c.entries if key_of(e) in bad)
+    return tuple(e for e in c.entries if e.key in bad)
 
 
 def _ips(check: Reading, runtime: RuntimeIps, retry: Retry | None) -> dict[Key, tuple[str, ...]]:
@@ -152,10 +150,10 @@ def _ips(check: Reading, runtime: RuntimeIps, retry: Retry | None) -> dict[Key, 
     primary when they are eth0's."""
     c = check.check
     ips = dict(retry.ips if retry is not None else {}) | dict(runtime.readd)
-    bad = {key_of(d) for d in c.damaged} | set(check.failed_checks)
+    bad = {d.key for d in c.damaged} | set(check.failed_checks)
     for entry in c.entries:
-        if key_of(entry) in bad:
-            ips.setdefault(key_of(entry), result_ips(entry))
+        if entry.key in bad:
+            ips.setdefault(entry.key, result_ips(entry))
     if runtime.primary is not None and runtime.primary_ips:
         ips[runtime.primary] = runtime.primary_ips
     return {k: v for k, v in ips.items() if v}
@@ -176,7 +174,7 @@ def missed_reason(record: PodRecord, c: PodCheck, mismatch: str, action: str) ->
     elif mismatch:
         why = f"the runtime did not take nri-cni's answer ({mismatch}): past the NRI deadline or killed"
     else:
-        names = ", ".join(f"{n}/{i}" for n, i in map(selected_key, c.missing))
+        names = ", ".join(f"{n}/{i}" for n, i in (s.key for s in c.missing))
         why = f"it lacks {names}, and the runtime learns IPs only from RunPodSandbox"
     return f"missed: {why}; {action}"
 

@@ -23,7 +23,7 @@ from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.config import Config, ConfigSource
 from nri_cni.pod.model import Key, PodInfo, PrimaryNetwork, RuntimePrimary
 from nri_cni.pod.repair import plain, result_ips
-from nri_cni.service.podcheck import PodCheck, key_of, selected_key
+from nri_cni.service.podcheck import PodCheck
 from nri_cni.service.roster import PodRecord
 
 
@@ -46,8 +46,8 @@ def our_primary(primary: PrimaryNetwork, c: PodCheck) -> tuple[Key | None, set[s
     addresses its result holds (None: no such attachment with a result)."""
     if not primary.ours or not c.selected:
         return None, None
-    key = selected_key(c.selected[0])
-    entry = next((e for e in c.entries if key_of(e) == key), None)
+    key = c.selected[0].key
+    entry = next((e for e in c.entries if e.key == key), None)
     if entry is None or entry.result is None:
         return key, None
     return key, {plain(a) for a in result_ips(entry)}
@@ -63,7 +63,7 @@ def native_readd(c: PodCheck, mismatch: str) -> dict[Key, tuple[str, ...]]:
         return {}
     held = {plain(a) for e in c.entries for a in result_ips(e)}
     left = tuple(ip for ip in c.pod.ips if plain(ip) not in held)
-    return {selected_key(c.missing[0]): left} if left else {}
+    return {c.missing[0].key: left} if left else {}
 
 
 class Mode(Protocol):

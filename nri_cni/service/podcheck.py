@@ -1,86 +1,115 @@
-"""One pod in one verify round (service/verify.py): its records, what the node showed, what it
-lacks, and the per-attachment verdicts the health book keeps."""
+"""One pod in one verify round (service/verify.py): its records, what the node showed and what
+it lacks, read once into a frozen `PodCheck` (`read_checks`)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.node import Expectation, Finding, FindingKind, expectation_from_result, with_host_side
+from nri_cni.node import (
+    Expectation,
+    Finding,
+    FindingKind,
+    NodeInspector,
+    expectation_from_result,
+    with_host_side,
+)
 from nri_cni.pod.model import Key, PodInfo
 from nri_cni.pod.select import Selected
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 # attachment verdicts for a cache entry nothing could be compared with (never "ok")
 NO_RESULT = "no-result"
 BAD_RESULT = "bad-result"
 
 
-def key_of(e: CacheEntry) -> Key:
-    return (e.network_name, e.ifname)
-
-
-def selected_key(s: Selected) -> Key:
-    return (s.network.name, s.ifname)
-
-
-@dataclass
+@dataclass(frozen=True)
 class PodCheck:
-    """One pod in one round: its records, what netlink showed, what it lacks."""
+    """One pod in one round, as read (`pod_check`): its records, what netlink showed and what
+    that comes to, each a plain field computed once."""
 
     pod: PodInfo
     entries: list[CacheEntry]  # nri-cni's attachments, attach order
     selected: list[Selected]  # what it should have ([] when the config refuses it now)
-    expectations: list[tuple[CacheEntry, Expectation]] = field(default_factory=list)
-    findings: dict[Key, Finding] = field(default_factory=dict)
+    findings: dict[Key, Finding]
     # attachments nothing could be compared for: key -> (verdict kind, why): a cache entry
     # without a result ("no-result") or with one that cannot be read ("bad-result")
-    unknown: dict[Key, tuple[str, str]] = field(default_factory=dict)
-    path_gone: bool = False  # its netns path is gone (the round did not read the node)
-
-    @property
-    def missing(self) -> list[Selected]:
-        have = {key_of(e) for e in self.entries}
-        return [s for s in self.selected if selected_key(s) not in have]
-
-    @property
-    def damaged(self) -> list[CacheEntry]:
-        return [e for e in self.entries if (f := self.findings.get(key_of(e))) is not None and f.damaged]
-
-    @property
-    def unreadable(self) -> list[str]:
-        """What could not be read or compared, one line per attachment ([] when everything
-        was): never "ok"."""
-        out = [f"{n}/{i}: {why}" for (n, i), (_, why) in self.unknown.items()]
-        for (n, i), f in self.findings.items():
-            out += [f"{n}/{i}: {d.reason}" for d in f.differences if d.kind is FindingKind.UNREADABLE]
-        return out
-
-    @property
-    def netns_gone(self) -> bool:
-        return self.path_gone or any(f.kind is FindingKind.NETNS_GONE for f in self.findings.values())
-
-    def signature(self) -> list[tuple[Key, object]]:
-        return [(key_of(e), e.result) for e in self.entries]
+    unknown: dict[Key, tuple[str, str]]
+    missing: list[Selected]  # selected and not attached
+    damaged: list[CacheEntry]  # attached, and netlink finds them damaged
+    unreadable: list[str]  # what could not be read or compared, one line each: never "ok"
+    netns_gone: bool  # its netns path is gone (nothing read), or netlink found its netns gone
 
 
-def expect(check: PodCheck, *, host_side: bool = True) -> None:
-    """What the node should show for each of the check's entries, from its cached result:
-    `check.expectations`, or `check.unknown` for an entry nothing can be compared with.
-    `host_side`: also portmap's DNAT, the masquerade and host-local's leases (read once a round by verify)."""
-    pod = check.pod
-    for entry in check.entries:
+def pod_check(
+    pod: PodInfo,
+    entries: Sequence[CacheEntry],
+    selected: Sequence[Selected],
+    findings: Mapping[Key, Finding] | None = None,
+    unknown: Mapping[Key, tuple[str, str]] | None = None,
+    *,
+    path_gone: bool = False,
+) -> PodCheck:
+    """The pod's reading from its records (`entries` in attach order), what it should have,
+    netlink's findings and the attachments nothing could be compared for."""
+    found, unknown = dict(findings or {}), dict(unknown or {})
+    have = {e.key for e in entries}
+    unreadable = [f"{n}/{i}: {why}" for (n, i), (_, why) in unknown.items()]
+    for (n, i), f in found.items():
+        unreadable += [f"{n}/{i}: {d.reason}" for d in f.differences if d.kind is FindingKind.UNREADABLE]
+    return PodCheck(
+        pod,
+        list(entries),
+        list(selected),
+        found,
+        unknown,
+        missing=[s for s in selected if s.key not in have],
+        damaged=[e for e in entries if (g := found.get(e.key)) is not None and g.damaged],
+        unreadable=unreadable,
+        netns_gone=path_gone or any(f.kind is FindingKind.NETNS_GONE for f in found.values()),
+    )
+
+
+@dataclass(frozen=True)
+class ToRead:
+    """A pod a round reads: its cache entries (attach order), what it should have, and whether
+    its netns path is gone (then nothing is read of it)."""
+
+    pod: PodInfo
+    entries: list[CacheEntry]
+    selected: list[Selected]
+    path_gone: bool = False
+
+
+async def read_checks(
+    inspector: NodeInspector, pods: Sequence[ToRead], *, host_side: bool = True
+) -> list[PodCheck]:
+    """Each pod's reading: an expectation per cache entry with a readable result
+    (`expectations`), one netlink read for all of them, the findings per pod."""
+    planned = [([], {}) if p.path_gone else expectations(p.pod, p.entries, host_side=host_side) for p in pods]
+    exps = [e for plan, _ in planned for _, e in plan]
+    found = iter(await inspector.inspect(exps) if exps else [])
+    out = []
+    for p, (plan, unknown) in zip(pods, planned, strict=True):
+        findings = {entry.key: next(found) for entry, _ in plan}
+        out.append(pod_check(p.pod, p.entries, p.selected, findings, unknown, path_gone=p.path_gone))
+    return out
+
+
+def expectations(
+    pod: PodInfo, entries: Sequence[CacheEntry], *, host_side: bool = True
+) -> tuple[list[tuple[CacheEntry, Expectation]], dict[Key, tuple[str, str]]]:
+    """What the node should show for each of the pod's entries, from its cached result, and
+    the entries nothing can be compared with (`PodCheck.unknown`). `host_side`: also portmap's
+    DNAT, the masquerade and host-local's leases (read once a round by verify)."""
+    out: list[tuple[CacheEntry, Expectation]] = []
+    unknown: dict[Key, tuple[str, str]] = {}
+    for entry in entries:
         if entry.result is None:  # nothing recorded to compare with: unknown, never ok
             why = f"nri-cni's cache entry ({entry.path or 'no file'}) holds no result: nothing to compare with"  # fmt: skip
-            check.unknown[key_of(entry)] = (NO_RESULT, why)
+            unknown[entry.key] = (NO_RESULT, why)
             continue
         try:
             exp = expectation_from_result(
@@ -89,7 +118,7 @@ def expect(check: PodCheck, *, host_side: bool = True) -> None:
             )  # fmt: skip
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
             why = f"the cached result ({entry.path or 'no file'}) cannot be read: {exc!r}"
-            check.unknown[key_of(entry)] = (BAD_RESULT, why)
+            unknown[entry.key] = (BAD_RESULT, why)
             continue
         exp = dataclasses.replace(exp, container_id=entry.container_id)
         if host_side:
@@ -99,8 +128,9 @@ def expect(check: PodCheck, *, host_side: bool = True) -> None:
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 # the pod's side is still checked
                 why = f"what the chain made on the host cannot be told from the cached config: {exc!r}"
-                check.unknown[key_of(entry)] = (FindingKind.UNREADABLE.value, why)
-        check.expectations.append((entry, exp))
+                unknown[entry.key] = (FindingKind.UNREADABLE.value, why)
+        out.append((entry, exp))
+    return out, unknown
 
 
 @dataclass
@@ -113,57 +143,6 @@ class Retry:
         """One more failure: the next try after `first` seconds, doubling, at most `longest`."""
         self.failures += 1
         self.next_at = now + min(first * 2 ** (self.failures - 1), longest)
-
-
-def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
-    out = []
-    for entry in c.entries:
-        key = key_of(entry)
-        finding = c.findings.get(key)
-        if key in c.unknown:
-            out.append(AttachmentVerdict(key[0], key[1], *c.unknown[key]))
-        elif finding is not None and not finding.ok:
-            out.append(AttachmentVerdict(key[0], key[1], finding.kind.value, finding.reason))
-        elif key in failed_checks:
-            out.append(AttachmentVerdict(key[0], key[1], "check-failed", failed_checks[key]))
-        else:
-            out.append(AttachmentVerdict(key[0], key[1], "ok"))
-    out += [AttachmentVerdict(n, i, "missing", "not attached") for n, i in map(selected_key, c.missing)]
-    return out
-
-
-def build_check(pod: PodInfo, entries: list[CacheEntry], selected: list[Selected]) -> PodCheck:
-    """The pod's round: an expectation per cache entry (`entries` in attach order) from its
-    result, with the host side its chain made (portmap's DNAT, host-local's leases); an entry
-    nothing can be compared for is "unknown", never ok (`expect`)."""
-    check = PodCheck(pod, entries, selected)
-    expect(check)
-    return check
-
-
-def check_parallel() -> int:
-    """CHECKs of intact pods a verify round runs at once: a CHECK is mostly its plugins' CPU
-    (bridge, portmap's iptables), so a couple per CPU (one at a time, the 50 CHECKs of a round
-    over 500 pods took 2.2 s)."""
-    return max(2, min(8, 2 * (os.cpu_count() or 1)))
-
-
-async def at_once(items: Sequence[T], fn: Callable[[T], Awaitable[R]], parallel: int) -> list[R]:
-    """fn(item) for every item, `parallel` at a time, the results in the items' order; every
-    call runs to its end, then the first error is raised."""
-    slots = asyncio.Semaphore(parallel)
-
-    async def one(item: T) -> R:
-        async with slots:
-            return await fn(item)
-
-    done = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
-    out: list[R] = []
-    for result in done:
-        if isinstance(result, BaseException):
-            raise result
-        out.append(result)
-    return out
 
 
 def unreadable_reason(c: PodCheck, admin_action: str) -> str:

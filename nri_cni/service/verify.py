@@ -12,7 +12,7 @@ FIRST_RETRY with doubling, then broken): docs/reliability.md, per finding kind.
 A pod with an operation in flight is left for the next round; the netlink read of a round is
 done for all pods at once, outside any lock (it only reads); a pod whose records changed before
 its lock was taken is read again under the lock. The CHECKs of pods netlink found intact run
-a few at once (podcheck.check_parallel); repairs run one at a time.
+a few at once (check_parallel); repairs run one at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.plugin_process import PLUGIN_NICE
@@ -31,31 +32,61 @@ from nri_cni.node import NodeInspector, VerifyPolicy
 from nri_cni.pod.detach import attach_order
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import PodInfo
+from nri_cni.pod.parallel import at_once
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
-from nri_cni.service.modes import Mode, mode_in_force
-from nri_cni.service.podcheck import (
-    Key,
-    PodCheck,
-    Retry,
-    at_once,
-    build_check,
-    check_parallel,
-    expect,
-    key_of,
-    netns_unreadable,
-    verdicts_of,
-)
+from nri_cni.service.modes import Mode, RuntimeIps, mode_in_force
+from nri_cni.service.podcheck import Key, PodCheck, Retry, ToRead, netns_unreadable, read_checks
 from nri_cni.service.podstate import AttachmentVerdict, BrokenCode, HealthBook, PodHealth, PodState
-from nri_cni.service.roster import Roster
+from nri_cni.service.roster import PodRecord, Roster
 
 log = logging.getLogger("nri_cni.daemon")
 
 
 FIRST_RETRY = 1.0  # seconds before a failed repair is tried again; doubled after each failure
 BACKOFF_CAP = 16  # the longest wait between tries, in verify intervals
+
+
+def check_parallel() -> int:
+    """CHECKs of intact pods a verify round runs at once: a CHECK is mostly its plugins' CPU
+    (bridge, portmap's iptables), so a couple per CPU (one at a time, the 50 CHECKs of a round
+    over 500 pods took 2.2 s)."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+
+
+def signature(entries: Sequence[CacheEntry]) -> list[tuple[Key, object]]:
+    """What a pod's round compares before and under its lock: its attachments and results."""
+    return [(e.key, e.result) for e in entries]
+
+
+def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVerdict]:
+    """The verdict per attachment the health book keeps: unknown, netlink's finding, a failed
+    CHECK, else ok; then the networks it lacks."""
+    out = []
+    for entry in c.entries:
+        key = entry.key
+        finding = c.findings.get(key)
+        if key in c.unknown:
+            out.append(AttachmentVerdict(key[0], key[1], *c.unknown[key]))
+        elif finding is not None and not finding.ok:
+            out.append(AttachmentVerdict(key[0], key[1], finding.kind.value, finding.reason))
+        elif key in failed_checks:
+            out.append(AttachmentVerdict(key[0], key[1], "check-failed", failed_checks[key]))
+        else:
+            out.append(AttachmentVerdict(key[0], key[1], "ok"))
+    out += [AttachmentVerdict(*s.key, "missing", "not attached") for s in c.missing]
+    return out
+
+
+@dataclass(frozen=True)
+class ModeRead:
+    """The mode's reading of the runtime's IPs (`Mode.runtime_ips`) of one check and record."""
+
+    check: PodCheck
+    record: PodRecord
+    ips: RuntimeIps
 
 
 class Verifier:
@@ -132,14 +163,14 @@ class Verifier:
             by_pod: dict[str, list[CacheEntry]] = {}
             for entry in await asyncio.to_thread(self.plan.cached):
                 by_pod.setdefault(entry.container_id, []).append(entry)
-            checks = [  # a pod whose netns path is gone: nothing to read (its pause may still run)
+            to_read = [  # a pod whose netns path is gone: nothing to read (its pause may still run)
                 self._plan(p, by_pod.get(p.id, []))
                 if os.path.exists(p.netns)
-                else PodCheck(p, attach_order(by_pod.get(p.id, [])), [], path_gone=True)
+                else ToRead(p, attach_order(by_pod.get(p.id, [])), [], path_gone=True)
                 for p in pods
                 if p.netns
             ]
-            await self._inspect(checks)
+            checks = await read_checks(self.inspector, to_read)
             out: list[PodHealth] = []
             explicit = pod_id is not None
             # pods netlink found intact whose only business is a CHECK: several at once, last
@@ -153,7 +184,7 @@ class Verifier:
                     out.append(health)
             for c in later:  # their verdict from netlink and the host side, until CHECKed
                 if not self.locks.busy(c.pod.id):
-                    self._unlocked(c, explicit=False)
+                    self._unlocked(c, None, explicit=False)
             if pod_id is None:  # every pod compared with the node: the round is done ...
                 self.health.round_done(started, time.time())
                 self.retain(set(self.roster.pods()))
@@ -167,32 +198,20 @@ class Verifier:
             )
             return out + [h for h in done if h is not None]
 
-    def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> PodCheck:
+    def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> ToRead:
         try:
             selected = self.plan.expected(pod, self.mode.primary)
         except NriCniError as exc:  # refused now (a reload): what it has is checked, nothing added
             log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
             selected = []
-        return build_check(pod, attach_order(entries), selected)
+        return ToRead(pod, attach_order(entries), selected)
 
     async def node_shows(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
         """Whether netlink shows each of `entries` as its result says (the pod's links up with
         their addresses and routes, their host-side links): nothing unreadable, nothing
         differs. The host's rules and leases are not read (no iptables-save): a cheap look."""
-        c = PodCheck(pod, list(entries), [])
-        expect(c, host_side=False)
-        if c.unknown or len(c.expectations) != len(entries):
-            return False
-        await self._inspect([c])
-        return len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
-
-    async def _inspect(self, checks: Sequence[PodCheck]) -> None:
-        exps = [e for c in checks for _, e in c.expectations]
-        if not exps:
-            return
-        findings = iter(await self.inspector.inspect(exps))
-        for c in checks:
-            c.findings = {key_of(entry): next(findings) for entry, _ in c.expectations}
+        (c,) = await read_checks(self.inspector, [ToRead(pod, list(entries), [])], host_side=False)
+        return not c.unknown and len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
 
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
         if c.netns_gone or c.damaged or c.missing:
@@ -212,24 +231,28 @@ class Verifier:
             and self.policy.needs_check(
                 f"{c.pod.id}/{e.network_name}/{e.ifname}",
                 self.rounds,
-                differs=key_of(e) in {key_of(d) for d in c.damaged},
+                differs=e.key in {d.key for d in c.damaged},
                 forced=forced,
             )
         ]
 
     def _decide(
-        self, c: PodCheck, *, explicit: bool, failed: Mapping[Key, str] | None = None
+        self, c: PodCheck, read: ModeRead | None, *, explicit: bool, failed: Mapping[Key, str] | None = None
     ) -> Verdict | RepairOrder:
-        """What the round read of the pod leads to (decide.py): its reading, its record, the mode,
-        the repair policy with the pod's failed tries."""
+        """What the round read of the pod leads to (decide.py): its reading, its record, the
+        mode's reading of the runtime's IPs (`read` when made of this check and record, else
+        asked again), the repair policy with the pod's failed tries."""
         reading = Reading(c, failed or {}, self.roster.running(c.pod.id))
+        record = self.roster.record(c.pod.id)
+        if read is None or read.check is not c or read.record != record:
+            read = ModeRead(c, record, self.mode.runtime_ips(c, record))
         policy = Policy(self.source.current.repair, self._retries.get(c.pod.id), self.clock(), explicit)
-        return decide(reading, self.roster.record(c.pod.id), self.mode, policy)
+        return decide(reading, record, read.ips, policy)
 
-    def _unlocked(self, c: PodCheck, *, explicit: bool) -> PodHealth | None:
+    def _unlocked(self, c: PodCheck, read: ModeRead | None, *, explicit: bool) -> PodHealth | None:
         """The verdict of a pod with nothing to run (nothing differs, no CHECK due, or nothing
         nri-cni can change): no lock needed, nothing awaited."""
-        decision = self._decide(c, explicit=explicit)
+        decision = self._decide(c, read, explicit=explicit)
         assert isinstance(decision, Verdict)  # a repair is ordered only when something differs
         return self._report(c, decision, verdicts_of(c, {}))
 
@@ -237,10 +260,12 @@ class Verifier:
         """The pod's part of the round: without its lock when there is nothing to run, else
         under it, its records read again when an operation ran since the round read them."""
         pod = c.pod
-        ips = self.mode.runtime_ips(c, self.roster.record(pod.id))
+        record = self.roster.record(pod.id)
+        read = ModeRead(c, record, self.mode.runtime_ips(c, record))
+        ips = read.ips
         quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced)
         if c.netns_gone or ips.lost or (quiet and not self.locks.busy(pod.id)):
-            return self._unlocked(c, explicit=explicit)
+            return self._unlocked(c, read, explicit=explicit)
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
@@ -248,22 +273,23 @@ class Verifier:
             if record.pod is None or not os.path.exists(record.pod.netns):
                 return None
             if record.stopped:  # torn down while the round read it: read no further
-                return self._unlocked(c, explicit=explicit)
+                return self._unlocked(c, read, explicit=explicit)
             pod = record.pod
             now = self.plan.cached(pod.id)
-            if [(key_of(e), e.result) for e in attach_order(now)] != c.signature():
-                c = self._plan(pod, now)  # an operation ran since the round read it
-                await self._inspect([c])
+            if signature(attach_order(now)) != signature(c.entries):
+                (c,) = await read_checks(self.inspector, [self._plan(pod, now)])  # an operation ran since
             failed: dict[Key, str] = {}  # the CHECKs due this round that failed -> the error
             niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
             try:
                 for entry in self._due(c, forced) if not c.netns_gone else []:
                     error = await self.plan.check_entry(entry, c.pod.netns)
                     if error:
-                        failed[key_of(entry)] = error
+                        failed[entry.key] = error
             finally:
                 PLUGIN_NICE.reset(niced)
-            return await self._apply_locked(c, self._decide(c, explicit=explicit, failed=failed), failed)
+            return await self._apply_locked(
+                c, self._decide(c, read, explicit=explicit, failed=failed), failed
+            )
 
     async def _apply_locked(
         self, c: PodCheck, decision: Verdict | RepairOrder, failed: Mapping[Key, str]
@@ -277,7 +303,7 @@ class Verifier:
             async with self._repairing:  # one at a time, also when pods settle at once
                 await self.plan.repair(
                     c.pod,
-                    selected=repair_selection(c.selected, c.entries, map(key_of, decision.damaged)),
+                    selected=repair_selection(c.selected, c.entries, [e.key for e in decision.damaged]),
                     damaged=list(decision.damaged),
                     ips=retry.ips,
                     wrong=list(decision.wrong),
@@ -293,8 +319,9 @@ class Verifier:
             return self._report(c, verdict, verdicts)
         except NriCniError as exc:
             return self._judged(c, decision, retry, verdicts, error=str(exc))
-        after = self._plan(c.pod, self.plan.cached(c.pod.id))  # the pod read again
-        await self._inspect([after])
+        (after,) = await read_checks(
+            self.inspector, [self._plan(c.pod, self.plan.cached(c.pod.id))]
+        )  # read again
         return self._judged(c, decision, retry, verdicts, after=after)
 
     def _judged(

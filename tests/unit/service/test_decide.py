@@ -17,7 +17,7 @@ from nri_cni.pod.model import PodInfo, PrimaryNetwork
 from nri_cni.pod.select import Selected
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
 from nri_cni.service.modes import Mode, NativeMode, SecondaryMode, ShimMode
-from nri_cni.service.podcheck import PodCheck, Retry
+from nri_cni.service.podcheck import PodCheck, Retry, pod_check
 from nri_cni.service.podstate import BrokenCode, PodState
 from nri_cni.service.roster import PodRecord
 
@@ -52,11 +52,9 @@ def check(
     path_gone: bool = False,
 ) -> PodCheck:
     pod = PodInfo(POD, name="e8", namespace="default", netns="/n", ips=ips)
-    c = PodCheck(pod, list(entries), list(want), path_gone=path_gone)
-    c.findings = {(e.network_name, e.ifname): finding(e, (kinds or {}).get(e.ifname), "x") for e in entries}
-    if unknown:
-        c.unknown[("podnet", "eth0")] = ("no-result", "holds no result")
-    return c
+    findings = {e.key: finding(e, (kinds or {}).get(e.ifname), "x") for e in entries}
+    unknowns = {("podnet", "eth0"): ("no-result", "holds no result")} if unknown else {}
+    return pod_check(pod, entries, want, findings, unknowns, path_gone=path_gone)
 
 
 LISTED = PodRecord(POD, pod=PodInfo(POD, name="e8", namespace="default", netns="/n", ips=(IP,)))
@@ -72,7 +70,7 @@ def run(
     failed: dict[tuple[str, str], str] | None = None,
     running: bool = True,
 ) -> Verdict | RepairOrder:
-    return decide(Reading(c, failed or {}, running), record, mode, policy)
+    return decide(Reading(c, failed or {}, running), record, mode.runtime_ips(c, record), policy)
 
 
 def flags(v: Verdict) -> frozenset[str]:

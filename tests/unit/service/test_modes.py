@@ -14,7 +14,7 @@ from nri_cni.config import NetworkSpec
 from nri_cni.pod.model import PodInfo, PrimaryNetwork
 from nri_cni.pod.select import Selected
 from nri_cni.service.modes import NativeMode, RuntimeIps, SecondaryMode, ShimMode, mode_for
-from nri_cni.service.podcheck import PodCheck
+from nri_cni.service.podcheck import PodCheck, pod_check
 from nri_cni.service.roster import PodRecord
 from tests.support.configdocs import mode_config
 
@@ -107,7 +107,7 @@ def _reading(runtime_ips: tuple[str, ...], *, attached: bool = True) -> PodCheck
     result = {"cniVersion": "1.1.0", "ips": [{"address": f"{OURS}/24", "interface": 0}]}
     entries = [CacheEntry(POD, "eth0", "podnet", b"{}", netns="/n", result=result)] if attached else []
     pod = PodInfo(POD, name="f9", namespace="default", netns="/n", ips=runtime_ips)
-    return PodCheck(pod, entries, [Selected(NetworkSpec(name="podnet", conflist=None), "eth0")])
+    return pod_check(pod, entries, [Selected(NetworkSpec(name="podnet", conflist=None), "eth0")])
 
 
 def _record(ips_lost: bool = False) -> PodRecord:

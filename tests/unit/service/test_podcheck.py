@@ -1,9 +1,9 @@
 """One pod's round (nri_cni/service/podcheck.py): what it lacks, what is damaged or unknown, the
-verdict per attachment, the retry's backoff and how many CHECKs run at once."""
+expectations of its entries and the retry's backoff; the verdict per attachment, the round's
+signature and how many CHECKs run at once (service/verify.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
@@ -14,17 +14,9 @@ from nri_cni.node import Expectation, Finding, FindingKind
 from nri_cni.node.model import Difference
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.select import Selected
-from nri_cni.service.podcheck import (
-    BAD_RESULT,
-    NO_RESULT,
-    PodCheck,
-    Retry,
-    at_once,
-    check_parallel,
-    expect,
-    verdicts_of,
-)
+from nri_cni.service.podcheck import BAD_RESULT, NO_RESULT, Retry, expectations, pod_check
 from nri_cni.service.podstate import AttachmentVerdict
+from nri_cni.service.verify import check_parallel, signature, verdicts_of
 
 POD = PodInfo(id="a" * 64, name="web", namespace="ns", netns="/var/run/netns/x")
 
@@ -53,12 +45,10 @@ def finding(*kinds: FindingKind) -> Finding:
 )
 def test_verdict_of_an_attachment(unknown, found, failed, expected):
     """Control cases: each row adds one input to the one above it, and the verdict follows it."""
-    check = PodCheck(POD, [entry("net-a", "eth0")], [])
     key = ("net-a", "eth0")
-    if unknown is not None:
-        check.unknown[key] = unknown
-    if found is not None:
-        check.findings[key] = finding(*found)
+    unknowns = {key: unknown} if unknown is not None else {}
+    findings = {key: finding(*found)} if found is not None else {}
+    check = pod_check(POD, [entry("net-a", "eth0")], [], findings, unknowns)
     failed_checks = {key: failed} if failed is not None else {}
     assert verdicts_of(check, failed_checks) == [AttachmentVerdict("net-a", "eth0", *expected)]
 
@@ -66,7 +56,7 @@ def test_verdict_of_an_attachment(unknown, found, failed, expected):
 def test_missing_networks_follow_the_attachments():
     """The pod should have net-a/eth0 and net-b/net1 and has only net-a/eth0 (and net-b on
     another interface, which does not count)."""
-    check = PodCheck(
+    check = pod_check(
         POD,
         [entry("net-a", "eth0"), entry("net-b", "net2")],
         [selected("net-a", "eth0"), selected("net-b", "net1")],
@@ -92,23 +82,19 @@ def test_missing_networks_follow_the_attachments():
 def test_what_a_finding_makes_of_the_pod(kinds, damaged, unreadable, gone):
     """Control cases: an unreadable difference alone against the same with a real one beside it."""
     e = entry("net-a", "eth0")
-    check = PodCheck(POD, [e, entry("net-b", "net1")], [])
-    check.findings[("net-a", "eth0")] = finding(*kinds)
+    check = pod_check(POD, [e, entry("net-b", "net1")], [], {("net-a", "eth0"): finding(*kinds)})
     assert check.damaged == ([e] if damaged else [])
     assert check.unreadable == unreadable
     assert check.netns_gone is gone
 
 
 def test_a_gone_path_is_netns_gone_without_a_finding():
-    check = PodCheck(POD, [entry("net-a", "eth0")], [])
-    assert not check.netns_gone
-    check.path_gone = True
-    assert check.netns_gone
+    assert not pod_check(POD, [entry("net-a", "eth0")], []).netns_gone
+    assert pod_check(POD, [entry("net-a", "eth0")], [], path_gone=True).netns_gone
 
 
 def test_unknown_attachments_are_unreadable():
-    check = PodCheck(POD, [entry("net-a", "eth0")], [])
-    check.unknown[("net-a", "eth0")] = (NO_RESULT, "no result")
+    check = pod_check(POD, [entry("net-a", "eth0")], [], {}, {("net-a", "eth0"): (NO_RESULT, "no result")})
     assert check.unreadable == ["net-a/eth0: no result"]
 
 
@@ -126,16 +112,15 @@ RESULT = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": POD.
 def test_expect_compares_only_what_a_result_says(result, unknown):
     """Control case: the entry with a readable result gets an expectation and no unknown."""
     e = entry("net-a", "eth0", result)
-    check = PodCheck(POD, [e], [])
-    expect(check, host_side=False)
+    exps, unknowns = expectations(POD, [e], host_side=False)
     if unknown is None:
-        assert check.unknown == {}
-        assert [(x, exp.container_id, exp.netns, exp.ifname) for x, exp in check.expectations] == [
+        assert unknowns == {}
+        assert [(x, exp.container_id, exp.netns, exp.ifname) for x, exp in exps] == [
             (e, POD.id, POD.netns, "eth0")
         ]
     else:
-        assert check.unknown[("net-a", "eth0")][0] == unknown
-        assert check.expectations == []
+        assert unknowns[("net-a", "eth0")][0] == unknown
+        assert exps == []
 
 
 def test_retry_doubles_up_to_the_longest():
@@ -155,47 +140,6 @@ def test_check_parallel(monkeypatch, cpus, expected):
     assert check_parallel() == expected
 
 
-def test_at_once_keeps_the_order_and_the_bound():
-    """Three calls, two at a time: two run together, never three (each takes a few turns of
-    the loop, so without the bound all three would be running at once)."""
-
-    async def main():
-        running = 0
-        most = 0
-
-        async def fn(item: int) -> int:
-            nonlocal running, most
-            running += 1
-            most = max(most, running)
-            for _ in range(3):
-                await asyncio.sleep(0)
-            running -= 1
-            return item * 10
-
-        assert await at_once([3, 1, 2], fn, 2) == [30, 10, 20]
-        assert most == 2
-
-    asyncio.run(main())
-
-
-def test_at_once_runs_every_call_then_raises_the_first_error():
-    async def main():
-        done = []
-
-        async def fn(item: int) -> int:
-            await asyncio.sleep(0)
-            if item == 1:
-                raise ValueError("one")
-            done.append(item)
-            return item
-
-        with pytest.raises(ValueError, match="one"):
-            await at_once([0, 1, 2], fn, 1)
-        assert done == [0, 2]
-
-    asyncio.run(main())
-
-
 def test_reasons_say_what_was_not_read():
     from nri_cni.service.podcheck import netns_unreadable, unreadable_reason
     from nri_cni.service.podstate import BrokenCode
@@ -213,9 +157,8 @@ def test_reasons_say_what_was_not_read():
         AttachmentVerdict("net-b", "net1", code, why),
     ]
 
-    check = PodCheck(POD, [entry("net-a", "eth0"), entry("net-b", "net1")], [])
-    check.unknown[("net-a", "eth0")] = (NO_RESULT, "no result")
-    check.unknown[("net-b", "net1")] = (BAD_RESULT, "bad result")
+    unknowns = {("net-a", "eth0"): (NO_RESULT, "no result"), ("net-b", "net1"): (BAD_RESULT, "bad result")}
+    check = pod_check(POD, [entry("net-a", "eth0"), entry("net-b", "net1")], [], {}, unknowns)
     assert unreadable_reason(check, "remove the pod") == (
         "net-a/eth0: no result; net-b/net1: bad result: not verified, nothing was changed; read "
         "again every round (if it stays: nri-cni pods and the daemon log say what failed; a cache "
@@ -227,10 +170,8 @@ def test_signature_changes_with_a_result():
     """What the round compares before and under the pod's lock. Control case: the same entries
     with one result changed give another signature."""
     a, b = entry("net-a", "eth0", RESULT), entry("net-b", "net1")
-    check = PodCheck(POD, [a, b], [])
-    assert check.signature() == [(("net-a", "eth0"), RESULT), (("net-b", "net1"), None)]
-    changed = PodCheck(POD, [a, entry("net-b", "net1", RESULT)], [])
-    assert changed.signature() != check.signature()
+    assert signature([a, b]) == [(("net-a", "eth0"), RESULT), (("net-b", "net1"), None)]
+    assert signature([a, entry("net-b", "net1", RESULT)]) != signature([a, b])
 
 
 PORTMAP = (
@@ -247,11 +188,9 @@ def test_expect_adds_what_the_chain_made_on_the_host():
         "c" * 64, "eth0", "net-a", PORTMAP, capability_args={"portMappings": [{"hostPort": 8080, "containerPort": 80}]},
         result=RESULT_V4,
     )  # fmt: skip
-    full, bare = PodCheck(POD, [e], []), PodCheck(POD, [e], [])
-    expect(full)
-    expect(bare, host_side=False)
-    (_, exp), (_, plain) = full.expectations[0], bare.expectations[0]
-    assert full.unknown == {} and exp.container_id == "c" * 64
+    (full, unknown), (bare, _) = expectations(POD, [e]), expectations(POD, [e], host_side=False)
+    (_, exp), (_, plain) = full[0], bare[0]
+    assert unknown == {} and exp.container_id == "c" * 64
     assert [p.port for p in exp.host_ports] == [8080]
     assert [lease.ip for lease in exp.leases] == ["10.0.0.5"]
     assert plain.host_ports == () and plain.leases == () and plain.container_id == "c" * 64
@@ -261,12 +200,11 @@ def test_an_unreadable_host_side_still_checks_the_pods_side():
     """Control case: test_expect_adds_what_the_chain_made_on_the_host, the same with a config
     that can be read."""
     e = CacheEntry(POD.id, "eth0", "net-a", b"not json", result=RESULT_V4)
-    check = PodCheck(POD, [e], [])
-    expect(check)
-    kind, why = check.unknown[("net-a", "eth0")]
+    exps, unknowns = expectations(POD, [e])
+    kind, why = unknowns[("net-a", "eth0")]
     assert kind == FindingKind.UNREADABLE.value
     assert why.startswith("what the chain made on the host cannot be told from the cached config: ")
-    assert [x for x, _ in check.expectations] == [e]
+    assert [x for x, _ in exps] == [e]
 
 
 @pytest.mark.parametrize(
@@ -286,8 +224,7 @@ def test_an_entry_nothing_can_be_compared_with_is_named_and_the_next_one_still_c
     the same pod with a readable result, gets its expectation."""
     first = CacheEntry(POD.id, "eth0", "net-a", b"{}", result=result, path=path)
     second = entry("net-b", "net1", RESULT)
-    check = PodCheck(POD, [first, second], [])
-    expect(check, host_side=False)
-    kind, why = check.unknown[("net-a", "eth0")]
+    exps, unknowns = expectations(POD, [first, second], host_side=False)
+    kind, why = unknowns[("net-a", "eth0")]
     assert kind == unknown and why.startswith(says.format(named))
-    assert [x for x, _ in check.expectations] == [second]
+    assert [x for x, _ in exps] == [second]

@@ -1,16 +1,13 @@
 """A verify round's CHECKs of pods netlink found intact: the round is done (every pod has its
 verdict from netlink, `nri-cni status` says verified) before they run; they run a few at once,
-never more than podcheck.check_parallel(); podcheck.at_once keeps the order and raises the
-first error only once every call has ended."""
+never more than verify.check_parallel()."""
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from nri_cni.cni.cache import CacheEntry
-from nri_cni.service.podcheck import at_once, check_parallel
+from nri_cni.service.verify import check_parallel
 from tests.support.unstarted import RESULT, FakeInspector, daemon_for, verify_pod
 
 
@@ -52,20 +49,3 @@ def test_the_round_is_done_before_its_checks_which_run_a_few_at_once(tmp_path):
     # each CHECK began after the round was done, the pod already judged by netlink
     assert seen == [(1, "ok")] * len(pods)
     assert 1 < peak <= check_parallel()
-
-
-def test_at_once_keeps_the_order_and_raises_the_first_error_after_all_ended():
-    ended = []
-
-    async def call(n: int) -> int:
-        await asyncio.sleep(0.001 * (5 - n))
-        ended.append(n)
-        if n in (1, 3):
-            raise ValueError(n)
-        return n * 10
-
-    assert asyncio.run(at_once([0, 2, 4], call, 2)) == [0, 20, 40]
-    ended.clear()
-    with pytest.raises(ValueError, match="1"):
-        asyncio.run(at_once([0, 1, 2, 3, 4], call, 2))
-    assert sorted(ended) == [0, 1, 2, 3, 4]
