@@ -421,23 +421,6 @@ def test_a_failed_write_is_an_io_failure_naming_the_file(tmp_path):
     )
 
 
-@pytest.fixture
-def fsynced(monkeypatch, tmp_path):
-    """The paths under tmp_path os.fsync is called on, in order (another test's syncer thread
-    may still be at work elsewhere)."""
-    paths: list[str] = []
-    real_fsync = os.fsync
-
-    def spy(fd):
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if path.startswith(f"{tmp_path}/"):
-            paths.append(path)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
-    return paths
-
-
 @pytest.mark.parametrize("durable", [True, False])
 def test_a_write_is_fsynced_file_then_directory_unless_told_not_to(tmp_path, fsynced, durable):
     cache = ResultCache(str(tmp_path))

@@ -131,22 +131,6 @@ def test_a_record_that_cannot_be_written_is_an_io_error(tmp_path):
     assert os.listdir(tmp_path / "intents") == ["pod1"]  # no temporary file left
 
 
-@pytest.fixture
-def fsynced(monkeypatch, tmp_path):
-    """The paths under tmp_path os.fsync is called on."""
-    paths: list[str] = []
-    real_fsync = os.fsync
-
-    def spy(fd):
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if path.startswith(f"{tmp_path}/"):
-            paths.append(path)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
-    return paths
-
-
 def test_a_record_is_fsynced_when_written_or_else_by_sync(tmp_path, fsynced):
     store = IntentStore(str(tmp_path))
     record, directory = str(tmp_path / "intents" / "pod1"), str(tmp_path / "intents")
