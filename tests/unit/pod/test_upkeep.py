@@ -17,7 +17,7 @@ from nri_cni.config import Config
 from nri_cni.pod.detach import Detacher
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
-from nri_cni.pod.oprecord import NoSink, OperationLog
+from nri_cni.pod.oprecord import OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.upkeep import Upkeep, all_netns_gone, by_pod, gc_parallel, pod_of
 
@@ -86,9 +86,14 @@ class Node:
         rollback = Rollback(self.cni, self.intents)
         detacher = Detacher(self.cni, intents=self.intents, rollback=rollback)
         cfg = Config(state_dir=str(tmp_path / "state"))
-        self.upkeep = Upkeep(
-            cfg, self.cni, rollback=rollback, detacher=detacher, oplog=OperationLog(NoSink())
-        )
+        self.records: list[OpRecord] = []  # the op records the operations ended (the sink's view)
+        self.upkeep = Upkeep(cfg, self.cni, rollback=rollback, detacher=detacher, oplog=OperationLog(self))
+
+    def observe_operation(self, record: OpRecord) -> None:
+        self.records.append(record)
+
+    def observe_gc(self, report) -> None:
+        return None
 
     def attach(self, pod_id: str, netns: str) -> None:
         self.cni.cache.write(CacheEntry(pod_id, "eth0", "net-a", json.dumps(CONFLIST).encode(), netns=netns))
@@ -191,3 +196,50 @@ def test_sweep_without_a_cache_dir_does_nothing(tmp_path):
     node = Node(tmp_path)
     node.upkeep.sweep_cache_temp_files()
     assert not os.path.exists(node.cni.cache.results_dir)
+
+
+BUSY = Ended(stdout=b'{"cniVersion":"1.1.0","code":11,"msg":"busy"}', status=1)
+
+
+def _told(record: OpRecord) -> tuple:
+    """What an op record says: its op, each network's step, how many plugin calls it saw, the
+    CNI code of its first failure."""
+    steps = [(n["network"], n["ifname"], n["op"]) for n in record.networks]
+    return record.op, steps, len(record.plugins), getattr(record.error, "code", None)
+
+
+@pytest.mark.parametrize("delete", [b"", BUSY], ids=["del-passes", "del-fails"])
+@pytest.mark.parametrize("operation", ["reap", "gc", "recover", "gc-rollback"])
+def test_each_upkeep_operation_tells_its_op_record_what_it_did(tmp_path, operation, delete):
+    """The log line and the metrics see the op by name, each network's DEL step, the plugin
+    calls and the first failure's code. Control: each operation with its DEL passing (no code,
+    one plugin call seen) beside the same with its DEL failing (code 11, the call not seen)."""
+    node = Node(tmp_path, delete=delete)
+    net = IntendedNetwork("net-a", "eth0", json.dumps(CONFLIST).encode())
+    if operation == "reap":
+        node.attach(POD, str(tmp_path / "gone"))
+        asyncio.run(node.upkeep.reap(POD))
+        expected_op, step = "reap", "del"
+    elif operation == "gc":
+        node.attach(POD, str(tmp_path / "gone"))
+        asyncio.run(node.upkeep.collect_garbage(set(), running=lambda pod_id: False))
+        expected_op, step = "gc-del", "del"
+    elif operation == "recover":
+        node.intents.write(Intent(POD, str(tmp_path / "gone"), [net]))
+        asyncio.run(node.upkeep.recover(node.intents.load(POD)))
+        expected_op, step = "recover", "recover"
+    else:
+        node.intents.write(Intent(POD, str(tmp_path / "gone"), [net]))
+        report = asyncio.run(node.upkeep.collect_garbage(set(), running=lambda pod_id: False))
+        expected_op, step = "gc-rollback", "rollback"
+        failed = delete == BUSY
+        assert report["rolledBack"] == ([] if failed else [POD])
+        assert [e.split(":")[0] for e in report["errors"]] == ([f"rollback of pod {POD}"] if failed else [])
+    (record,) = node.records
+    passed = delete == b""
+    assert _told(record) == (
+        expected_op,
+        [("net-a", "eth0", step)],
+        1 if passed else 0,
+        None if passed else 11,
+    )
