@@ -78,10 +78,15 @@ def pause_alive(pid: int) -> bool:
         return False
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+            return stat_runs(f.read())
     except OSError:
         return False
-    end = stat.rfind(b")")  # the command may hold spaces and parentheses: the state follows the last
+
+
+def stat_runs(stat: bytes) -> bool:
+    """A /proc/PID/stat line says its process runs: the state after the command (the last `)`:
+    a command may hold spaces and parentheses) is there and is neither zombie (Z) nor dead (X)."""
+    end = stat.rfind(b")")
     return end > 0 and stat[end + 2 : end + 3] not in (b"Z", b"X", b"")
 
 

@@ -19,7 +19,16 @@ from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 from nri_cni.pod.oprecord import OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
-from nri_cni.pod.upkeep import Upkeep, all_netns_gone, by_pod, gc_parallel, pod_of
+from nri_cni.pod.upkeep import (
+    Upkeep,
+    all_netns_gone,
+    by_pod,
+    gc_parallel,
+    netns_gone,
+    pause_alive,
+    pod_of,
+    stat_runs,
+)
 
 POD, OTHER = "a" * 64, "b" * 64
 CONFLIST = {"cniVersion": "1.1.0", "name": "net-a", "plugins": [{"type": "up-a"}]}
@@ -140,10 +149,10 @@ def test_recover_rolls_back_an_interrupted_add(tmp_path):
 @pytest.mark.parametrize("running, deleted", [(False, True), (True, False)])
 def test_gc_keeps_a_valid_pod_whose_netns_path_is_gone_only_while_it_runs(tmp_path, running, deleted):
     """The pod is valid (the runtime lists it) and its netns path is gone; the two cases are
-    each other's control: only whether its pause process runs differs."""
+    each other's control: only whether its pause process runs differs (asked by the pod's id)."""
     node = Node(tmp_path)
     node.attach(POD, str(tmp_path / "gone"))
-    report = asyncio.run(node.upkeep.collect_garbage({POD}, running=lambda pod_id: running))
+    report = asyncio.run(node.upkeep.collect_garbage({POD}, running=lambda pod_id: running and pod_id == POD))
     assert report["deleted"] == ([f"net-a/{POD}/eth0"] if deleted else [])
     assert node.cached() == ([] if deleted else [POD])
 
@@ -243,3 +252,58 @@ def test_each_upkeep_operation_tells_its_op_record_what_it_did(tmp_path, operati
         1 if passed else 0,
         None if passed else 11,
     )
+
+
+@pytest.mark.parametrize(
+    "stat, runs",
+    [
+        (b"12 (pause) S 1 12", True),
+        (b"12 (pause) Z 1 12", False),  # control: the same, a zombie
+        (b"12 (pause) X 1 12", False),  # dead
+        (b"12 (a) Z b) S 1 12", True),  # the state follows the command's last parenthesis
+        (b"12 (pause)", False),  # no state: nothing said
+        (b"", False),
+        (b") S", False),  # no pid before the command: not a stat line
+        (b"1) S", True),  # control: one byte before it
+    ],
+)
+def test_stat_runs(stat, runs):
+    assert stat_runs(stat) is runs
+
+
+def test_pause_alive_reads_any_pid_but_the_unknown_0():
+    """PID 1 runs in every PID namespace; 0 is NRI's "unknown"."""
+    assert pause_alive(1) is True
+    assert pause_alive(0) is False
+
+
+def test_a_relative_netns_path_says_nothing_even_where_its_folder_exists(tmp_path, monkeypatch):
+    """Control: the same path made absolute is gone."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "netns").mkdir()
+    assert netns_gone("netns/cni-1") is False
+    assert netns_gone(str(tmp_path / "netns" / "cni-1")) is True
+
+
+@pytest.mark.parametrize(
+    "netns, running, asked",
+    [
+        ("present", False, 1),  # valid, its netns there: no candidate
+        ("gone", True, 1),  # valid, its path gone, but its pause process runs: no candidate
+        ("gone", False, 2),  # control: valid, its path gone, nothing runs: a candidate
+    ],
+)
+def test_gc_takes_no_valid_pod_whose_netns_is_there_or_that_runs(tmp_path, netns, running, asked):
+    """A candidate is asked about again under its lock: valid() is called once for the snapshot
+    and once more per candidate. Each row differs from the control in one input."""
+    (tmp_path / "present").write_text("")
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / netns))
+    calls: list[int] = []
+
+    def valid() -> set[str]:
+        calls.append(1)
+        return {POD}
+
+    asyncio.run(node.upkeep.collect_garbage(valid, running=lambda pod_id: running and pod_id == POD))
+    assert len(calls) == asked
