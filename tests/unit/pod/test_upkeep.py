@@ -168,7 +168,8 @@ def test_gc_keeps_a_valid_pod_whose_netns_path_is_gone_only_while_it_runs(tmp_pa
 )
 def test_gc_asks_again_under_the_pods_lock(tmp_path, valid_again, netns, running, deleted):
     """The pod is stale when GC lists the stale pods; under its lock GC asks the valid set again.
-    Control cases: each row differs from the one above in one input, and the outcome flips."""
+    Control cases: each row differs from the one above in one input, and the outcome flips.
+    `running` is asked by the pod's id."""
     (tmp_path / "present").write_text("")
     node = Node(tmp_path)
     node.attach(POD, str(tmp_path / netns))
@@ -178,7 +179,7 @@ def test_gc_asks_again_under_the_pods_lock(tmp_path, valid_again, netns, running
         asked.append(1)
         return {POD} if valid_again and len(asked) > 1 else set()
 
-    report = asyncio.run(node.upkeep.collect_garbage(valid, running=lambda pod_id: running))
+    report = asyncio.run(node.upkeep.collect_garbage(valid, running=lambda pod_id: running and pod_id == POD))
     assert report["deleted"] == ([f"net-a/{POD}/eth0"] if deleted else [])
     assert node.cached() == ([] if deleted else [POD])
 
@@ -307,3 +308,13 @@ def test_gc_takes_no_valid_pod_whose_netns_is_there_or_that_runs(tmp_path, netns
 
     asyncio.run(node.upkeep.collect_garbage(valid, running=lambda pod_id: running and pod_id == POD))
     assert len(calls) == asked
+
+
+def test_without_running_gc_takes_nothing_as_running(tmp_path):
+    """A caller that knows no pause process (a tool): a valid pod whose netns is gone is DELed.
+    Control: test_gc_keeps_a_valid_pod_whose_netns_path_is_gone_only_while_it_runs, where the
+    caller says it runs, keeps it."""
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / "gone"))
+    report = asyncio.run(node.upkeep.collect_garbage({POD}))
+    assert report["deleted"] == [f"net-a/{POD}/eth0"]
