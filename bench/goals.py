@@ -150,6 +150,16 @@ def met(key: str, value: float | None) -> str:
     return YES if goal.test(value) else NO
 
 
+def met_ratio(key: str, figure: float, anchor: float) -> str:
+    """The verdict of the ratio figure / anchor, both measured. An anchor <= 0 (a difference of
+    two timings that noise swamped, e.g. on a loaded machine) gives no ratio: the goal is not
+    shown (NO), and the row was measured all the same (never "not measured")."""
+    goal = GOALS[key]
+    if goal.text == NO_GOAL:
+        return NO_GOAL
+    return met(key, figure / anchor) if anchor > 0 else NO
+
+
 def strict_failures(verdicts: Iterable[tuple[str, str]]) -> list[str]:
     """The figures (figure, met) that make `--strict` fail: a goal missed, a bench failed, a
     row with a goal that was not measured."""
