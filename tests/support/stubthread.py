@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nri_cni.api import nri_pb2
+from nri_cni.daemon.nri_answer import pod_info
 from tests.support.nri_runtime import STOP, TEARDOWN, RuntimeKind, pod_at_event
 
 T = TypeVar("T")
@@ -30,18 +31,16 @@ class PodRecord:
 
 
 def pod_record(pod: Any) -> PodRecord:
-    """The fields the tests look at, from an nri_cni.api PodSandbox."""
-    netns = ""
-    for ns in pod.linux.namespaces:
-        if ns.type == "network":
-            netns = ns.path
+    """The fields the tests look at, from an nri_cni.api PodSandbox (read as the daemon reads
+    an NRI event: nri_cni/daemon/nri_answer.py's pod_info)."""
+    info = pod_info(pod)
     return PodRecord(
-        id=pod.id,
-        name=pod.name,
-        namespace=pod.namespace,
-        uid=pod.uid,
-        netns=netns,
-        netns_exists=bool(netns) and os.path.exists(netns),
+        id=info.id,
+        name=info.name,
+        namespace=info.namespace,
+        uid=info.uid,
+        netns=info.netns,
+        netns_exists=bool(info.netns) and os.path.exists(info.netns),
         ips=tuple(pod.ips),
         pid=pod.pid,
     )
