@@ -20,7 +20,7 @@ pod by pod (bench_pods.py's alternation and checks: CRI IP in eth0's subnet, the
 interface with an address, no cache entry or lease left). Shim mode, not secondary: in
 secondary mode containerd's own CNI makes eth0 before the NRI call, so nri-cni's two networks
 could only start after it; in shim mode nri-cni makes all three, as containerd does. The figure:
-RunPodSandbox median shim / containerd (goal <= 1.0).
+RunPodSandbox median shim / containerd (goal `attach3`, bench/goals.py).
 
   sudo ./.venv/bin/python bench/bench_attach.py --pods 20 [--containerd]
 """

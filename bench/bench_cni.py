@@ -23,7 +23,7 @@ in that same loop.
 
 Output: per chain and verb, the medians, the median of the per-pod ratios nri-cni/floor, and
 for the noop chain nri-cni's own cost per plugin call (median of per-pod differences / 3).
-Targets: ratio <= 1.03 on the real chain, own cost < 0.3 ms per call.
+Goals: `cni_floor`, `cni_libcni` and `own_call` in bench/goals.py.
 
 Everything the bench makes (netns, bridge, veths, iptables rules, host-local reservations,
 cache, temp dir) is removed at the end, also on failure or Ctrl-C. Needs root.
@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.goals import GOALS, met  # noqa: E402
 from nri_cni.cli.gctune import tune_gc  # noqa: E402
 from tests.support.bin_dir import REAL_PLUGINS  # noqa: E402
 from tests.support.firewall import iptables_lines, remove_cni_scaffolding  # noqa: E402
@@ -558,7 +559,7 @@ def measure(args) -> dict:
                 lo, hi = real[verb]["median_paired_ratio_ci95"]
                 print(
                     f"{chain} {verb}: median ratio nri-cni/floor {r:.3f} (95% CI {lo:.3f}-{hi:.3f}; "
-                    f"{'ok' if r <= 1.03 else 'ABOVE'} target 1.03)"
+                    f"goal `cni_floor` {GOALS['cni_floor'].text}: {met('cni_floor', r)})"
                 )
         for chain in ("noop", "noop-tmpfs"):
             noop = report["chains"].get(chain, {}).get("summary")
@@ -568,7 +569,7 @@ def measure(args) -> dict:
                 c = noop[verb]["own_ms_per_call"]
                 print(
                     f"{chain} {verb}: nri-cni own cost {c:.3f} ms per plugin call "
-                    f"({'ok' if c < 0.3 else 'ABOVE'} target 0.3)"
+                    f"(goal `own_call` {GOALS['own_call'].text}: {met('own_call', c)})"
                 )
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))

@@ -27,7 +27,7 @@ work (an NRI call past its timeout) cannot look fast. No FINALIZE drop-ins are i
 plain network work is compared. Pods have no port mappings unless --host-ports is given (then
 one per pod, bound to the bridge's gateway address, like bench_cni.py).
 
-Output: per mode medians and p90 (ms); part 1 the median ratio shim/native (target <= 1.10) and
+Output: per mode medians and p90 (ms); part 1 the median ratio shim/native (information, no goal) and
 the median of the per-pod ratios; part 2 the medians and the difference secondary - native2.
 
 Everything the bench makes (containerd instances and their pods, nri-cni daemons, bridges,

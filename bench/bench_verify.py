@@ -27,7 +27,7 @@ Then, alternating round by round so that drift of the machine hits all alike:
                  expectations built, netlink, verdicts written
 
 Output: per method the median round time over --rounds rounds (after one warm-up round), the
-per-pod cost, and the ratio of each baseline to `pool`. Goal: `pool` well under 1 s for 500.
+per-pod cost, and the ratio of each baseline to `pool`. Goal `verify` (bench/goals.py): `pool` for 500 pods.
 Then the addresses of 5 pods are flushed and one more round must find exactly those 5.
 
 Everything made is removed at the end, also on failure, Ctrl-C or SIGTERM. Needs root.

@@ -4,6 +4,7 @@ measured."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,35 @@ def test_a_ratio_over_a_noisy_anchor_is_measured_and_not_met(figure, anchor, ver
     measured (CI fails on "not measured", meaning a missing part), its goal is not shown."""
     assert goals.met_ratio("secondary_extra", figure, anchor) == verdict
     assert goals.met_ratio("secondary_extra", figure, anchor) != goals.NOT_MEASURED
+
+
+# a goal stated in a bench's code or docstring ("target 1.03", "(goal <= 1.5x)"); naming a goal
+# by its key (goal `gc`) and printing GOALS[key].text is how a bench states one
+_STATED_IN_CODE = re.compile(r"(?i)\b(?:goal|target)s?\b:?\s*(?:[<>]=?|≤|≥)?\s*[+]?\d")
+
+
+def _stated_in_code(text: str) -> list[str]:
+    return [m.group(0) for m in _STATED_IN_CODE.finditer(text)]
+
+
+@pytest.mark.parametrize(
+    ("line", "found"),
+    [
+        ('f"({"ok" if r <= 1.03 else "ABOVE"} target 1.03)"', True),
+        ('f"nri-cni {x:.2f}x as fast (goal >= 2.5x)"', True),
+        ("cost. Goal < 1 s.", True),
+        ('f"(goal `gc` {GOALS["gc"].text})"', False),  # the control: named by its key
+        ("Goal `verify_cadence`.", False),
+    ],
+)
+def test_a_goal_stated_in_a_bench_is_found(line, found):
+    assert bool(_stated_in_code(line)) is found
+
+
+def test_the_benches_state_no_goal_of_their_own():
+    stated = {
+        p.name: hits
+        for p in sorted((ROOT / "bench").glob("*.py"))
+        if p.name != "goals.py" and (hits := _stated_in_code(p.read_text()))
+    }
+    assert stated == {}
