@@ -87,6 +87,18 @@ class Scene:
         self.pool.shutdown()
 
 
+def _kill_during_stop(scene: Scene, victim: str) -> None:
+    """A pod stop whose DEL plugin is held when nri-cni is killed; then nri-cni starts again."""
+    scene.checker.learn()
+    scene.rnode.block.arm()
+    stopping = scene.in_background(scene.ctd.cri.stop_pod, victim)
+    scene.kill_while_blocked(scene.rnode.block.wait_blocked("DEL", victim))
+    with pytest.raises(grpc.RpcError):
+        stopping.result(60)  # the NRI stop (or the shim's DEL) lost its daemon
+    assert any(victim in f for f in scene.rnode.cache_files())  # what the next DEL works from
+    scene.restarted()
+
+
 def _kill_during_add(scene: Scene, command: str) -> str:
     """A pod creation whose `command` (ADD or FINALIZE) is held when nri-cni is killed."""
     rnode = scene.rnode
@@ -148,15 +160,7 @@ def test_kill9_while_a_del_plugin_runs(rnode):
     scene = Scene(rnode, podnet)
     victim = rnode.run_pod(_victim_name())
     scene.checker.add_markers(victim, *scene.ctd.cri.pod_status(victim).ips)
-    scene.checker.learn()
-    rnode.block.arm()
-    stopping = scene.in_background(scene.ctd.cri.stop_pod, victim)
-    blocked = rnode.block.wait_blocked("DEL", victim)
-    scene.kill_while_blocked(blocked)
-    with pytest.raises(grpc.RpcError):
-        stopping.result(60)  # the NRI stop (or the shim's DEL) lost its daemon
-    assert any(victim in f for f in rnode.cache_files())  # what the next DEL works from
-    scene.restarted()
+    _kill_during_stop(scene, victim)
     rnode.remove_pod(victim)  # kubelet retries the stop: now it goes through
     scene.assert_truth(victim)
 
@@ -182,14 +186,7 @@ def test_kill9_while_a_del_plugin_runs_with_containers(rnode):
     assert sorted(os.listdir(status_dirs)) == sorted([keeper, victim])
     for pod in (keeper, victim):
         scene.checker.add_markers(pod, *scene.ctd.cri.pod_status(pod).ips)
-    scene.checker.learn()
-    rnode.block.arm()
-    stopping = scene.in_background(scene.ctd.cri.stop_pod, victim)
-    blocked = rnode.block.wait_blocked("DEL", victim)
-    scene.kill_while_blocked(blocked)
-    with pytest.raises(grpc.RpcError):
-        stopping.result(60)
-    scene.restarted()
+    _kill_during_stop(scene, victim)
 
     after_cid, after = status_reading_container(scene.ctd.cri, keeper, keeper_sandbox, image)
     assert after == before
