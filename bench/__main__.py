@@ -500,7 +500,7 @@ def run_ttrpc(size: dict) -> list[Row]:
 def run_containers(size: dict) -> list[Row]:
     from bench import bench_containers
 
-    rep = bench_containers.measure(Namespace(**size))
+    rep = bench_containers.measure(Namespace(adjusted="all", **size))
     adj, plain = rep["adjusted"], rep["plain"]
     return [
         Row(
