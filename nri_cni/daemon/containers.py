@@ -145,7 +145,8 @@ class ContainerNetworks:
     def _remake(self, pod_id: str) -> PodAdjustment:
         """The pod's record made again from the cache and the config in force; its file written
         when its content changed. A failure leaves the pod without a record (the next container
-        tries again)."""
+        tries again). A pod id that could name a path gets none."""
+        validate.check_id(pod_id, "pod id")
         old = self._pods.pop(pod_id, None)
         cfg = self.source.current
         resolved: dict[str, str] = {}

@@ -328,6 +328,14 @@ def test_a_synchronize_forgets_the_kept_adjustment_of_a_pod_without_a_directory(
     assert not w.containers.adjust(POD, "default/web").empty
 
 
+def test_a_pod_id_that_could_name_a_path_gets_no_record(tmp_path):
+    w = World(tmp_path)
+    with pytest.raises(NriCniError, match="not a valid id"):
+        w.containers.adjust("../" + POD, "default/web")  # even without attachments
+    w.containers.retain(set())  # a Synchronize has nothing to trip on
+    assert w.reads == Counter()
+
+
 def test_a_failed_write_keeps_nothing(tmp_path, caplog):
     w = World(tmp_path)
     w.held[POD] = [entry(POD, "eth0", "podnet", "0a:00:00:00:00:01")]
