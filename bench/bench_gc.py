@@ -289,7 +289,8 @@ def why_add(rep: dict) -> str:
     mid = sorted(rep["nri"], key=lambda r: r["busy_add_ms"])[len(rep["nri"]) // 2]
     return (
         f"{head}; the median one: {mid['busy_add_before_op_ms']:.0f} ms until the operation began, "
-        f"plugins {mid['busy_add_plugins']} beside {mid['dels_during_add']:.0f} pods' DELs in progress "
+        f"plugins {mid['busy_add_plugins']} beside {mid['dels_during_add']:.0f} pods' DELs begun (GC starts "
+        "no plugin of theirs while a pod operation waits or runs, and one a turn of its event loop) "
         f"(idle {mid['idle_add_plugins']}): the CPUs and the kernel shared with the GC plugins "
         "already running when it came"
     )

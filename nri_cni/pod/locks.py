@@ -6,6 +6,8 @@
   lock (`pod(pod_id, gc=True)`), beside the operations on live pods.
 - GC yields to pods (`gc_slot`): while a pod operation waits or runs, GC starts no plugin; an
   operation waiting for a pod lock GC holds is no reason (GC's DEL of that pod must end first).
+  GC starts at most one plugin per turn of the event loop, so that a pod's request is read
+  between two of them.
 - GC's plugin verb runs alone (`exclusive`): it waits for every pod operation in flight, and new
   pod operations wait for it. A waiting GC holds back new pod operations so that a busy node
   cannot starve it.
@@ -108,9 +110,23 @@ class PodLocks:
         """A slot for one plugin exec of GC's: `parallel` at a time, none while a pod operation
         is in flight (`operations_in_flight`). GC's DELs and a pod's ADD share the CPUs and the
         kernel's locks (RTNL, iptables'): a live pod comes first, GC's plugins already started
-        run on, and GC starts its next plugin when no operation is left."""
+        run on, and GC starts its next plugin when no operation is left.
+
+        One slot per turn of the event loop: the slot is given after a turn taken under the
+        condition's lock (the other GC tasks queue behind it), so that the loop reads its
+        sockets between two of GC's plugin starts and a pod's request that came meanwhile is
+        counted before GC starts another (GC's first `parallel` plugins, started in one go, kept
+        a RunPodSandbox that came meanwhile unread until the last of them had started)."""
+
+        def free() -> bool:
+            return self._gc_slots < parallel and not self.operations_in_flight()
+
         async with self._cond:
-            await self._cond.wait_for(lambda: self._gc_slots < parallel and not self.operations_in_flight())
+            while True:
+                await self._cond.wait_for(free)
+                await asyncio.sleep(0)  # the turn: new requests are read, their operations counted
+                if free():
+                    break
             self._gc_slots += 1
         try:
             yield

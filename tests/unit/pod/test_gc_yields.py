@@ -101,3 +101,43 @@ def test_gc_starts_no_del_while_a_pod_operation_waits_or_runs(tmp_path, operatio
     assert len(dels) == 3
     before = order[: order.index(OP_ENDS)]
     assert sum(e.startswith("DEL ") for e in before) == dels_before_it_ends
+
+
+@pytest.mark.parametrize(
+    "arrives, dels_before_it_ends",
+    [
+        # one plugin a turn: an operation two turns after GC began finds one started (started
+        # in one go, GC's first plugins would be both of its `parallel` 2)
+        (2, 1),
+        (None, 3),  # control: no operation, GC DELs every stale pod (its `parallel` slots, then more)
+    ],
+)
+def test_gc_starts_one_plugin_a_turn_so_an_operation_that_comes_meanwhile_is_counted(
+    tmp_path, arrives, dels_before_it_ends
+):
+    """GC's first plugins are not started in one go (as many as `parallel`, each without a turn
+    of the loop between them): a pod's request the loop reads meanwhile stops the rest."""
+    order: list[str] = []
+    upkeep = _upkeep(tmp_path, order)
+
+    async def scenario() -> None:
+        locks = PodLocks()
+        release = asyncio.Event()
+
+        async def op() -> None:
+            for _ in range(arrives or 0):
+                await asyncio.sleep(0)
+            async with locks.pod("live"):
+                await release.wait()
+
+        gc = asyncio.create_task(upkeep.collect_garbage(set(), locks))
+        ops = [asyncio.create_task(op())] if arrives is not None else []
+        await _turns(gc.done)
+        order.append(OP_ENDS)
+        release.set()
+        await asyncio.gather(*ops)
+        await gc
+
+    asyncio.run(scenario())
+    before = order[: order.index(OP_ENDS)]
+    assert sum(e.startswith("DEL ") for e in before) == dels_before_it_ends
