@@ -125,8 +125,7 @@ def _named(chosen: list[_Chosen], primary: PrimaryNetwork) -> list[Selected]:
             counter += 1
             while f"net{counter}" in used:
                 counter += 1
-            ifname = f"net{counter}"
-            used.add(ifname)
+            ifname = f"net{counter}"  # counter only grows: never made twice
         out.append(Selected(network=net, ifname=ifname, capability_args=caps))
     seen: set[str] = set()
     for sel in out:
@@ -181,8 +180,7 @@ def _parse_json(text: str) -> list[_Request]:
         items = jsonlimits.loads(text, max_bytes=MAX_ANNOTATION_BYTES)
     except ValueError as exc:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION} is not valid JSON: {exc}") from None
-    if not isinstance(items, list):
-        raise AnnotationRefused(f"{NETWORKS_ANNOTATION} must be a JSON list")
+    # JSON text that starts with "[" (parse_annotation's test) is a list when it parses at all
     out = []
     for i, obj in enumerate(items):
         where = f"{NETWORKS_ANNOTATION}[{i}]"
