@@ -174,6 +174,8 @@ def test_annotation_forms_parse_to_requests(value, expected):
         ('[{"name": "fast", "namespace": "a/b"}]', f"{ANN}[0]: namespace 'a/b' is not valid"),
         ('[{"name": "fast", "interface": "a/b"}]', f"{ANN}[0]: interface name 'a/b' has '/'"),
         ('[{"name": "fast", "mac": 5}]', f"{ANN}[0]: mac '5' is not a MAC address"),
+        # a line break after it: `$` would let it through (control: the same MAC without it, above)
+        ('[{"name": "fast", "mac": "0A:0b:00:00:00:01\\n"}]', f"{ANN}[0]: mac '0A:0b:00:00:00:01\\n' is not"),
         (
             '[{"name": "fast", "mac": "02:00:00:00:00"}]',
             f"{ANN}[0]: mac '02:00:00:00:00' is not a MAC address",
