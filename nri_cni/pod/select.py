@@ -24,7 +24,7 @@ MAX_ANNOTATION_BYTES = 64 * 1024
 MAX_REQUESTED_NETWORKS = 32
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
-_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 # Keys of a JSON selection element that nri-cni understands; anything else is refused rather
 # than silently ignored, so a user never believes an option took effect when it did not.
 _JSON_KEYS = {"name", "namespace", "interface", "ips", "mac"}
@@ -125,8 +125,7 @@ def _named(chosen: list[_Chosen], primary: PrimaryNetwork) -> list[Selected]:
             counter += 1
             while f"net{counter}" in used:
                 counter += 1
-            ifname = f"net{counter}"
-            used.add(ifname)
+            ifname = f"net{counter}"  # counter only grows: never made twice
         out.append(Selected(network=net, ifname=ifname, capability_args=caps))
     seen: set[str] = set()
     for sel in out:
@@ -181,8 +180,7 @@ def _parse_json(text: str) -> list[_Request]:
         items = jsonlimits.loads(text, max_bytes=MAX_ANNOTATION_BYTES)
     except ValueError as exc:
         raise AnnotationRefused(f"{NETWORKS_ANNOTATION} is not valid JSON: {exc}") from None
-    if not isinstance(items, list):
-        raise AnnotationRefused(f"{NETWORKS_ANNOTATION} must be a JSON list")
+    # JSON text that starts with "[" (parse_annotation's test) is a list when it parses at all
     out = []
     for i, obj in enumerate(items):
         where = f"{NETWORKS_ANNOTATION}[{i}]"
@@ -209,7 +207,7 @@ def _parse_json(text: str) -> list[_Request]:
             caps["ips"] = _check_ips(obj["ips"], where)
         if "mac" in obj:
             mac = obj["mac"]
-            if not isinstance(mac, str) or not _MAC.match(mac):
+            if not isinstance(mac, str) or not _MAC.fullmatch(mac):
                 raise AnnotationRefused(f"{where}: mac {validate.quote(mac)} is not a MAC address")
             caps["mac"] = mac
         out.append(_Request(name=name, namespace=namespace, interface=ifname, capability_args=caps))

@@ -15,6 +15,7 @@ from nri_cni.nri.plugin_service import RUNTIME_SERVICE
 from nri_cni.nri.stub import Stub, check_identity, launch_identity
 from nri_cni.nri.trunk import Trunk
 from nri_cni.ttrpc import TtrpcClient, TtrpcServer
+from nri_cni.ttrpc.server import request_deadline
 from tests.support.nri_runtime import NriRuntime
 
 
@@ -707,3 +708,77 @@ def test_a_preregistered_stub_serves_its_inherited_socket(arun, monkeypatch):
             await runtime.stop()
 
     arun(main())
+
+
+def test_the_default_backoff_starts_at_a_fifth_of_a_second_and_doubles_to_five(arun, sock_dir, monkeypatch):
+    """The daemon's stub (nri_cni/daemon/app.py gives no backoff) waits 0.2 s after a failed
+    attempt, then twice as long each time, up to 5 s. Each wait is recorded and then cut short
+    (no time passes). Control case: test_the_backoff_doubles_up_to_its_longest, where the given
+    bounds replace these."""
+    stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"))
+    backoffs: list[float] = []
+    enough = asyncio.Event()
+    wait_for = asyncio.wait_for
+
+    def recording(aw, timeout):
+        frame = getattr(aw, "cr_frame", None)
+        if frame is not None and frame.f_locals.get("self") is stub._stopping:
+            backoffs.append(timeout)
+            if len(backoffs) == 7:
+                enough.set()
+            timeout = 0
+        return wait_for(aw, timeout)
+
+    async def main():
+        task = asyncio.create_task(stub.run())
+        await enough.wait()
+        await stub.stop()
+        await task
+
+    monkeypatch.setattr(asyncio, "wait_for", recording)
+    arun(main())
+    assert backoffs[:7] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+
+
+@pytest.mark.parametrize("given, deadline", [(None, 5.0), (0.5, 0.5)])
+def test_the_registration_carries_its_timeout_as_its_deadline(arun, sock_dir, given, deadline):
+    """RegisterPlugin goes out with the stub's registration timeout as the request's deadline:
+    5 s unless one is given. The two cases are each other's control: only the argument differs."""
+
+    async def main():
+        seen: list[float] = []
+        registered = asyncio.Event()
+
+        async def register(payload: bytes) -> bytes:
+            seen.append(request_deadline().timeout)
+            registered.set()
+            return b""
+
+        loop = asyncio.get_running_loop()
+        server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
+        path = str(sock_dir / "nri.sock")
+        listener = await loop.create_unix_server(
+            lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path
+        )
+        kw = {} if given is None else {"registration_timeout": given}
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=path, **kw)
+        task = asyncio.create_task(stub.run())
+        try:
+            await registered.wait()
+            assert seen == [deadline]
+        finally:
+            await stub.stop()
+            await task
+            listener.close()
+            await listener.wait_closed()
+
+    arun(main())
+
+
+def test_before_any_configure_the_stub_knows_no_runtime():
+    """What the daemon reports (and takes its NRI deadline from) before the runtime configured
+    it: no name, no version, no timeouts. Control case: test_handshake, where Configure set them."""
+    stub = Stub(Recorder(), name="x", idx="01", socket_path="/nonexistent")
+    assert (stub.runtime_name, stub.runtime_version, stub.config) == ("", "", "")
+    assert (stub.request_timeout_ms, stub.registration_timeout_ms) == (0, 0)
+    assert not stub.registered.is_set() and not stub.synchronized.is_set() and not stub.preregistered
