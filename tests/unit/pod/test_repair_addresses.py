@@ -124,6 +124,7 @@ def test_a_repair_of_a_chain_that_cannot_be_asked_for_addresses_touches_nothing(
         ("fd77:77::4:1 is not available", ""),  # a longer address (a colon after)
         ("10.77.0.8.1 is not available", ""),  # a longer dotted string
         ("10.77.0.80 and 10.77.0.8 are not available", "10.77.0.8"),  # the second mention counts
+        ("10.77.0.8 and 10.77.0.80 are not available", "10.77.0.8"),  # the first, a longer one after
         ("not available: 10.77.0.8", "10.77.0.8"),  # at the very end
         ("10.77.0.8 cannot be parsed", ""),  # no refusal word: control case of the first row
         ("not available: 10.77.0.9", ""),  # another address: nothing asked is refused
