@@ -182,3 +182,40 @@ def test_host_macs_as_now_without_an_interface_list():
 
     prev = {"cniVersion": "1.1.0", "interfaces": "eth0"}
     assert host_macs_as_now(prev) is prev
+
+
+@pytest.mark.parametrize("depth, expected", [(8, "10.77.0.8"), (9, "")])
+def test_a_refusal_is_read_up_to_8_errors_deep(depth, expected):
+    """The refusal is the innermost of a chain of causes `depth` long: read up to the 8th (a
+    chain that loops ends). Control case: one error more and it is not read."""
+    from nri_cni.errors import NriCniError
+    from nri_cni.pod.repair import _refused_address
+
+    inner: BaseException = ValueError("10.77.0.8 already in use")
+    for _ in range(depth - 2):  # errors whose text is their own only
+        outer = ValueError("wrapped")
+        outer.__cause__ = inner
+        inner = outer
+    exc = NriCniError("ADD of podnet failed")
+    exc.__cause__ = inner
+    assert _refused_address(exc, [("10.77.0.8/24",)]) == expected
+
+
+def test_a_cause_chain_that_loops_ends():
+    from nri_cni.errors import PodError
+    from nri_cni.pod.repair import _refused_address
+
+    exc = PodError("ADD of podnet failed")
+    exc.__cause__ = exc
+    assert _refused_address(exc, [("10.77.0.8/24",)]) == ""
+
+
+@pytest.mark.parametrize(
+    "address, plain_address",
+    [("10.77.0.8/24", "10.77.0.8"), ("10.77.0.8", "10.77.0.8"), ("fd77::4/64", "fd77::4"), ("a/b/c", "a")],
+)
+def test_plain_is_the_address_before_its_first_slash(address, plain_address):
+    """Control case: the last row (two slashes: the part before the first)."""
+    from nri_cni.pod.repair import plain
+
+    assert plain(address) == plain_address
