@@ -137,7 +137,7 @@ class Repairer:
                 t0 = time.perf_counter()
                 await self.rollback.delete_entry(entry, netns=pod.netns, observe=record)
                 record.step(entry.network_name, entry.ifname, "del", t0)
-            request = AttachRequest(ips=dict(ips), op="repair")
+            request = AttachRequest(ips=dict(ips))
             try:
                 return await self.attacher.attach(pod, list(selected), request, record, runtime_primary)
             except NriCniError as exc:

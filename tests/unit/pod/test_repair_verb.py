@@ -6,6 +6,7 @@ it passes or the chain has no CHECK, else the plugin's error). In-process plugin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -23,6 +24,8 @@ from tests.support.pods import pod_plan
 
 POD = "c7" * 32
 RESULT = {"cniVersion": "1.1.0", "ips": [{"address": "10.79.0.2/24"}]}
+# a network namespace any user can name: the pod's path of now, where the cache has another
+NETNS_NOW = "/proc/self/ns/net"
 
 
 def _error(code: int, msg: str) -> Ended:
@@ -96,7 +99,8 @@ def _net(name: str) -> dict:
 def test_a_repair_dels_the_damaged_last_attached_first_adds_them_back_and_says_so(tmp_path, held_by_other):
     """A pod with eth0 and net1, both damaged: the repair DELs net1 then eth0 (the reverse of
     the attach order), ADDs both asking for their addresses, and its op record says what was
-    wrong, what was asked and each step. Control: eth0's address held by another pod -> the
+    wrong, what was asked and each step (its plugin calls too), in the pod's netns of now, the
+    ADDs asking for the addresses. Control: eth0's address held by another pod -> the
     repair touches nothing (IpTaken), its record says so, with no step."""
 
     def add(call) -> bytes:
@@ -127,7 +131,8 @@ def test_a_repair_dels_the_damaged_last_attached_first_adds_them_back_and_says_s
         keys = [e.key for e in entries]
         selected = repair_selection(plan.expected(pod, primary), entries, keys)
         fake.calls.clear()
-        await plan.repair(pod, selected=selected, damaged=entries, ips=ips, wrong=["both damaged"])
+        now = dataclasses.replace(pod, netns=NETNS_NOW)
+        await plan.repair(now, selected=selected, damaged=entries, ips=ips, wrong=["both damaged"])
 
     if held_by_other:
         with pytest.raises(IpTaken):
@@ -150,3 +155,17 @@ def test_a_repair_dels_the_damaged_last_attached_first_adds_them_back_and_says_s
         assert calls[:2] == [("DEL", "net1"), ("DEL", "eth0")]
         assert sorted(c for c in calls if c[0] == "ADD") == [("ADD", "eth0"), ("ADD", "net1")]
         assert all("at" in n and "ms" in n for n in record.networks)  # each step timed
+        assert {(c.command, c.env["CNI_NETNS"]) for c in fake.calls} == {
+            ("DEL", NETNS_NOW),
+            ("ADD", NETNS_NOW),
+        }
+        assert [(p["command"], p["network"]) for p in record.plugins][:2] == [
+            ("DEL", "second"),
+            ("DEL", "podnet"),
+        ]
+        asked = {
+            c.env["CNI_IFNAME"]: json.loads(c.stdin)["runtimeConfig"]["ips"]
+            for c in fake.calls
+            if c.command == "ADD"
+        }
+        assert asked == {"eth0": ["10.79.0.2/24"], "net1": ["10.79.0.3/24"]}
