@@ -23,7 +23,11 @@ from nri_cni.service.modes import mode_for
 from tests.support.pods import pod_plan
 
 POD = "c7" * 32
-RESULT = {"cniVersion": "1.1.0", "ips": [{"address": "10.79.0.2/24"}]}
+RESULT = {
+    "cniVersion": "1.1.0",
+    "interfaces": [{"name": "lo", "mac": "aa:bb:cc:dd:ee:ff"}],  # a host-side link: its MAC as now
+    "ips": [{"address": "10.79.0.2/24"}],
+}
 # a network namespace any user can name: the pod's path of now, where the cache has another
 NETNS_NOW = "/proc/self/ns/net"
 
@@ -44,7 +48,12 @@ def _check(tmp_path, version: str, check: Ended | bytes, *, netns: str = "/run/n
     )
     plan.cni.cache.write(entry)
     said = asyncio.run(plan.check_entry(entry, netns))
-    return said, [c.env["CNI_NETNS"] for c in fake.calls if c.command == "CHECK"]
+    checks = [c for c in fake.calls if c.command == "CHECK"]
+    # the prevResult each CHECK got: the host-side link with the MAC it has now (the loopback's)
+    assert all(
+        json.loads(c.stdin)["prevResult"]["interfaces"][0]["mac"] == "00:00:00:00:00:00" for c in checks
+    )
+    return said, [c.env["CNI_NETNS"] for c in checks]
 
 
 @pytest.mark.parametrize(

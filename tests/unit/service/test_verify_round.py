@@ -201,7 +201,7 @@ def test_a_repair_never_takes_an_address_another_pod_holds(tmp_path, holder_ip, 
     seen = [(a.network, a.ifname, a.finding) for a in health.attachments]
     if code is BrokenCode.IP_TAKEN:
         assert w.fake.commands() == ["ADD", "CHECK"]
-        assert f"its address {IP} now belongs to pod {OTHER[:12]}" in health.reason
+        assert f"its address {IP} now belongs to pod {OTHER[:12]}: never taken" in health.reason
         assert seen == [("podnet", "eth0", "link-missing")]
     else:
         assert w.fake.commands() == ["ADD", "CHECK", "DEL", "ADD"]
