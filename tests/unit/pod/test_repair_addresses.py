@@ -5,6 +5,8 @@ address an IPAM refusal names, and a chain that cannot be asked for addresses le
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from nri_cni.cni.cache import CacheEntry
@@ -47,12 +49,15 @@ def test_repair_selection_keeps_the_attachments_config_and_capability_args():
     from nri_cni.pod.select import Selected
 
     selected = [Selected(cfg.networks[0], "eth0")]
-    eth0 = _entry("pod-a", "eth0", "10.0.0.2/24")
+    # made with another config than the one in force now (a reload since): the cache's counts
+    made_with = b'{"cniVersion":"1.1.0","name":"podnet","plugins":[{"type":"bridge","mtu":1400}]}'
+    eth0 = dataclasses.replace(_entry("pod-a", "eth0", "10.0.0.2/24"), config=made_with)
     gone = _entry("pod-a", "net1", "10.9.0.2/24", network="retired")
     out = repair_selection(selected, [eth0, gone], [("podnet", "eth0"), ("retired", "net1")])
     assert [(s.network.name, s.ifname) for s in out] == [("podnet", "eth0"), ("retired", "net1")]
     assert out[0].capability_args == {"portMappings": [1]}  # the runtime's, from the cache
-    assert out[0].network.default and out[0].network.conflist.bytes == eth0.config
+    assert out[0].network.default and out[0].network.conflist.bytes == made_with
+    assert cfg.networks[0].conflist.bytes != made_with  # control: the config in force differs
     assert out[1].network.conflist.name == "retired"
 
 
