@@ -93,7 +93,6 @@ class AttachRequest:
     # (network, ifname) -> the addresses its ADD asks the IPAM for (a repair: the same IPs again),
     # as CNI_ARGS `IP=` and the `ips` capability; plain or with a prefix length
     ips: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
-    op: str = "add"  # the operation record's name ("repair" for a repair's ADD)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class PodPlan:
         request: AttachRequest,
         runtime_primary: RuntimePrimary | None = None,
     ) -> Attached:
-        record = OpRecord(request.op, pod)
+        record = OpRecord("add", pod)
         try:
             answer = await self.attacher.attach(pod, selected, request, record, runtime_primary)
             return Attached(answer, new=bool(record.networks))

@@ -43,19 +43,13 @@ from nri_cni.safety.validate import ifname_problem
 
 
 class IpTaken(PodError):
-    """The address a repair must ask for belongs to another pod (or the IPAM refused it)."""
-
-    def __init__(self, msg: str, address: str, holder: str = "") -> None:
-        super().__init__(msg)
-        self.address = address
-        self.holder = holder  # the pod id holding it, when known
+    """The address a repair must ask for belongs to another pod (or the IPAM refused it); the
+    message names the address (and the pod holding it, when known)."""
 
 
 class IpsNotRequestable(PodError):
-    """A network that must get given addresses back has no way to be asked for them."""
-
-    def __init__(self, msg: str, network: str) -> None:
-        super().__init__(msg, network=network)
+    """A network that must get given addresses back has no way to be asked for them; the
+    message names the network."""
 
 
 def plain(address: str) -> str:
@@ -143,14 +137,14 @@ class Repairer:
                 t0 = time.perf_counter()
                 await self.rollback.delete_entry(entry, netns=pod.netns, observe=record)
                 record.step(entry.network_name, entry.ifname, "del", t0)
-            request = AttachRequest(ips=dict(ips), op="repair")
+            request = AttachRequest(ips=dict(ips))
             try:
                 return await self.attacher.attach(pod, list(selected), request, record, runtime_primary)
             except NriCniError as exc:
                 refused = _refused_address(exc, ips.values())
                 if refused:
                     raise IpTaken(
-                        f"pod {pod.label()}: the IPAM refused its address {refused}: {exc}", refused
+                        f"pod {pod.label()}: the IPAM refused its address {refused}: {exc}"
                     ) from exc
                 raise
         except NriCniError as exc:
@@ -184,9 +178,7 @@ def _check_not_held(pod: PodInfo, holders: Mapping[str, str], ips: Mapping[Key, 
             holder = holders.get(plain(address))
             if holder is not None:
                 raise IpTaken(
-                    f"pod {pod.label()}: its address {plain(address)} now belongs to pod {holder[:12]}",
-                    plain(address),
-                    holder,
+                    f"pod {pod.label()}: its address {plain(address)} now belongs to pod {holder[:12]}"
                 )
 
 
@@ -199,8 +191,7 @@ def _check_requestable(
                 f"pod {pod.label()}: network {sel.network.name!r} ({sel.ifname}) must get "
                 f"{', '.join(map(plain, ips[sel.key]))} back, and no plugin "
                 "of its chain can be asked for an address (no `ips` capability, no IPAM that "
-                "reads args.cni.ips): not cut, as a new ADD would give it other IPs",
-                sel.network.name,
+                "reads args.cni.ips): not cut, as a new ADD would give it other IPs"
             )
 
 

@@ -16,6 +16,7 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
 from nri_cni.pod.detach import Detacher
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
+from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 from nri_cni.pod.oprecord import OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
@@ -318,3 +319,49 @@ def test_without_running_gc_takes_nothing_as_running(tmp_path):
     node.attach(POD, str(tmp_path / "gone"))
     report = asyncio.run(node.upkeep.collect_garbage({POD}))
     assert report["deleted"] == [f"net-a/{POD}/eth0"]
+
+
+class AskedLocks(PodLocks):
+    """The service's locks, with an event: GC has asked whether a pod is busy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+    def busy(self, pod_id: str) -> bool:
+        self.asked.set()
+        return super().busy(pod_id)
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["lock-held", "control-lock-free"])
+def test_gc_leaves_a_stale_pod_whose_lock_is_held_to_the_next_gc(tmp_path, held):
+    """The pod is stale (the runtime does not list it). An operation holds its lock until GC
+    has asked whether the pod is busy: GC leaves it (no DEL; the operation's own DEL or ADD
+    decides), and the GC after it, the lock free, DELs it. Control: the same GC, nothing
+    holding the lock -> the pod is DELed by the first GC."""
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / "netns"))
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        locks = AskedLocks()
+        holding = asyncio.Event()
+
+        async def operation() -> None:
+            async with locks.pod(POD):
+                holding.set()
+                await locks.asked.wait()
+
+        ops = []
+        if held:
+            ops.append(asyncio.create_task(operation()))
+            await holding.wait()
+        first = await node.upkeep.collect_garbage(set(), locks, running=lambda pod_id: False)
+        await asyncio.gather(*ops)
+        left = node.cached()
+        second = await node.upkeep.collect_garbage(set(), locks, running=lambda pod_id: False)
+        return first["deleted"], left, second["deleted"]
+
+    deleted = [f"net-a/{POD}/eth0"]
+    expected = ([], [POD], deleted) if held else (deleted, [], [])
+    assert asyncio.run(scenario()) == expected
+    assert node.cached() == []

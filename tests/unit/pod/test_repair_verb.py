@@ -1,0 +1,180 @@
+"""The repair verb (nri_cni/pod/repair.py, Repairer) driven as verify drives it: what a repair
+DELs and ADDs and what its op record says, and the CNI CHECK of one cached attachment ("" when
+it passes or the chain has no CHECK, else the plugin's error). In-process plugins
+(FakeExecutor); no root."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.exec_errors import Ended
+from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import parse_config
+from nri_cni.pod.model import AttachRequest, PodInfo
+from nri_cni.pod.oprecord import OpRecord
+from nri_cni.pod.repair import IpTaken, repair_selection
+from nri_cni.service.modes import mode_for
+from tests.support.pods import pod_plan
+
+POD = "c7" * 32
+RESULT = {
+    "cniVersion": "1.1.0",
+    "interfaces": [{"name": "lo", "mac": "aa:bb:cc:dd:ee:ff"}],  # a host-side link: its MAC as now
+    "ips": [{"address": "10.79.0.2/24"}],
+}
+# a network namespace any user can name: the pod's path of now, where the cache has another
+NETNS_NOW = "/proc/self/ns/net"
+
+
+def _error(code: int, msg: str) -> Ended:
+    return Ended(stdout=json.dumps({"cniVersion": "1.1.0", "code": code, "msg": msg}).encode(), status=1)
+
+
+def _check(tmp_path, version: str, check: Ended | bytes, *, netns: str = "/run/netns/given", **conf):
+    """check_entry of one attachment made with `version` whose plugin answers CHECK with `check`:
+    what it returns, and the CNI_NETNS of each plugin call."""
+    fake = FakeExecutor({"c7-br": {"CHECK": check}})
+    cfg = parse_config({"state_dir": str(tmp_path / "state")})
+    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake))
+    conflist = {"cniVersion": version, "name": "podnet", "plugins": [{"type": "c7-br"}], **conf}
+    entry = CacheEntry(
+        POD, "eth0", "podnet", json.dumps(conflist).encode(), "/run/netns/cached", result=RESULT
+    )
+    plan.cni.cache.write(entry)
+    said = asyncio.run(plan.check_entry(entry, netns))
+    checks = [c for c in fake.calls if c.command == "CHECK"]
+    # the prevResult each CHECK got: the host-side link with the MAC it has now (the loopback's)
+    assert all(
+        json.loads(c.stdin)["prevResult"]["interfaces"][0]["mac"] == "00:00:00:00:00:00" for c in checks
+    )
+    return said, [c.env["CNI_NETNS"] for c in checks]
+
+
+@pytest.mark.parametrize(
+    "version, check, conf, said, checked",
+    [
+        ("1.1.0", b"", {}, "", True),  # passes
+        ("1.1.0", _error(11, "busy"), {}, "busy", True),  # control: the plugin says no
+        ("0.3.1", b"", {}, "", False),  # no CHECK before 0.4.0: nothing to learn
+        ("0.4.0", b"", {}, "", True),  # control: the first version with CHECK
+        # the plugin's own "incompatible version" is its answer, not the runtime's refusal
+        ("1.1.0", _error(2, "no CHECK here"), {}, "no CHECK here", True),
+        ("1.1.0", _error(11, "busy"), {"disableCheck": True}, "", False),  # switched off
+    ],
+)
+def test_check_entry(tmp_path, version, check, conf, said, checked):
+    """Control cases: the second row against the first (the plugin's answer), the third against
+    the fourth (the version), the fifth against the third (code 2 from a plugin, not from the
+    runtime's version check), the last against the second (disableCheck)."""
+    out, calls = _check(tmp_path, version, check, **conf)
+    assert (said in out) if said else (out == "")
+    assert calls == (["/run/netns/given"] if checked else [])
+
+
+@pytest.mark.parametrize("given, used", [("", "/run/netns/cached"), ("/run/netns/given", "/run/netns/given")])
+def test_check_entry_runs_in_the_given_netns_else_the_cached_one(tmp_path, given, used):
+    """Control case: the second row (a path given) against the first (none)."""
+    assert _check(tmp_path, "1.1.0", b"", netns=given) == ("", [used])
+
+
+class Records:
+    """An OperationSink keeping the op records."""
+
+    def __init__(self) -> None:
+        self.ops: list[OpRecord] = []
+
+    def observe_operation(self, record: OpRecord) -> None:
+        self.ops.append(record)
+
+    def observe_gc(self, report) -> None:
+        return None
+
+
+def _net(name: str) -> dict:
+    return {
+        "cniVersion": "1.1.0",
+        "name": name,
+        "plugins": [{"type": "c7-br", "capabilities": {"ips": True}}],
+    }
+
+
+@pytest.mark.parametrize("held_by_other", [False, True], ids=["repaired", "control-ip-taken"])
+def test_a_repair_dels_the_damaged_last_attached_first_adds_them_back_and_says_so(tmp_path, held_by_other):
+    """A pod with eth0 and net1, both damaged: the repair DELs net1 then eth0 (the reverse of
+    the attach order), ADDs both asking for their addresses, and its op record says what was
+    wrong, what was asked and each step (its plugin calls too), in the pod's netns of now, the
+    ADDs asking for the addresses. Control: eth0's address held by another pod -> the
+    repair touches nothing (IpTaken), its record says so, with no step."""
+
+    def add(call) -> bytes:
+        n = 2 if call.env["CNI_IFNAME"] == "eth0" else 3
+        return json.dumps({"cniVersion": "1.1.0", "ips": [{"address": f"10.79.0.{n}/24"}]}).encode()
+
+    fake = FakeExecutor({"c7-br": {"ADD": add}})
+    doc = {
+        "state_dir": str(tmp_path / "state"),
+        "networks": [
+            {"name": "podnet", "default": True, "conflist": _net("podnet")},
+            {"name": "second", "default": True, "conflist": _net("second")},
+        ],
+    }
+    cfg = parse_config(doc, str(tmp_path / "config.yaml"))
+    records = Records()
+    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake), sink=records)
+    pod = PodInfo(POD, name="c7-pod", namespace="default", netns="/run/netns/c7")
+    primary = mode_for(cfg).primary
+
+    async def scenario() -> None:
+        await plan.attach(pod, plan.select(pod, primary, AttachRequest()), AttachRequest())
+        if held_by_other:
+            other = CacheEntry("c8" * 32, "eth0", "podnet", b"{}", "/x", result=RESULT)  # 10.79.0.2
+            plan.cni.cache.write(other)
+        entries = plan.cached(POD)
+        ips = {e.key: tuple(ip["address"] for ip in e.result["ips"]) for e in entries}
+        keys = [e.key for e in entries]
+        selected = repair_selection(plan.expected(pod, primary), entries, keys)
+        fake.calls.clear()
+        now = dataclasses.replace(pod, netns=NETNS_NOW)
+        await plan.repair(now, selected=selected, damaged=entries, ips=ips, wrong=["both damaged"])
+
+    if held_by_other:
+        with pytest.raises(IpTaken):
+            asyncio.run(scenario())
+    else:
+        asyncio.run(scenario())
+    record = records.ops[-1]
+    assert record.op == "repair"
+    assert record.extra == {
+        "wrong": ["both damaged"],
+        "asked": {"podnet/eth0": ["10.79.0.2/24"], "second/net1": ["10.79.0.3/24"]},
+    }
+    steps = [(n["network"], n["ifname"], n["op"]) for n in record.networks]
+    calls = [(c.command, c.env["CNI_IFNAME"]) for c in fake.calls]
+    if held_by_other:
+        assert isinstance(record.error, IpTaken) and steps == [] and calls == []
+    else:
+        assert record.error is None
+        assert steps[:2] == [("second", "net1", "del"), ("podnet", "eth0", "del")]
+        assert calls[:2] == [("DEL", "net1"), ("DEL", "eth0")]
+        assert sorted(c for c in calls if c[0] == "ADD") == [("ADD", "eth0"), ("ADD", "net1")]
+        assert all("at" in n and "ms" in n for n in record.networks)  # each step timed
+        assert {(c.command, c.env["CNI_NETNS"]) for c in fake.calls} == {
+            ("DEL", NETNS_NOW),
+            ("ADD", NETNS_NOW),
+        }
+        assert [(p["command"], p["network"]) for p in record.plugins][:2] == [
+            ("DEL", "second"),
+            ("DEL", "podnet"),
+        ]
+        asked = {
+            c.env["CNI_IFNAME"]: json.loads(c.stdin)["runtimeConfig"]["ips"]
+            for c in fake.calls
+            if c.command == "ADD"
+        }
+        assert asked == {"eth0": ["10.79.0.2/24"], "net1": ["10.79.0.3/24"]}
