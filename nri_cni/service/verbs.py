@@ -74,7 +74,7 @@ class PodVerbs:
         lists = self.parts.roster.lists
         kept = False
         try:
-            kept = not await shielded(self._detach(pod, lists))
+            kept = not await shielded(self._detach(pod, lists, removing=True))
         finally:
             if not kept:
                 self.parts.roster.removed(pod.id)
@@ -102,10 +102,12 @@ class PodVerbs:
         except NriCniError:
             log.debug("pod %s: removed before its verdict", pod.id)  # no longer listed: nothing to report
 
-    async def _detach(self, pod: PodInfo, lists: int | None = None) -> bool:
+    async def _detach(self, pod: PodInfo, lists: int | None = None, *, removing: bool = False) -> bool:
         """Detaches the pod; False (nothing done) for an NRI event older than the runtime's
         newest pod list when that list has the pod: containerd stopped in a RunPodSandbox sends
-        its stop and remove, then, restarted, lists it READY with its IP (verify makes it true)."""
+        its stop and remove, then, restarted, lists it READY with its IP (verify makes it true).
+        A teardown but for RemovePodSandbox's (`removing`: the pod is forgotten next) waits
+        REMOVAL_GRACE for the pod's NRI stop (`_removal_due`)."""
         async with self.parts.locks.pod(pod.id):
             if lists is not None and self.parts.roster.listed_since(pod.id, lists):
                 log.warning(
@@ -127,7 +129,11 @@ class PodVerbs:
                     "pod %s id=%s: its DEL succeeded; no longer broken (del-failed)", pod.label(), pod.id
                 )
                 self.parts.health.forget(pod.id)
-        if self.parts.roster.record(pod.id).pod is not None and not self.parts.mode.answers_run_pod:
+        if (
+            not removing
+            and self.parts.roster.record(pod.id).pod is not None
+            and not self.parts.mode.answers_run_pod
+        ):
             # a timer, not a task: nothing waits for it, and the background count stays what runs
             handle = asyncio.get_running_loop().call_later(REMOVAL_GRACE, self._removal_due, pod.id)
             self._removals.add(handle)
