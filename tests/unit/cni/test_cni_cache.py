@@ -254,15 +254,18 @@ def test_result_numbers_are_written_as_libcni_writes_them_through_a_float64(numb
 def test_entries_skip_an_entry_with_an_empty_id_ifname_or_network(tmp_path, cid, ifname, net, listed):
     """An entry no DEL could name (another writer's, or a hand-made file) is not listed: GC would
     otherwise pass it on as a valid attachment or try to DEL it. Only the JSON decides; the file
-    name is a valid one in every case."""
+    name is a valid one in every case. A valid entry in a file that sorts after it is listed all the
+    same (the skip goes on to the next file)."""
     cache = ResultCache(str(tmp_path))
     results = tmp_path / "results"
     results.mkdir()
     entry = CacheEntry(container_id=cid, ifname=ifname, network_name=net, config=b"{}")
     (results / "net-a-c1-eth0").write_bytes(entry.to_json())
+    after = CacheEntry(container_id="c2", ifname="eth0", network_name="net-b", config=b"{}")
+    (results / "net-b-c2-eth0").write_bytes(after.to_json())
     assert [(e.container_id, e.ifname, e.network_name) for e in cache.entries()] == (
         [("c1", "eth0", "net-a")] if listed else []
-    )
+    ) + [("c2", "eth0", "net-b")]
 
 
 @pytest.mark.parametrize(
