@@ -398,7 +398,7 @@ def test_prepare_twice_makes_one_temporary_file(tmp_path):
     assert len(os.listdir(cache.results_dir)) == 1
     w.commit(None)
     assert os.listdir(cache.results_dir) == ["n-c1-eth0"]
-    with pytest.raises(RuntimeError, match="already committed or discarded"):
+    with pytest.raises(RuntimeError, match="^cache write already committed or discarded$"):
         w.commit(None)
 
 
