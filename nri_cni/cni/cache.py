@@ -67,10 +67,16 @@ def _as_float64(value: Any) -> Any:
         return {k: _as_float64(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_as_float64(v) for v in value]
-    if isinstance(value, int) and not isinstance(value, bool) and not -_EXACT < value < _EXACT:
+    if isinstance(value, int) and not -_EXACT < value < _EXACT:  # a bool, 0 or 1, is left as it is
         rounded = float(value)
         return int(decimal.Decimal(repr(rounded))) if abs(rounded) < 1e21 else rounded
     return value
+
+
+def _io_failure(doing: str, path: str, exc: OSError) -> CNIError:
+    """CNIError(IO_FAILURE) for an OSError while the entry at `path` was written or synced."""
+    details = exc.strerror or str(exc)
+    return CNIError(CniCode.IO_FAILURE, f"cannot {doing} CNI cache file {path}", details=details)
 
 
 class CorruptEntry(ValueError):
@@ -220,17 +226,13 @@ class ResultCache:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise CNIError(
-                CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}", details=exc.strerror or str(exc)
-            ) from exc
+            raise _io_failure("sync", path, exc) from exc
         try:
             os.fsync(fd)
             if directory:
                 fsync_dir(self.results_dir)
         except OSError as exc:
-            raise CNIError(
-                CniCode.IO_FAILURE, f"cannot sync CNI cache file {path}", details=exc.strerror or str(exc)
-            ) from exc
+            raise _io_failure("sync", path, exc) from exc
         finally:
             os.close(fd)
 
@@ -325,18 +327,17 @@ class PreparedWrite:
     def __init__(self, cache: ResultCache, entry: CacheEntry) -> None:
         self.cache = cache
         self.entry = entry
-        self._head: str | None = None
-        self._file: AtomicFile | None = None
+        self._begun: tuple[str, AtomicFile] | None = None  # every field but the result, the file
         self._done = False
 
     def prepare(self) -> None:
         """Best effort: whatever fails here is done again, and reported, by commit()."""
-        if self._done or self._file is not None:
+        if self._done or self._begun is not None:
             return
         try:
-            self._begin(self._path())
+            self._begun = self._begin(self._path())
         except (OSError, ConfigError):
-            self._file = None
+            pass
 
     def commit(self, result: dict[str, Any] | None, *, durable: bool = True) -> None:
         """Writes the entry with `result`; raises CNIError(IO_FAILURE) (or ConfigError for an
@@ -345,30 +346,26 @@ class PreparedWrite:
             raise RuntimeError("cache write already committed or discarded")
         path = self._path()
         try:
-            if self._file is None:
-                self._begin(path)
-            head, file = self._head, self._file
-            assert head is not None and file is not None  # _begin set both
+            if self._begun is None:
+                self._begun = self._begin(path)
+            head, file = self._begun
             data = (head + _result_tail(result)).encode()
-            self._file, self._done = None, True
+            self._begun, self._done = None, True
             file.commit(data, durable=durable)
         except OSError as exc:
             self.discard()
-            raise CNIError(
-                CniCode.IO_FAILURE, f"cannot write CNI cache file {path}", details=exc.strerror or str(exc)
-            ) from exc
+            raise _io_failure("write", path, exc) from exc
 
     def _path(self) -> str:
         return self.cache.path(self.entry.network_name, self.entry.container_id, self.entry.ifname)
 
-    def _begin(self, path: str) -> None:
-        self._head = self.entry._head()
-        self._file = self.cache._create(path)
+    def _begin(self, path: str) -> tuple[str, AtomicFile]:
+        return self.entry._head(), self.cache._create(path)
 
     def discard(self) -> None:
         self._done = True
-        if self._file is not None:
-            file, self._file = self._file, None
+        if self._begun is not None:
+            file, self._begun = self._begun[1], None
             file.abort()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -53,7 +54,9 @@ def test_rewrite_replaces(tmp_path):
     entry = golden_entry()
     entry.netns = "/var/run/netns/other"
     cache.write(entry)
-    assert cache.read("nct-golden", "c0ffee", "eth0").netns == "/var/run/netns/other"
+    got = cache.read("nct-golden", "c0ffee", "eth0")
+    assert got is not None and got.netns == "/var/run/netns/other"
+    assert got.path == str(tmp_path / "results" / "nct-golden-c0ffee-eth0")  # where it was read from
 
 
 @pytest.mark.parametrize(
@@ -225,7 +228,7 @@ def test_flush_waits_for_pending_syncs(tmp_path, monkeypatch):
         (10**21, b"1e+21"),  # from 1e21 on, Go's exponent form
         (-(10**21), b"-1e+21"),
         (10**22 + 1, b"1e+22"),
-        (True, b"true"),
+        (True, b"true"),  # a bool stays a bool (not the number 1)
     ],
 )
 def test_result_numbers_are_written_as_libcni_writes_them_through_a_float64(number, written):
@@ -233,6 +236,10 @@ def test_result_numbers_are_written_as_libcni_writes_them_through_a_float64(numb
     test_libcni_oracle.py checks the same against libcni itself)."""
     entry = CacheEntry(container_id="c", ifname="eth0", network_name="n", config=b"{}", result={"n": number})
     assert entry.to_json().endswith(b'"result":{"n":' + written + b"}}")
+    nested = CacheEntry(
+        container_id="c", ifname="eth0", network_name="n", config=b"{}", result={"r": [{"n": number}]}
+    )
+    assert nested.to_json().endswith(b'"result":{"r":[{"n":' + written + b"}]}}")  # in lists and objects too
 
 
 @pytest.mark.parametrize(
@@ -247,15 +254,18 @@ def test_result_numbers_are_written_as_libcni_writes_them_through_a_float64(numb
 def test_entries_skip_an_entry_with_an_empty_id_ifname_or_network(tmp_path, cid, ifname, net, listed):
     """An entry no DEL could name (another writer's, or a hand-made file) is not listed: GC would
     otherwise pass it on as a valid attachment or try to DEL it. Only the JSON decides; the file
-    name is a valid one in every case."""
+    name is a valid one in every case. A valid entry in a file that sorts after it is listed all the
+    same (the skip goes on to the next file)."""
     cache = ResultCache(str(tmp_path))
     results = tmp_path / "results"
     results.mkdir()
     entry = CacheEntry(container_id=cid, ifname=ifname, network_name=net, config=b"{}")
     (results / "net-a-c1-eth0").write_bytes(entry.to_json())
+    after = CacheEntry(container_id="c2", ifname="eth0", network_name="net-b", config=b"{}")
+    (results / "net-b-c2-eth0").write_bytes(after.to_json())
     assert [(e.container_id, e.ifname, e.network_name) for e in cache.entries()] == (
         [("c1", "eth0", "net-a")] if listed else []
-    )
+    ) + [("c2", "eth0", "net-b")]
 
 
 @pytest.mark.parametrize(
@@ -388,7 +398,7 @@ def test_prepare_twice_makes_one_temporary_file(tmp_path):
     assert len(os.listdir(cache.results_dir)) == 1
     w.commit(None)
     assert os.listdir(cache.results_dir) == ["n-c1-eth0"]
-    with pytest.raises(RuntimeError, match="already committed or discarded"):
+    with pytest.raises(RuntimeError, match="^cache write already committed or discarded$"):
         w.commit(None)
 
 
@@ -443,3 +453,197 @@ def test_sync_fsyncs_the_file_and_its_directory_unless_told_not_to(tmp_path, fsy
     else:
         cache.sync("n", "c1", "eth0", directory=False)
     assert fsynced == [cache.path("n", "c1", "eth0")] + ([cache.results_dir] if directory else [])
+
+
+@pytest.mark.parametrize(
+    "name, listed",
+    [
+        ("n-c1-eth0", True),  # the control case: <network>-<id>-<ifname>
+        ("-c1-eth0", False),  # nothing before "-c1-"
+        ("n-c1-", False),  # nothing after it
+        ("n-c1-c1-", True),  # the first "-c1-" decides (strings.Index): something after it
+        ("-c1-c1-eth0", False),  # the first "-c1-" has nothing before it
+    ],
+)
+def test_entries_of_a_container_read_only_files_named_as_libcni_names_them(tmp_path, name, listed):
+    """libcni's GetCachedAttachments: asked for one container, it reads only the files whose name
+    holds "-<id>-" with something before and after it. Every file here holds the same valid
+    entry of c1, which entries() without an id lists whatever the name."""
+    cache = ResultCache(str(tmp_path))
+    (tmp_path / "results").mkdir()
+    entry = CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}")
+    (tmp_path / "results" / name).write_bytes(entry.to_json())
+    assert len(cache.entries()) == 1
+    assert len(cache.entries(container_id="c1")) == (1 if listed else 0)
+
+
+@pytest.mark.parametrize("network_bytes, nameable", [(248, True), (249, False)])
+def test_an_entry_name_is_at_most_255_bytes(tmp_path, network_bytes, nameable):
+    """<network>-<id>-<ifname> is one file name: 255 bytes at most (here 248 + 7 is the control
+    case), though each part is a valid name on its own."""
+    cache = ResultCache(str(tmp_path))
+    parts = ("n" * network_bytes, "c", "eth0")
+    if nameable:
+        assert cache.path(*parts) == str(tmp_path / "results" / "-".join(parts))
+    else:
+        with pytest.raises(ConfigError, match="is not a safe file name") as err:
+            cache.path(*parts)
+        assert err.value.location == cache.results_dir
+    assert cache.read(*parts) is None
+    cache.delete(*parts)
+
+
+@pytest.mark.parametrize(
+    "failing, error, details",
+    [
+        (None, None, None),  # the control case: both fsyncs succeed
+        ("file", OSError(errno.EIO, os.strerror(errno.EIO)), "Input/output error"),
+        ("directory", OSError(errno.EIO, os.strerror(errno.EIO)), "Input/output error"),
+        ("file", OSError("no errno"), "no errno"),  # no strerror: the error's text
+    ],
+)
+def test_a_failed_fsync_is_an_io_failure_naming_the_file(tmp_path, monkeypatch, failing, error, details):
+    cache = ResultCache(str(tmp_path))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"), durable=False)
+    path = cache.path("n", "c1", "eth0")
+    target = {None: None, "file": path, "directory": cache.results_dir}[failing]
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == target:
+            raise error
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    if failing is None:
+        cache.sync("n", "c1", "eth0")
+        return
+    with pytest.raises(CNIError) as err:
+        cache.sync("n", "c1", "eth0")
+    assert (err.value.cni_code, err.value.msg, err.value.details) == (
+        CniCode.IO_FAILURE,
+        f"cannot sync CNI cache file {path}",
+        details,
+    )
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_a_prepare_that_failed_is_done_again_by_commit(tmp_path, blocked):
+    """prepare() is best effort: here the results directory is a file while it runs (blocked) and
+    gone when commit() runs, which writes the entry all the same. The control: nothing in the way,
+    prepare() makes the temporary file that commit() renames."""
+    cache = ResultCache(str(tmp_path))
+    entry = CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}")
+    results = tmp_path / "results"
+    if blocked:
+        results.write_text("")
+    w = cache.prepare(entry)
+    w.prepare()
+    if blocked:
+        results.unlink()
+    else:
+        assert len(os.listdir(results)) == 1
+    w.commit(None, durable=False)
+    assert os.listdir(results) == ["n-c1-eth0"]
+    assert (results / "n-c1-eth0").read_bytes() == entry.to_json()
+
+
+SYNC_THREAD = "nri-cni-cache-sync"
+
+
+def test_the_sync_thread_is_a_daemon_named_for_thread_dumps(tmp_path):
+    """It never holds the process up at exit (a process that must wait calls flush()); its name
+    tells it apart in a dump of the daemon's threads. The control: no thread before the first
+    sync_later()."""
+
+    def ours() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == SYNC_THREAD}
+
+    before = ours()
+    cache = ResultCache(str(tmp_path))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"), durable=False)
+    assert ours() == before
+    cache.sync_later("n", "c1", "eth0")
+    (thread,) = ours() - before
+    assert thread.daemon
+
+
+def test_entries_queued_while_a_sync_runs_share_one_directory_fsync(tmp_path, monkeypatch):
+    """c2 and c3 are queued while the thread is in c1's fsync: it then syncs both and the
+    directory once (c1 alone, the control, had its own directory fsync)."""
+    cache = ResultCache(str(tmp_path))
+    for cid in ("c1", "c2", "c3"):
+        cache.write(
+            CacheEntry(container_id=cid, ifname="eth0", network_name="n", config=b"{}"), durable=False
+        )
+    synced: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(f"{tmp_path}/"):
+            synced.append(path)
+            if len(synced) == 1:
+                inside.set()
+                release.wait()
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        cache.sync_later("n", "c1", "eth0")
+        assert inside.wait(60)
+        cache.sync_later("n", "c2", "eth0")
+        cache.sync_later("n", "c3", "eth0")
+    finally:
+        release.set()
+    assert cache.flush(60)
+    c1, c2, c3 = (cache.path("n", cid, "eth0") for cid in ("c1", "c2", "c3"))
+    assert synced == [c1, cache.results_dir, c2, c3, cache.results_dir]
+
+
+@pytest.mark.parametrize(
+    "netns, readable", [("/run/netns/\u00e9".encode(), True), (b"/run/netns/\xff", False)]
+)
+def test_an_entry_whose_bytes_are_not_utf8_is_corrupt(tmp_path, caplog, netns, readable):
+    """read() finds it corrupt and entries() skips it, neither raises (libcni reads such bytes as
+    U+FFFD: tests/integration/cni/test_libcni_oracle.py pins where nri-cni differs). The control:
+    the same entry with valid UTF-8."""
+    cache = ResultCache(str(tmp_path))
+    (tmp_path / "results").mkdir()
+    data = BARE + b',"containerId":"c1","ifName":"eth0","networkName":"n","netns":"' + netns + b'"}'
+    (tmp_path / "results" / "n-c1-eth0").write_bytes(data)
+    with caplog.at_level(logging.WARNING):
+        entry = cache.read("n", "c1", "eth0")
+    assert [e.netns for e in cache.entries()] == ([netns.decode()] if readable else [])
+    if readable:
+        assert entry is not None and entry.netns == "/run/netns/\u00e9"
+    else:
+        assert entry is None and "corrupt" in caplog.text
+
+
+@pytest.mark.parametrize("durable", [None, False])
+def test_a_prepared_write_is_durable_unless_told_not_to(tmp_path, fsynced, durable):
+    """commit() without durable= (CNIRuntime's durable cache) fsyncs the file, then the directory;
+    durable=False (the control) leaves both to sync()."""
+    cache = ResultCache(str(tmp_path))
+    w = cache.prepare(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"))
+    w.prepare()
+    if durable is None:
+        w.commit(None)
+        (tmp,) = fsynced[:1]
+        assert os.path.basename(tmp).startswith(".n-c1-eth0.") and fsynced[1:] == [cache.results_dir]
+    else:
+        w.commit(None, durable=durable)
+        assert fsynced == []
+
+
+def test_flush_waits_ten_seconds_unless_told(tmp_path, monkeypatch):
+    """How long the daemon's and cnitool's exit wait at most for pending syncs (flush())."""
+    cache = ResultCache(str(tmp_path))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}"), durable=False)
+    cache.sync_later("n", "c1", "eth0")
+    bounds: list[float] = []
+    monkeypatch.setattr(cache._syncer, "flush", lambda timeout: bounds.append(timeout) or True)
+    assert cache.flush() and cache.flush(0.5)
+    assert bounds == [10.0, 0.5]
