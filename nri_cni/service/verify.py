@@ -307,7 +307,7 @@ class Verifier:
                     damaged=list(decision.damaged),
                     ips=retry.ips,
                     wrong=list(decision.wrong),
-                    runtime_primary=self.mode.runtime_primary(c.pod),
+                    runtime_primary=self.mode.runtime_primary,
                 )
         except IpTaken as exc:
             self._failed(retry)
