@@ -7,7 +7,7 @@ extra network a macvlan + host-local list over a veth master the bench made. Eac
 netns of its own; `--pods` pods are attached one after another and then detached. Every step
 of the attach is timed by wrapping the real object's method (wall time, medians over the pods):
 
-  runtime cache read   SecondaryMode.runtime_primary (containerd's libcni cache entry)
+  runtime cache read   RuntimePrimary.entry (containerd's libcni cache entry)
   select               PodPlan.select (config + annotation)
   intent write         IntentStore.write (atomic, fsynced)
   plugin execs         PluginExecutor.exec (macvlan, which runs host-local)

@@ -330,7 +330,7 @@ def _primary_conf(
     pod: PodInfo, primary: RuntimePrimary
 ) -> tuple[NetworkConfigList, RuntimeConf, Result] | None:
     """Secondary mode: the runtime's own network, from the runtime's libcni cache entry."""
-    entry: CacheEntry | None = primary.entry
+    entry: CacheEntry | None = primary.entry(pod.id)
     if entry is None or entry.result is None:
         log.warning(
             "pod %s: no cached result of the runtime's network %r; FINALIZE skips it",

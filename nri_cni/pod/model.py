@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nri_cni.cni.cache import CacheEntry
+from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.cni.result import Result
 
 # CNI_ARGS keys Kubernetes runtimes pass (containerd, CRI-O); plugins like portmap and
@@ -105,8 +105,12 @@ class PrimaryNetwork:
 
 @dataclass(frozen=True)
 class RuntimePrimary:
-    """The runtime's own primary network of one pod (secondary mode), as the runtime's libcni
-    cache has it: FINALIZE runs for it too. `entry` None: the runtime cached no result."""
+    """The runtime's own primary network (secondary mode) and the runtime's libcni cache that
+    holds its result of each pod: FINALIZE runs for it too."""
 
     network: str
-    entry: CacheEntry | None
+    cache: ResultCache = field(compare=False)
+
+    def entry(self, pod_id: str) -> CacheEntry | None:
+        """The pod's eth0 entry of the network; None: the runtime cached no result."""
+        return self.cache.read(self.network, pod_id, "eth0")

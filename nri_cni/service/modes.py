@@ -21,7 +21,7 @@ from typing import Protocol
 
 from nri_cni.cni.cache import CacheEntry, ResultCache
 from nri_cni.config import Config, ConfigSource
-from nri_cni.pod.model import Key, PodInfo, PrimaryNetwork, RuntimePrimary
+from nri_cni.pod.model import Key, PrimaryNetwork, RuntimePrimary
 from nri_cni.pod.repair import plain, result_ips
 from nri_cni.service.podcheck import PodCheck
 from nri_cni.service.roster import PodRecord
@@ -90,9 +90,10 @@ class Mode(Protocol):
         holds of it (`c`: the round's reading, `record`: the roster's)."""
         ...
 
-    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
-        """The runtime's own primary network of the pod (FINALIZE runs for it too), or None
-        when the primary is nri-cni's."""
+    @property
+    def runtime_primary(self) -> RuntimePrimary | None:
+        """The runtime's own primary network and its libcni cache (FINALIZE runs for it too),
+        or None when the primary is nri-cni's."""
         ...
 
     def runtime_attachments(self) -> list[CacheEntry]:
@@ -109,6 +110,7 @@ class ShimMode:
     name: str = "shim"
     attaches_on_run: bool = False
     answers_run_pod: bool = False
+    runtime_primary: RuntimePrimary | None = field(default=None, init=False)
 
     def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
         """The runtime's IPs must be eth0's; a repair asks eth0 for them; a pod with nothing of
@@ -125,9 +127,6 @@ class ShimMode:
         nothing = not c.entries and not c.pod.ips
         return RuntimeIps(primary, mismatch, nothing_to_make_true=nothing, primary_ips=c.pod.ips)
 
-    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
-        return None
-
     def runtime_attachments(self) -> list[CacheEntry]:
         return []
 
@@ -140,6 +139,7 @@ class NativeMode:
     name: str = "native"
     attaches_on_run: bool = True
     answers_run_pod: bool = True
+    runtime_primary: RuntimePrimary | None = field(default=None, init=False)
 
     def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
         """Every IP nri-cni answered must be among the runtime's; the runtime learns IPs only
@@ -154,9 +154,6 @@ class NativeMode:
         readd = native_readd(c, mismatch) if missed else {}
         return RuntimeIps(primary, mismatch, missed=missed, readd=readd)
 
-    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
-        return None
-
     def runtime_attachments(self) -> list[CacheEntry]:
         return []
 
@@ -170,6 +167,10 @@ class SecondaryMode:
     name: str = "secondary"
     attaches_on_run: bool = True
     answers_run_pod: bool = False
+    runtime_primary: RuntimePrimary = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime_primary", RuntimePrimary(self.primary.name, self.runtime_cache))
 
     def runtime_ips(self, c: PodCheck, record: PodRecord) -> RuntimeIps:
         """The runtime's IPs are its own network's, never compared with nri-cni's. A pod with
@@ -185,10 +186,6 @@ class SecondaryMode:
             "IP); nri-cni keeps its networks while the runtime lists the pod"
         )
         return RuntimeIps(primary, lost=lost)
-
-    def runtime_primary(self, pod: PodInfo) -> RuntimePrimary | None:
-        entry = self.runtime_cache.read(self.primary.name, pod.id, "eth0")
-        return RuntimePrimary(self.primary.name, entry)
 
     def runtime_attachments(self) -> list[CacheEntry]:
         if not self.primary.name:

@@ -13,15 +13,17 @@ Synchronizes in a row, its netns gone, or removed by a pod event: garbage, altho
 may still exist (CRI-O drops a pod whose creation its restart cut and leaves the netns pinned).
 
 The roster's methods are named for the events that change a pod; its records are frozen and
-replaced whole, and nothing outside this module reaches its table (tests/repo checks).
+replaced whole, and nothing outside this module reaches its table (tests/repo checks): others
+read it through `Roster.view`, read-only and live.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.upkeep import netns_gone, pause_alive
@@ -95,8 +97,10 @@ class Roster:
         """The runtime's pods, as far as we know (a copy)."""
         return {r.pod_id: r.pod for r in self._records.values() if r.pod is not None}
 
-    def __iter__(self) -> Iterator[PodRecord]:
-        return iter(list(self._records.values()))
+    def view(self) -> Mapping[str, PodRecord]:
+        """The records by pod id, read-only and live: a read is the roster's word when it is
+        made (a pod nothing is known of has no record)."""
+        return MappingProxyType(self._records)
 
     def running(self, pod_id: str) -> bool:
         """The runtime lists the pod, has not stopped it, and its pause process runs: the pod

@@ -62,7 +62,7 @@ class ServiceView:
             listed=self.parts.roster.pods(),
             pending_repair=self.parts.roster.pending_repair(),
             pending_rollback=tuple(self.pending_rollbacks()),
-            unconfirmed=sum(1 for r in self.parts.roster if r.unconfirmed is not None),
+            unconfirmed=sum(1 for r in self.parts.roster.view().values() if r.unconfirmed is not None),
             operations=len(self.parts.locks),
             background=self.background(),
             verdicts=tuple(book.all()),

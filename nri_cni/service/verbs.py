@@ -48,9 +48,7 @@ class PodVerbs:
     async def _attach(self, pod: PodInfo, request: AttachRequest) -> PodNetworks:
         selected = self.parts.plan.select(pod, self.parts.mode.primary, request)
         async with self.parts.locks.pod(pod.id):
-            attached = await self.parts.plan.attach(
-                pod, selected, request, self.parts.mode.runtime_primary(pod)
-            )
+            attached = await self.parts.plan.attach(pod, selected, request, self.parts.mode.runtime_primary)
             if self.parts.mode.answers_run_pod:
                 self.parts.roster.answered(pod.id, tuple(attached.networks.ips()))
             if attached.new:

@@ -103,6 +103,9 @@ class Verifier:
     ) -> None:
         self.plan = plan
         self.roster = roster
+        # the roster's records, read-only and live (Roster.view): a round reads each pod's
+        # record when it needs it, the roster's word at that moment, with no call per read
+        self.records = roster.view()
         self.locks = locks
         self.health = health
         self.clock = clock  # the backoff's (tests move it)
@@ -148,7 +151,7 @@ class Verifier:
             # then on, not from whenever the first pod came
             _ = self.inspector
             if pod_id is not None:
-                pod = self.roster.record(pod_id).pod
+                pod = self._record(pod_id).pod
                 if pod is None:
                     # closest existing kind: the argument names nothing (exit code "usage")
                     raise NriCniError(f"no pod {pod_id!r} in the runtime's pod list", kind=Kind.BAD_ENV)
@@ -156,7 +159,7 @@ class Verifier:
             else:
                 pods = [
                     r.pod
-                    for r in self.roster
+                    for r in self.records.values()
                     if r.pod is not None and r.pod.netns and not self.locks.busy(r.pod_id) and not r.stopped
                 ]
             self.rounds += 1
@@ -216,11 +219,13 @@ class Verifier:
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
         if c.netns_gone or c.damaged or c.missing:
             return False
-        return not self.mode.runtime_ips(c, self.roster.record(c.pod.id)).mismatch and bool(
-            self._due(c, forced)
-        )
+        return not self.mode.runtime_ips(c, self._record(c.pod.id)).mismatch and bool(self._due(c, forced))
 
     # -- one pod -----------------------------------------------------------------------------
+
+    def _record(self, pod_id: str) -> PodRecord:
+        """The pod's record as the roster has it now (an empty one: nothing known of it)."""
+        return self.records.get(pod_id) or PodRecord(pod_id)
 
     def _due(self, c: PodCheck, forced: bool) -> list[CacheEntry]:
         """The attachments this round CHECKs."""
@@ -242,8 +247,10 @@ class Verifier:
         """What the round read of the pod leads to (decide.py): its reading, its record, the
         mode's reading of the runtime's IPs (`read` when made of this check and record, else
         asked again), the repair policy with the pod's failed tries."""
-        reading = Reading(c, failed or {}, self.roster.running(c.pod.id))
-        record = self.roster.record(c.pod.id)
+        # whether its pause process runs: probed only for a pod whose netns is gone, the one
+        # case decide asks it of
+        reading = Reading(c, failed or {}, c.netns_gone and self.roster.running(c.pod.id))
+        record = self._record(c.pod.id)
         if read is None or read.check is not c or read.record != record:
             read = ModeRead(c, record, self.mode.runtime_ips(c, record))
         policy = Policy(self.source.current.repair, self._retries.get(c.pod.id), self.clock(), explicit)
@@ -260,7 +267,7 @@ class Verifier:
         """The pod's part of the round: without its lock when there is nothing to run, else
         under it, its records read again when an operation ran since the round read them."""
         pod = c.pod
-        record = self.roster.record(pod.id)
+        record = self._record(pod.id)
         read = ModeRead(c, record, self.mode.runtime_ips(c, record))
         ips = read.ips
         quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced)
@@ -269,7 +276,7 @@ class Verifier:
         if not explicit and self.locks.busy(pod.id):
             return None  # an operation in flight: the next round
         async with self.locks.pod(pod.id):
-            record = self.roster.record(pod.id)
+            record = self._record(pod.id)
             if record.pod is None or not os.path.exists(record.pod.netns):
                 return None
             if record.stopped:  # torn down while the round read it: read no further
@@ -307,7 +314,7 @@ class Verifier:
                     damaged=list(decision.damaged),
                     ips=retry.ips,
                     wrong=list(decision.wrong),
-                    runtime_primary=self.mode.runtime_primary(c.pod),
+                    runtime_primary=self.mode.runtime_primary,
                 )
         except IpTaken as exc:
             self._failed(retry)

@@ -98,7 +98,7 @@ def test_a_native_answer_in_time_is_kept(node):
             assert len(resp.adjust.network.ips) == 1
             assert [r.container_id for r in node.reservations()] == [pod.id]
             assert h.daemon.pods.health.get(pod.id) is None
-            assert not [r.pod_id for r in h.daemon.pods.roster if r.late]
+            assert not [r.pod_id for r in h.daemon.pods.roster.view().values() if r.late]
             await h.runtime.stop_pod_sandbox(pod)
             await h.runtime.remove_pod_sandbox(pod)
         assert node.reservations() == []

@@ -42,15 +42,15 @@ def test_each_mode_answers_the_questions_once(tmp_path):
         (True, False, False),
     ]
     assert native.primary == PrimaryNetwork("podnet", ours=True)
-    pod = PodInfo("p" * 64, netns="/run/netns/x")
-    assert shim.runtime_primary(pod) is None and native.runtime_primary(pod) is None
+    assert shim.runtime_primary is None and native.runtime_primary is None
 
 
 def test_secondary_mode_reads_the_runtime_primary_from_the_runtimes_cache(tmp_path):
     mode = mode_for(mode_config(tmp_path, "secondary", primary_network="cbr0"))
     pod = PodInfo("p" * 64, netns="/run/netns/x")
-    assert mode.runtime_primary(pod) is not None
-    assert mode.runtime_primary(pod).entry is None  # nothing cached yet: FINALIZE skips it
+    primary = mode.runtime_primary
+    assert primary is not None and primary.network == "cbr0"
+    assert primary.entry(pod.id) is None  # nothing cached yet: FINALIZE skips it
     ResultCache(str(tmp_path / "runtime")).write(
         CacheEntry(
             container_id=pod.id,
@@ -60,8 +60,9 @@ def test_secondary_mode_reads_the_runtime_primary_from_the_runtimes_cache(tmp_pa
             result={"cniVersion": "1.1.0"},
         )
     )
-    found = mode.runtime_primary(pod)
-    assert found is not None and found.network == "cbr0" and found.entry is not None
+    found = primary.entry(pod.id)  # read when asked: the entry the runtime cached since
+    assert found is not None and found.container_id == pod.id
+    assert primary.entry("q" * 64) is None  # control: another pod's entry is not there
 
 
 MODE_NAMES = {"shim", "native", "secondary"}

@@ -172,7 +172,7 @@ def test_an_unlisted_pod_is_valid_only_within_the_grace_whatever_its_netns(tmp_p
     now[0] += 2
     assert roster.valid_pod_ids((), grace=30) == {kept.id}
     roster.collected([], set(), grace=30)
-    assert all(r.unconfirmed is None and r.attached_at is None for r in roster)
+    assert all(r.unconfirmed is None and r.attached_at is None for r in roster.view().values())
 
 
 def test_a_pod_listed_with_ips_and_then_without_has_lost_them():
@@ -183,12 +183,12 @@ def test_a_pod_listed_with_ips_and_then_without_has_lost_them():
     lost, never = _pod(GONE, "lost", ips=("10.9.0.2",)), _pod(KEPT, "never")
     roster.listed([lost, never])
     roster.listed([_pod(GONE, "lost"), never])
-    assert {r.pod_id for r in roster if r.ips_lost} == {GONE}
+    assert {r.pod_id for r in roster.view().values() if r.ips_lost} == {GONE}
     roster.listed([lost, never])
-    assert {r.pod_id for r in roster if r.ips_lost} == set()
+    assert {r.pod_id for r in roster.view().values() if r.ips_lost} == set()
     roster.listed([_pod(GONE, "lost"), never])
     roster.listed([never])
-    assert {r.pod_id for r in roster if r.ips_lost} == set()
+    assert {r.pod_id for r in roster.view().values() if r.ips_lost} == set()
 
 
 def test_pause_alive_is_false_for_a_zombie_and_a_dead_pid():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from nri_cni.pod.model import PodInfo
 from nri_cni.service.roster import PodRecord, Roster, Unconfirmed
 
@@ -34,7 +36,25 @@ def test_a_record_of_an_unknown_pod_is_empty_and_names_it():
     assert roster.record(A) == PodRecord(A) and roster.record(A).empty
     roster.settled(A)  # an event for a pod nothing is known of leaves nothing
     roster.removed(A)
-    assert list(roster) == []
+    assert dict(roster.view()) == {}
+
+
+def test_the_view_is_the_records_read_only_and_live():
+    """A view taken before an event shows it (the record the event made, the same one `record`
+    gives); a pod removed leaves it; nothing is written through it. Control: the record read
+    before the event is not stopped."""
+    roster = Roster()
+    roster.listed([pod(A), pod(B)])
+    view = roster.view()
+    before = view[A]
+    roster.stopped(A)
+    assert not before.stopped  # control
+    assert view[A].stopped and view[A] is roster.record(A)
+    roster.removed(B)
+    assert list(view) == [A]
+    with pytest.raises(TypeError):
+        view[B] = PodRecord(B)  # type: ignore[index]
+    assert list(view) == [A]
 
 
 def test_seen_makes_a_torn_down_pod_the_runtime_s_again():
@@ -96,7 +116,7 @@ def test_settled_ends_an_attach_retry():
     roster.attach_failed(B)
     roster.settled(A)
     assert roster.pending_repair() == {B}  # control: B not settled
-    assert roster.record(A).empty and [r.pod_id for r in roster] == [B]
+    assert roster.record(A).empty and list(roster.view()) == [B]
 
 
 def test_a_list_that_has_a_pod_confirms_it_and_records_a_relisting():
@@ -190,6 +210,6 @@ def test_a_teardown_of_a_pod_without_a_record_is_kept_only_before_the_runtime_s_
     roster.listed([pod(A)])
     assert (roster.record(A).stopped, roster.record(A).relisted) == (False, True)
     roster.stopped(B)  # after the list: containerd's DEL after its RemovePodSandbox
-    assert roster.record(B).empty and [r.pod_id for r in roster] == [A]
+    assert roster.record(B).empty and list(roster.view()) == [A]
     roster.stopped(A)  # control: a pod with a record is torn down whatever the list
     assert roster.record(A).stopped

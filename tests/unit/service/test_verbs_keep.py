@@ -35,7 +35,7 @@ def _result(call) -> bytes:
 def _kept(svc) -> dict[str, int]:
     """Per-pod entries the service holds."""
     return {
-        "roster": len(list(svc.roster)),
+        "roster": len(svc.roster.view()),
         "health": len(list(svc.health.all())),
         "fresh": len(svc.plan.oplog.fresh),
         "locks": len(svc.locks),
