@@ -109,7 +109,11 @@ class ServiceTimers:
         """One verify round (service/verify.py): every pod the runtime lists running with a netns,
         or only `pod_id` (NriCniError when the runtime does not list it); `check` forces CNI
         CHECK of every attachment verified. Verdicts go to the health book, what differs is
-        repaired per `repair`; each pod's part runs under its lock. Returns the verdicts."""
+        repaired per `repair`; each pod's part runs under its lock. Returns the verdicts (a
+        round's cadence CHECKs follow it: service/checker.py). A forced round over every pod
+        waits for the CHECKs still queued first (a pod being CHECKed is busy: left out)."""
+        if check and pod_id is None:
+            await self.parts.verifier.checker.idle()
         return await shielded(self.parts.verifier.run(pod_id, check=check))
 
     async def upkeep(self, runtime_connected: bool) -> None:
@@ -146,7 +150,8 @@ class ServiceTimers:
         return len(intents)
 
     def background(self) -> int:
-        return len(self._background)
+        """Background tasks: GC and verify after a Synchronize, the CHECK of each pod a round queued."""
+        return len(self._background) + self.parts.verifier.checker.pending()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
