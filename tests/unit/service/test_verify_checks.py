@@ -253,3 +253,25 @@ def test_a_queued_check_that_fails_leads_to_the_repair(tmp_path, error, state):
     health = node.svc.health.get(target.id)
     assert health is not None and health.state.value == state
     assert node.repaired == ([target.id] if error else [])
+
+
+@pytest.mark.parametrize(("check_every", "waits"), [(1, True), (10000, False)])  # 10000: the control
+def test_a_forced_round_waits_for_the_checks_still_queued(tmp_path, check_every, waits):
+    """nri-cni verify --check after a timer's round: it starts once that round's CHECKs are
+    done (a pod being CHECKed would be busy, left out of its answer). Control: no CHECK queued
+    (none due) -> the forced round starts at once."""
+    node = Node(tmp_path, 8, check_every)
+    svc = node.svc
+
+    async def scenario():
+        await svc.timers.verify()  # the timer's round: with check_every 1 its CHECKs are held
+        forced = asyncio.create_task(svc.timers.verify(check=True))
+        for _ in range(5):  # more turns than the forced round needs to start (Verifier.rounds)
+            await asyncio.sleep(0)
+        started = svc.verifier.rounds
+        node.gate.set()
+        return started, await forced
+
+    started, verdicts = node.run(scenario)
+    assert started == (1 if waits else 2)
+    assert len(verdicts) == 8  # every pod in the forced round's answer
