@@ -168,15 +168,15 @@ def test_a_round_does_not_wait_for_the_checks_of_an_earlier_one_and_queues_no_po
     svc = node.svc
     slots = min(check_parallel(), 8)
 
-    async def scenario():
-        await svc.timers.verify()
+    async def scenario():  # the timer's rounds (Verifier.run as ServiceTimers.verify_tick runs it)
+        await svc.verifier.run()
         await asyncio.sleep(0)  # the first CHECKs start and wait for the gate
-        second = await svc.timers.verify()  # returns with the CHECKs of the first still held
+        second = await svc.verifier.run()  # returns with the CHECKs of the first still held
         at_second = (len(node.started), len(node.finished), node.status())
         node.gate.set()
         await svc.verifier.checker.idle()
         after = len(node.finished)
-        await svc.timers.verify()  # the control: nothing pending, each pod is queued again
+        await svc.verifier.run()  # the control: nothing pending, each pod is queued again
         await svc.verifier.checker.idle()
         return second, at_second, after, node.status()
 
@@ -255,17 +255,19 @@ def test_a_queued_check_that_fails_leads_to_the_repair(tmp_path, error, state):
     assert node.repaired == ([target.id] if error else [])
 
 
-@pytest.mark.parametrize(("check_every", "waits"), [(1, True), (10000, False)])  # 10000: the control
-def test_a_forced_round_waits_for_the_checks_still_queued(tmp_path, check_every, waits):
-    """nri-cni verify --check after a timer's round: it starts once that round's CHECKs are
-    done (a pod being CHECKed would be busy, left out of its answer). Control: no CHECK queued
-    (none due) -> the forced round starts at once."""
+@pytest.mark.parametrize(
+    ("check_every", "check", "waits"), [(1, True, True), (1, False, True), (10000, True, False)]
+)  # 10000: the control
+def test_a_round_on_demand_waits_for_the_checks_still_queued(tmp_path, check_every, check, waits):
+    """nri-cni verify (--check or not) after a timer's round: it starts once that round's
+    CHECKs are done (a pod being CHECKed would be busy, left out of its answer). Control: no
+    CHECK queued (none due) -> it starts at once."""
     node = Node(tmp_path, 8, check_every)
     svc = node.svc
 
     async def scenario():
-        await svc.timers.verify()  # the timer's round: with check_every 1 its CHECKs are held
-        forced = asyncio.create_task(svc.timers.verify(check=True))
+        await svc.verifier.run()  # the timer's round: with check_every 1 its CHECKs are held
+        forced = asyncio.create_task(svc.timers.verify(check=check))
         for _ in range(5):  # more turns than the forced round needs to start (Verifier.rounds)
             await asyncio.sleep(0)
         started = svc.verifier.rounds
@@ -274,4 +276,4 @@ def test_a_forced_round_waits_for_the_checks_still_queued(tmp_path, check_every,
 
     started, verdicts = node.run(scenario)
     assert started == (1 if waits else 2)
-    assert len(verdicts) == 8  # every pod in the forced round's answer
+    assert len(verdicts) == 8  # every pod in its answer
