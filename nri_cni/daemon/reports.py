@@ -139,4 +139,7 @@ def _rounds(snap: ServiceSnapshot) -> dict[str, Any]:
         "rounds": r.count,
         "lastRound": round(r.last, 3) if r.last is not None else None,
         "lastRoundSeconds": round(r.last_seconds, 4),
+        # the cadence CHECKs follow a round (service/checker.py): the rounds whose CHECKs are done
+        "checkedRounds": r.checked,
+        "checksDone": round(r.checks_done, 3) if r.checks_done is not None else None,
     }

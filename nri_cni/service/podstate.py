@@ -95,13 +95,23 @@ class HealthBook:
         self.rounds = 0  # verify rounds finished since start
         self.last_round: float | None = None  # wall time the last round finished (None: none yet)
         self.last_round_seconds = 0.0  # how long it took
+        self.checked_rounds = 0  # of those, the rounds whose cadence CHECKs are done too
+        self.checks_done_at: float | None = None  # wall time they were (None: not yet)
 
-    def round_done(self, started: float, finished: float) -> None:
+    def round_done(self, started: float, finished: float, *, checked: bool = False) -> None:
         """A verify round over every pod finished (the first one after start-up makes the
-        daemon "verified": docs/reliability.md)."""
+        daemon "verified": docs/reliability.md); `checked`: no cadence CHECK of it, or of an
+        earlier round, is left to run."""
         self.rounds += 1
         self.last_round = finished
         self.last_round_seconds = finished - started
+        if checked:
+            self.checks_done(finished)
+
+    def checks_done(self, finished: float) -> None:
+        """The cadence CHECKs of every round finished so far are done (they follow the round)."""
+        self.checked_rounds = self.rounds
+        self.checks_done_at = finished
 
     def get(self, pod_id: str) -> PodHealth | None:
         return self._pods.get(pod_id)

@@ -77,7 +77,9 @@ class PodService:
         return mode_in_force(self.source)
 
     async def close(self) -> None:
-        """Stops the background work (GC and repair after a Synchronize, the removal timers)."""
+        """Stops the background work (GC and repair after a Synchronize, the removal timers, the
+        rounds' CHECKs)."""
         self.verbs.close()
         await self.timers.close()
+        await self.verifier.checker.close()  # after the rounds: none queues any more
         self.verifier.close()

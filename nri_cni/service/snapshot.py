@@ -20,6 +20,8 @@ class Rounds:
     count: int
     last: float | None  # wall time the last one finished
     last_seconds: float
+    checked: int  # of them, the ones whose cadence CHECKs are done too
+    checks_done: float | None  # wall time they were
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class ServiceSnapshot:
     pending_rollback: tuple[str, ...]  # interrupted ADDs still to undo
     unconfirmed: int  # pods attached the runtime has not listed yet
     operations: int  # pods with an operation in flight
-    background: int  # background tasks (GC, verify after a Synchronize)
+    background: int  # background tasks (GC, verify after a Synchronize, a round's CHECKs)
     verdicts: tuple[PodHealth, ...]  # each pod's verdict from the last verify
     counts: Mapping[str, int]  # pods by verdict
     rounds: Rounds
@@ -48,7 +50,7 @@ class ServiceView:
 
     def __init__(self, parts: ServiceParts, *, background: Callable[[], int]) -> None:
         self.parts = parts
-        self.background = background  # how many background tasks run (GC, verify after a Synchronize)
+        self.background = background  # how many background tasks run (ServiceTimers.background)
 
     def snapshot(self, *, attachments: bool = True, runtime_attachments: bool = False) -> ServiceSnapshot:
         """What the reports show, taken at once. The caches are read only when asked for:
@@ -67,7 +69,13 @@ class ServiceView:
             background=self.background(),
             verdicts=tuple(book.all()),
             counts=book.counts(),
-            rounds=Rounds(book.rounds, book.last_round, book.last_round_seconds),
+            rounds=Rounds(
+                book.rounds,
+                book.last_round,
+                book.last_round_seconds,
+                book.checked_rounds,
+                book.checks_done_at,
+            ),
             attachments=held,
             attachment_count=len(held) if attachments else self.parts.plan.cached_count(),
             runtime_attachments=tuple(mode.runtime_attachments()) if runtime_attachments else (),

@@ -46,7 +46,7 @@ class ServiceTimers:
             await self.gc(reason="synchronize")
         finally:  # a GC that failed still leaves the pods to verify
             if self.parts.cfg.repair_on_sync and self.parts.cfg.repair != "off":
-                await self.verify()
+                await self._round()
 
     async def gc(self, reason: str) -> GcReport:
         """GC against the roster's valid pods; refused before the runtime's first pod list."""
@@ -109,7 +109,15 @@ class ServiceTimers:
         """One verify round (service/verify.py): every pod the runtime lists running with a netns,
         or only `pod_id` (NriCniError when the runtime does not list it); `check` forces CNI
         CHECK of every attachment verified. Verdicts go to the health book, what differs is
-        repaired per `repair`; each pod's part runs under its lock. Returns the verdicts."""
+        repaired per `repair`; each pod's part runs under its lock. Returns the verdicts (a
+        round's cadence CHECKs follow it: service/checker.py). A round on demand over every
+        pod waits for the CHECKs still queued first (a pod being CHECKed is busy: it would be
+        left out of the answer); the timer's rounds (`_round`) do not."""
+        if pod_id is None:
+            await self.parts.verifier.checker.idle()
+        return await self._round(pod_id, check=check)
+
+    async def _round(self, pod_id: str | None = None, *, check: bool = False) -> list[PodHealth]:
         return await shielded(self.parts.verifier.run(pod_id, check=check))
 
     async def upkeep(self, runtime_connected: bool) -> None:
@@ -117,12 +125,12 @@ class ServiceTimers:
         if self.parts.roster.synced and runtime_connected:
             await self.gc(reason="timer")
         if self.parts.roster.pending_repair() and self.parts.cfg.repair == "on":
-            await self.verify()
+            await self._round()
 
     async def verify_tick(self, runtime_connected: bool) -> None:
         """The verify timer: a round while the runtime's pod list is current."""
         if self.parts.roster.synced and runtime_connected:
-            await self.verify()
+            await self._round()
 
     async def reap(self) -> None:
         """Detach pods whose netns the runtime removed without telling us (containerd 2.1.9
@@ -146,7 +154,8 @@ class ServiceTimers:
         return len(intents)
 
     def background(self) -> int:
-        return len(self._background)
+        """Background tasks: GC and verify after a Synchronize, the CHECK of each pod a round queued."""
+        return len(self._background) + self.parts.verifier.checker.pending()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -11,8 +11,9 @@ FIRST_RETRY with doubling, then broken): docs/reliability.md, per finding kind.
 
 A pod with an operation in flight is left for the next round; the netlink read of a round is
 done for all pods at once, outside any lock (it only reads); a pod whose records changed before
-its lock was taken is read again under the lock. The CHECKs of pods netlink found intact run
-a few at once (check_parallel); repairs run one at a time.
+its lock was taken is read again under the lock. The cadence CHECKs of pods netlink found intact
+run after the round, a few at once (checker.py); asked for by hand (`--check`, one pod) they
+run in it. Repairs run one at a time.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from nri_cni.pod.parallel import at_once
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.repair import IpsNotRequestable, IpTaken, repair_selection
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
+from nri_cni.service.checker import Checker, CheckJob
 from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
 from nri_cni.service.modes import Mode, RuntimeIps, mode_in_force
 from nri_cni.service.podcheck import Key, PodCheck, Retry, ToRead, netns_unreadable, read_checks
@@ -118,6 +120,16 @@ class Verifier:
         # the mode of the round in progress, read once when it starts (rounds never overlap):
         # the pod service's one mode object of the config in force (modes.py)
         self.mode: Mode = mode_in_force(self.source)
+        # the cadence CHECKs of a round's intact pods, after it: each under its pod's lock, its
+        # plugins at GC's nice value (pod operations first); one that fails is repaired as a
+        # round repairs
+        self.checker = Checker(
+            lambda job: self._settle(
+                job.check, forced=False, explicit=False, nice=GC_PLUGIN_NICE, round_no=job.round_no
+            ),
+            parallel=check_parallel(),
+            done=lambda: self.health.checks_done(time.time()),
+        )
 
     @property
     def policy(self) -> VerifyPolicy:
@@ -176,7 +188,7 @@ class Verifier:
             checks = await read_checks(self.inspector, to_read)
             out: list[PodHealth] = []
             explicit = pod_id is not None
-            # pods netlink found intact whose only business is a CHECK: several at once, last
+            # pods netlink found intact whose only business is a CHECK: after the others
             first: list[PodCheck] = []
             later: list[PodCheck] = []
             for c in checks:
@@ -185,21 +197,32 @@ class Verifier:
                 health = await self._settle(c, forced=check, explicit=explicit)
                 if health is not None:
                     out.append(health)
-            for c in later:  # their verdict from netlink and the host side, until CHECKed
-                if not self.locks.busy(c.pod.id):
-                    self._unlocked(c, None, explicit=False)
-            if pod_id is None:  # every pod compared with the node: the round is done ...
-                self.health.round_done(started, time.time())
+            judged = [  # their verdict from netlink and the host side, until CHECKed
+                self._unlocked(c, None, explicit=False) for c in later if not self.locks.busy(c.pod.id)
+            ]
+            by_hand = check or explicit  # the CHECKs' outcome is the answer: they run in the round
+            if not by_hand:  # the timer's: they follow the round (checker.py)
+                self.checker.queue([CheckJob(c, self.rounds) for c in later])
+            if pod_id is None:  # every pod compared with the node: the round is done
+                self.health.round_done(
+                    started, time.time(), checked=not by_hand and not self.checker.pending()
+                )
                 self.retain(set(self.roster.pods()))
-            # ... and its CHECKs of intact pods follow, check_parallel() at once, each under its
-            # pod's lock, their plugins at GC's nice value (pod operations first); a CHECK that
-            # fails leads to the repair as above
-            done = await at_once(
-                later,
-                lambda c: self._settle(c, forced=check, explicit=explicit, nice=GC_PLUGIN_NICE),
-                check_parallel(),
-            )
-            return out + [h for h in done if h is not None]
+            if not by_hand:
+                return out + [h for h in judged if h is not None]
+            return out + await self._check_by_hand(later, check=check, explicit=explicit)
+
+    async def _check_by_hand(self, later: list[PodCheck], *, check: bool, explicit: bool) -> list[PodHealth]:
+        """The CHECKs of the pods netlink found intact (`later`) asked for by hand (forced, or
+        one pod), run in the round as the checker runs them: their outcome is the answer."""
+        done = await at_once(
+            later,
+            lambda c: self._settle(c, forced=check, explicit=explicit, nice=GC_PLUGIN_NICE),
+            check_parallel(),
+        )
+        if not explicit and not self.checker.pending():  # none of an earlier round's still runs
+            self.health.checks_done(time.time())
+        return [h for h in done if h is not None]
 
     def _plan(self, pod: PodInfo, entries: list[CacheEntry]) -> ToRead:
         try:
@@ -227,15 +250,15 @@ class Verifier:
         """The pod's record as the roster has it now (an empty one: nothing known of it)."""
         return self.records.get(pod_id) or PodRecord(pod_id)
 
-    def _due(self, c: PodCheck, forced: bool) -> list[CacheEntry]:
-        """The attachments this round CHECKs."""
+    def _due(self, c: PodCheck, forced: bool, round_no: int | None = None) -> list[CacheEntry]:
+        """The attachments round `round_no` (default: this one) CHECKs."""
         return [
             e
             for e in c.entries
             if e.result is not None
             and self.policy.needs_check(
                 f"{c.pod.id}/{e.network_name}/{e.ifname}",
-                self.rounds,
+                self.rounds if round_no is None else round_no,
                 differs=e.key in {d.key for d in c.damaged},
                 forced=forced,
             )
@@ -263,14 +286,17 @@ class Verifier:
         assert isinstance(decision, Verdict)  # a repair is ordered only when something differs
         return self._report(c, decision, verdicts_of(c, {}))
 
-    async def _settle(self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0) -> PodHealth | None:
-        """The pod's part of the round: without its lock when there is nothing to run, else
-        under it, its records read again when an operation ran since the round read them."""
+    async def _settle(
+        self, c: PodCheck, *, forced: bool, explicit: bool, nice: int = 0, round_no: int | None = None
+    ) -> PodHealth | None:
+        """The pod's part of round `round_no` (default: this one): without its lock when there
+        is nothing to run, else under it, its records read again when an operation ran since the
+        round read them (a pod stopped, removed or collected meanwhile is not CHECKed)."""
         pod = c.pod
         record = self._record(pod.id)
         read = ModeRead(c, record, self.mode.runtime_ips(c, record))
         ips = read.ips
-        quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced)
+        quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced, round_no)
         if c.netns_gone or ips.lost or (quiet and not self.locks.busy(pod.id)):
             return self._unlocked(c, read, explicit=explicit)
         if not explicit and self.locks.busy(pod.id):
@@ -288,7 +314,7 @@ class Verifier:
             failed: dict[Key, str] = {}  # the CHECKs due this round that failed -> the error
             niced = PLUGIN_NICE.set(nice)  # this task's CHECK plugins only
             try:
-                for entry in self._due(c, forced) if not c.netns_gone else []:
+                for entry in self._due(c, forced, round_no) if not c.netns_gone else []:
                     error = await self.plan.check_entry(entry, c.pod.netns)
                     if error:
                         failed[entry.key] = error
