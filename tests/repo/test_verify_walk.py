@@ -8,25 +8,19 @@ inspector a fake that finds eth0 missing once."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sys
 import types
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import nri_cni.service
 from nri_cni.cni.executor import FakeExecutor
-from nri_cni.cni.runtime import CNIRuntime
-from nri_cni.config import parse_config
-from nri_cni.node import Difference, Expectation, Finding, FindingKind
-from nri_cni.pod.model import PodInfo
-from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import PodState
-from tests.support.pods import pod_plan, pod_service
+from tests.support import verifyworld
+from tests.support.verifyworld import Inspector
 
 SERVICE = Path(nri_cni.service.__file__).parent  # where the files run from, as the profiler names them
 MOST = 2  # entries per service file in one round's walk
@@ -36,7 +30,6 @@ KNOWN: dict[str, int] = {}
 
 POD = "e8" * 32
 IP = "10.78.0.2"
-NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "e8-br", "capabilities": {"ips": True}}]}
 _RESUMABLE = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 
 
@@ -129,61 +122,19 @@ def test_the_counter_counts_each_entry_from_another_file(tmp_path):
 # -- the round ------------------------------------------------------------------------------
 
 
-def _result(call: Any) -> bytes:
-    return json.dumps(
-        {
-            "cniVersion": "1.1.0",
-            "interfaces": [{"name": "eth0", "sandbox": call.env["CNI_NETNS"], "mac": "02:00:00:00:e8:01"}],
-            "ips": [{"address": f"{IP}/24", "interface": 0}],
-        }
-    ).encode()
-
-
-class Inspector:
-    """eth0's link missing at the first inspect, everything as expected after."""
-
-    def __init__(self) -> None:
-        self.damaged = True
-
-    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
-        damaged, self.damaged = self.damaged, False
-        if damaged:
-            return [Finding(e, (Difference(FindingKind.LINK_MISSING, "no eth0"),)) for e in exps]
-        return [Finding(e) for e in exps]
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_verify_round_that_repairs_enters_each_service_file_at_most_twice(tmp_path):
-    fake = FakeExecutor({"e8-br": {"ADD": _result}})
-    doc: dict[str, Any] = {
-        "mode": "shim",
-        "state_dir": str(tmp_path / "state"),
-        "networks": [{"name": "podnet", "default": True, "conflist": NET}],
-        "repair_on_sync": False,
-    }
-    cfg = parse_config(doc, str(tmp_path / "config.yaml"))
-    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake))
-    svc = pod_service(cfg, plan, mode=mode_for(cfg), inspector=Inspector())  # type: ignore[arg-type]
-    netns = tmp_path / "netns"
-    netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
-    pod = PodInfo(POD, name="e8-pod", namespace="default", netns=str(netns), ips=(IP,))
+    w = verifyworld.World(tmp_path, tag="e8", ip=IP, inspector=Inspector("damaged"))
     walk = Walk()
 
     async def scenario() -> None:
-        try:
-            await svc.verbs.attach(pod)
-            svc.roster.listed([pod])
-            with walk.on():
-                await svc.timers.verify_tick(runtime_connected=True)
-        finally:
-            await svc.close()
+        await w.attached_and_listed()
+        with walk.on():
+            await w.svc.timers.verify_tick(runtime_connected=True)
 
-    asyncio.run(scenario())
-    health = svc.health.get(POD)
+    w.run(scenario)
+    health = w.svc.health.get(POD)
     assert health is not None and health.state is PodState.REPAIRED, health  # the walk repaired
-    assert fake.commands() == ["ADD", "CHECK", "DEL", "ADD"]  # ... down to the plugin exec
+    assert w.fake.commands() == ["ADD", "CHECK", "DEL", "ADD"]  # ... down to the plugin exec
     executor = Path(sys.modules[FakeExecutor.__module__].__file__ or "")
     assert walk.entries[str(executor)] > 0
     entered = walk.of(SERVICE)

@@ -375,6 +375,17 @@ def test_stop_ends_run_while_retrying(arun, sock_dir):
     arun(main())
 
 
+async def _registrar(sock_dir, register):
+    """A runtime that answers RegisterPlugin with `register` and nothing else: its socket's
+    path and listener."""
+    server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
+    path = str(sock_dir / "nri.sock")
+    listener = await asyncio.get_running_loop().create_unix_server(
+        lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path
+    )
+    return path, listener
+
+
 def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir):
     async def main():
         attempts: list[float] = []  # when each arrived
@@ -391,11 +402,7 @@ def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir)
             return b""
 
         loop = asyncio.get_running_loop()
-        server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
-        path = str(sock_dir / "nri.sock")
-        listener = await loop.create_unix_server(
-            lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path
-        )
+        path, listener = await _registrar(sock_dir, register)
         stub = Stub(
             Recorder(), name="x", idx="01", socket_path=path, backoff_initial=0.1, registration_timeout=0.2
         )
@@ -646,6 +653,12 @@ def test_the_backoff_doubles_up_to_its_longest(arun, sock_dir, monkeypatch):
         backoff_initial=0.001,
         backoff_max=0.004,
     )
+    assert _backoffs(arun, monkeypatch, stub, 5, cut_short=False) == [0.001, 0.002, 0.004, 0.004, 0.004]
+
+
+def _backoffs(arun, monkeypatch, stub: Stub, n: int, *, cut_short: bool) -> list[float]:
+    """The first `n` waits between the stub's attempts (no runtime listens), each cut to no
+    time when `cut_short`; then the stub is stopped."""
     backoffs: list[float] = []
     enough = asyncio.Event()
     wait_for = asyncio.wait_for
@@ -654,8 +667,10 @@ def test_the_backoff_doubles_up_to_its_longest(arun, sock_dir, monkeypatch):
         frame = getattr(aw, "cr_frame", None)
         if frame is not None and frame.f_locals.get("self") is stub._stopping:
             backoffs.append(timeout)
-            if len(backoffs) == 5:
+            if len(backoffs) == n:
                 enough.set()
+            if cut_short:
+                timeout = 0
         return wait_for(aw, timeout)
 
     async def main():
@@ -666,7 +681,7 @@ def test_the_backoff_doubles_up_to_its_longest(arun, sock_dir, monkeypatch):
 
     monkeypatch.setattr(asyncio, "wait_for", recording)
     arun(main())
-    assert backoffs[:5] == [0.001, 0.002, 0.004, 0.004, 0.004]
+    return backoffs[:n]
 
 
 def test_every_answered_request_is_observed(arun, sock_dir):
@@ -716,28 +731,7 @@ def test_the_default_backoff_starts_at_a_fifth_of_a_second_and_doubles_to_five(a
     (no time passes). Control case: test_the_backoff_doubles_up_to_its_longest, where the given
     bounds replace these."""
     stub = Stub(Recorder(), name="x", idx="01", socket_path=str(sock_dir / "none.sock"))
-    backoffs: list[float] = []
-    enough = asyncio.Event()
-    wait_for = asyncio.wait_for
-
-    def recording(aw, timeout):
-        frame = getattr(aw, "cr_frame", None)
-        if frame is not None and frame.f_locals.get("self") is stub._stopping:
-            backoffs.append(timeout)
-            if len(backoffs) == 7:
-                enough.set()
-            timeout = 0
-        return wait_for(aw, timeout)
-
-    async def main():
-        task = asyncio.create_task(stub.run())
-        await enough.wait()
-        await stub.stop()
-        await task
-
-    monkeypatch.setattr(asyncio, "wait_for", recording)
-    arun(main())
-    assert backoffs[:7] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    assert _backoffs(arun, monkeypatch, stub, 7, cut_short=True) == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
 
 
 @pytest.mark.parametrize("given, deadline", [(None, 5.0), (0.5, 0.5)])
@@ -754,12 +748,7 @@ def test_the_registration_carries_its_timeout_as_its_deadline(arun, sock_dir, gi
             registered.set()
             return b""
 
-        loop = asyncio.get_running_loop()
-        server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
-        path = str(sock_dir / "nri.sock")
-        listener = await loop.create_unix_server(
-            lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path
-        )
+        path, listener = await _registrar(sock_dir, register)
         kw = {} if given is None else {"registration_timeout": given}
         stub = Stub(Recorder(), name="x", idx="01", socket_path=path, **kw)
         task = asyncio.create_task(stub.run())

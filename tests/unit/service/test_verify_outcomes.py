@@ -6,94 +6,22 @@ executor's, the node inspector a fake."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nri_cni.cni.executor import FakeExecutor
-from nri_cni.cni.runtime import CNIRuntime
-from nri_cni.config import parse_config
-from nri_cni.node import Difference, Expectation, Finding, FindingKind
 from nri_cni.pod.model import PodInfo
-from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import BrokenCode, PodHealth, PodState
-from tests.support.pods import pod_plan, pod_service
+from tests.support import verifyworld
+from tests.support.verifyworld import Inspector
 
 POD = "d7" * 32
 IP = "10.77.0.2"
-# the `ips` capability: a repair can ask the chain for the pod's address again
-NET = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "d7-br", "capabilities": {"ips": True}}]}
 
 
-def _result(call) -> bytes:
-    return json.dumps(
-        {
-            "cniVersion": "1.1.0",
-            "interfaces": [{"name": "eth0", "sandbox": call.env["CNI_NETNS"], "mac": "02:00:00:00:d7:01"}],
-            "ips": [{"address": f"{IP}/24", "interface": 0}],
-        }
-    ).encode()
-
-
-class Inspector:
-    """What NodeInspector answers, round by round: `answers` is consumed one per inspect call
-    ("damaged": eth0's link missing, "unreadable": the host side could not be read, "ok"); once
-    empty, every attachment as expected. `on_inspect` runs inside the call (while the round reads)."""
-
-    def __init__(self, *answers: str) -> None:
-        self.answers = list(answers)
-        self.on_inspect: Callable[[], Awaitable[None]] | None = None
-
-    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
-        if self.on_inspect is not None:
-            hook, self.on_inspect = self.on_inspect, None
-            await hook()
-        answer = self.answers.pop(0) if self.answers else "ok"
-        if answer == "damaged":
-            return [Finding(e, (Difference(FindingKind.LINK_MISSING, "no eth0"),)) for e in exps]
-        if answer == "unreadable":
-            return [
-                Finding(e, (Difference(FindingKind.UNREADABLE, "cannot read host links: EIO"),)) for e in exps
-            ]
-        return [Finding(e) for e in exps]
-
-    def close(self) -> None:
-        pass
-
-
-class World:
-    def __init__(self, tmp: Path, inspector: Inspector) -> None:
-        self.fake = FakeExecutor({"d7-br": {"ADD": _result}})
-        doc: dict[str, Any] = {
-            "mode": "shim",
-            "state_dir": str(tmp / "state"),
-            "networks": [{"name": "podnet", "default": True, "conflist": NET}],
-            "repair_on_sync": False,
-        }
-        cfg = parse_config(doc, str(tmp / "config.yaml"))
-        self.plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake))
-        self.svc = pod_service(cfg, self.plan, mode=mode_for(cfg), inspector=inspector)  # type: ignore[arg-type]
-        netns = tmp / "netns"
-        netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
-        self.pod = PodInfo(POD, name="d7-pod", namespace="default", netns=str(netns), ips=(IP,))
-
-    async def attached_and_listed(self) -> None:
-        await self.svc.verbs.attach(self.pod)
-        self.svc.roster.listed([self.pod])  # the runtime's list has it, with eth0's IP
-
-
-def run(w: World, scenario: Callable[[], Awaitable[Any]]) -> Any:
-    async def whole() -> Any:
-        try:
-            return await scenario()
-        finally:
-            await w.svc.close()
-
-    return asyncio.run(whole())
+def World(tmp: Path, inspector: Inspector) -> verifyworld.World:
+    return verifyworld.World(tmp, tag="d7", ip=IP, inspector=inspector)
 
 
 @pytest.mark.parametrize("leaves_missing", [True, False], ids=["network-left-missing", "control-repaired"])
@@ -121,7 +49,7 @@ def test_a_repair_that_leaves_a_network_missing_is_not_repaired(tmp_path, leaves
             seen.append(w.svc.health.get(POD))
         return seen
 
-    seen = run(w, scenario)
+    seen = w.run(scenario)
     if leaves_missing:
         assert seen[0] is None
         last = seen[-1]
@@ -144,7 +72,7 @@ def test_an_unreadable_pod_whose_check_was_due_is_not_ok(tmp_path, readable):
         await w.attached_and_listed()
         return await w.svc.timers.verify(check=True)
 
-    (health,) = run(w, scenario)
+    (health,) = w.run(scenario)
     assert w.fake.commands() == ["ADD", "CHECK"]  # the CHECK was due, and ran
     assert w.svc.health.get(POD) is health
     if readable:
@@ -173,7 +101,7 @@ def test_a_pod_torn_down_while_the_round_read_it_is_not_attached_again(tmp_path,
         await w.attached_and_listed()
         return await w.svc.timers.verify()
 
-    verdicts = run(w, scenario)
+    verdicts = w.run(scenario)
     if stopped:
         assert verdicts == [] and w.svc.health.get(POD) is None
         assert w.fake.commands() == ["ADD", "DEL"] and w.svc.view.attachments(POD) == []

@@ -8,24 +8,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.exec_errors import Ended
-from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.plugin_process import PLUGIN_NICE
-from nri_cni.cni.runtime import CNIRuntime
-from nri_cni.config import parse_config
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.node import Difference, Expectation, Finding, FindingKind
-from nri_cni.pod.model import PodInfo
-from nri_cni.service.modes import mode_for
 from nri_cni.service.podstate import BrokenCode, PodHealth, PodState
-from tests.support.pods import pod_plan, pod_service
+from tests.support import verifyworld
 
 POD, OTHER = "e5" * 32, "e6" * 32
 IP = "10.78.0.2"
@@ -39,81 +31,8 @@ def _refusal(address: str) -> Ended:
     return Ended(stdout=json.dumps({"cniVersion": "1.1.0", "code": 999, "msg": msg}).encode(), status=1)
 
 
-class Inspector:
-    """NodeInspector's answer: every attachment's link missing for the next `damaged` reads,
-    else as expected; `asked`: the pod of each attachment it was asked about."""
-
-    def __init__(self) -> None:
-        self.damaged = 0
-        self.asked: list[str] = []  # the pods each expectation was of
-
-    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
-        self.asked += [e.key.split("/")[0] for e in exps]
-        if self.damaged:
-            self.damaged -= 1
-            return [Finding(e, (Difference(FindingKind.LINK_MISSING, "no eth0"),)) for e in exps]
-        return [Finding(e) for e in exps]
-
-    def close(self) -> None:
-        pass
-
-
-class World:
-    """One pod attached through the service (its ADD answers IP), listed by the runtime. After
-    `attached_and_listed`, every later ADD answers `self.add_answer` when it is set."""
-
-    def __init__(self, tmp: Path, *, plugin: dict = ASKABLE, verify: dict | None = None) -> None:
-        self.add_answer: Ended | None = None
-        self.fake = FakeExecutor({"e5-br": {"ADD": self._add}})
-        conflist = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [plugin]}
-        doc: dict[str, Any] = {
-            "mode": "shim",
-            "state_dir": str(tmp / "state"),
-            "networks": [{"name": "podnet", "default": True, "conflist": conflist}],
-            "repair_on_sync": False,
-            **({"verify": verify} if verify is not None else {}),
-        }
-        cfg = parse_config(doc, str(tmp / "config.yaml"))
-        self.inspector = Inspector()
-        self.plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake))
-        self.svc = pod_service(cfg, self.plan, mode=mode_for(cfg), inspector=self.inspector)  # type: ignore[arg-type]
-        netns = tmp / "netns"
-        netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
-        self.pod = PodInfo(POD, name="e5-pod", namespace="default", netns=str(netns), ips=(IP,))
-        self.conflist = conflist
-
-    def _add(self, call) -> Ended | bytes:
-        if self.add_answer is not None:
-            return self.add_answer
-        result = {
-            "cniVersion": "1.1.0",
-            "interfaces": [{"name": "eth0", "sandbox": call.env["CNI_NETNS"], "mac": "02:00:00:00:e5:01"}],
-            "ips": [{"address": f"{IP}/24", "interface": 0}],
-        }
-        return json.dumps(result).encode()
-
-    async def attached_and_listed(self) -> None:
-        await self.svc.verbs.attach(self.pod)
-        self.svc.roster.listed([self.pod])  # the runtime's list has it, with eth0's IP
-
-    def other_pod_holds(self, address: str) -> None:
-        """Another pod's attachment whose result holds `address` (the cache is what says so)."""
-        result = {"cniVersion": "1.1.0", "ips": [{"address": f"{address}/24", "interface": 0}]}
-        config = json.dumps({**self.conflist, "name": "othernet"}).encode()
-        self.plan.cni.cache.write(CacheEntry(OTHER, "eth0", "othernet", config, "/x", result=result))
-
-    def adds(self) -> int:
-        return self.fake.commands().count("ADD")
-
-
-def run(w: World, scenario: Callable[[], Awaitable[Any]]) -> Any:
-    async def whole() -> Any:
-        try:
-            return await scenario()
-        finally:
-            await w.svc.close()
-
-    return asyncio.run(whole())
+def World(tmp: Path, **kw: Any) -> verifyworld.World:
+    return verifyworld.World(tmp, tag="e5", ip=IP, **kw)
 
 
 @pytest.mark.parametrize("listed", [False, True], ids=["unlisted", "control-listed"])
@@ -129,11 +48,11 @@ def test_a_round_asked_about_one_pod_the_runtime_does_not_list_is_refused(tmp_pa
         return await w.svc.timers.verify(POD)
 
     if listed:
-        (health,) = run(w, scenario)
+        (health,) = w.run(scenario)
         assert health.state is PodState.OK
     else:
         with pytest.raises(NriCniError, match=f"no pod '{POD}' in the runtime's pod list") as err:
-            run(w, scenario)
+            w.run(scenario)
         assert err.value.kind is Kind.BAD_ENV
         assert w.svc.health.get(POD) is None
 
@@ -157,7 +76,7 @@ def test_failed_repairs_are_tried_again_after_a_doubling_wait_up_to_16_intervals
 
     async def tries() -> list[tuple[float, bool]]:
         await w.attached_and_listed()
-        w.inspector.damaged = 1  # the round's read
+        w.inspector.answers = ["damaged"]  # the round's read
         w.add_answer = BUSY
         before = w.adds()
         await w.svc.timers.verify()  # the first repair: fails
@@ -171,7 +90,7 @@ def test_failed_repairs_are_tried_again_after_a_doubling_wait_up_to_16_intervals
         return seen
 
     expected = [(0.0, True)] + [(gap, tried) for gap in gaps for tried in (False, True)]
-    assert run(w, tries) == expected
+    assert w.run(tries) == expected
     last = w.svc.health.get(POD)
     assert last is not None and (last.state, last.code) == (PodState.BROKEN, BrokenCode.REPAIR_FAILED)
 
@@ -191,11 +110,11 @@ def test_a_repair_never_takes_an_address_another_pod_holds(tmp_path, holder_ip, 
 
     async def scenario() -> list[PodHealth]:
         await w.attached_and_listed()
-        w.other_pod_holds(holder_ip)
-        w.inspector.damaged = 1  # the round's read
+        w.other_pod_holds(OTHER, holder_ip)
+        w.inspector.answers = ["damaged"]  # the round's read
         return await w.svc.timers.verify()
 
-    (health,) = run(w, scenario)
+    (health,) = w.run(scenario)
     assert (health.state, health.code) == (state, code)
     # each attachment's verdict: as read before a repair that did nothing, as read after one
     seen = [(a.network, a.ifname, a.finding) for a in health.attachments]
@@ -223,7 +142,7 @@ def test_an_ipam_that_refuses_the_pods_address_makes_it_ip_taken_at_once(tmp_pat
 
     async def scenario() -> list[PodHealth | None]:
         await w.attached_and_listed()
-        w.inspector.damaged = 1  # the round's read
+        w.inspector.answers = ["damaged"]  # the round's read
         w.add_answer = add
         await w.svc.timers.verify()
         seen = [w.svc.health.get(POD)]
@@ -231,7 +150,7 @@ def test_an_ipam_that_refuses_the_pods_address_makes_it_ip_taken_at_once(tmp_pat
             await w.svc.timers.verify(POD)
         return seen + [w.svc.health.get(POD)]
 
-    first, last = run(w, scenario)
+    first, last = w.run(scenario)
     assert last is not None and (last.state, last.code) == (PodState.BROKEN, code)
     if code is BrokenCode.IP_TAKEN:
         assert first is not None and first.code is BrokenCode.IP_TAKEN
@@ -255,10 +174,10 @@ def test_a_chain_that_cannot_be_asked_for_the_pods_address_is_not_cut(tmp_path, 
 
     async def scenario() -> list[PodHealth]:
         await w.attached_and_listed()
-        w.inspector.damaged = 1  # the round's read
+        w.inspector.answers = ["damaged"]  # the round's read
         return await w.svc.timers.verify()
 
-    (health,) = run(w, scenario)
+    (health,) = w.run(scenario)
     assert (health.state, health.code) == (state, code)
     repaired = ["DEL", "ADD"] if state is PodState.REPAIRED else []
     assert w.fake.commands() == ["ADD", "CHECK", *repaired]
@@ -294,7 +213,7 @@ def test_a_round_reads_the_listed_pods_with_a_netns_but_not_those_busy_or_torn_d
             release.set()
             await op
 
-    verdicts = run(w, scenario)
+    verdicts = w.run(scenario)
     if case == "control-listed":
         assert [h.state for h in verdicts] == [PodState.OK] and w.inspector.asked == [POD]
     else:
@@ -311,7 +230,7 @@ def test_only_a_round_over_every_pod_counts_as_a_round_done(tmp_path, pod_id, ro
         await w.attached_and_listed()
         return await w.svc.timers.verify(pod_id)
 
-    assert [h.state for h in run(w, scenario)] == [PodState.OK]
+    assert [h.state for h in w.run(scenario)] == [PodState.OK]
     assert w.svc.health.rounds == rounds
 
 
@@ -333,8 +252,8 @@ def test_a_check_of_an_intact_pod_runs_at_gcs_nice_value(tmp_path, damaged, nice
 
     async def scenario() -> list[PodHealth]:
         await w.attached_and_listed()
-        w.inspector.damaged = int(damaged)
+        w.inspector.answers = ["damaged"] * int(damaged)
         return await w.svc.timers.verify(check=True)
 
-    run(w, scenario)
+    w.run(scenario)
     assert seen == [nice]
