@@ -16,9 +16,10 @@ from nri_cni.cni.exec_errors import Ended
 from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
-from nri_cni.pod.model import AttachRequest, PodInfo
-from nri_cni.pod.oprecord import OpRecord
-from nri_cni.pod.repair import IpTaken, repair_selection
+from nri_cni.errors import ConfigError
+from nri_cni.pod.model import AttachRequest, PodInfo, RuntimePrimary
+from nri_cni.pod.oprecord import OperationLog, OpRecord
+from nri_cni.pod.repair import IpTaken, Repairer, repair_selection
 from nri_cni.service.modes import mode_for
 from tests.support.pods import pod_plan
 
@@ -63,15 +64,17 @@ def _check(tmp_path, version: str, check: Ended | bytes, *, netns: str = "/run/n
         ("1.1.0", _error(11, "busy"), {}, "busy", True),  # control: the plugin says no
         ("0.3.1", b"", {}, "", False),  # no CHECK before 0.4.0: nothing to learn
         ("0.4.0", b"", {}, "", True),  # control: the first version with CHECK
-        # the plugin's own "incompatible version" is its answer, not the runtime's refusal
+        # the plugin's own "incompatible version" (code 1) is its answer, not the runtime's
+        # refusal; code 2 likewise
+        ("1.1.0", _error(1, "no CHECK here"), {}, "no CHECK here", True),
         ("1.1.0", _error(2, "no CHECK here"), {}, "no CHECK here", True),
         ("1.1.0", _error(11, "busy"), {"disableCheck": True}, "", False),  # switched off
     ],
 )
 def test_check_entry(tmp_path, version, check, conf, said, checked):
     """Control cases: the second row against the first (the plugin's answer), the third against
-    the fourth (the version), the fifth against the third (code 2 from a plugin, not from the
-    runtime's version check), the last against the second (disableCheck)."""
+    the fourth (the version), the fifth and sixth against the third (code 1 or 2 from a plugin,
+    not the runtime's version check), the last against the second (disableCheck)."""
     out, calls = _check(tmp_path, version, check, **conf)
     assert (said in out) if said else (out == "")
     assert calls == (["/run/netns/given"] if checked else [])
@@ -178,3 +181,74 @@ def test_a_repair_dels_the_damaged_last_attached_first_adds_them_back_and_says_s
             if c.command == "ADD"
         }
         assert asked == {"eth0": ["10.79.0.2/24"], "net1": ["10.79.0.3/24"]}
+
+
+@pytest.mark.parametrize("value, said", [("v;x", "must not contain"), ("v", "")], ids=["refused", "control"])
+def test_check_entry_answers_the_runtimes_refusal_of_a_cached_attachment(tmp_path, value, said):
+    """A cached attachment whose CNI_ARGS the runtime refuses to pass on (';' in a value): the
+    CHECK answers the refusal's text, the plugin is never run. Control: a plain value passes."""
+    fake = FakeExecutor({"c7-br": {"CHECK": b""}})
+    cfg = parse_config({"state_dir": str(tmp_path / "state")})
+    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake))
+    conflist = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "c7-br"}]}
+    entry = CacheEntry(POD, "eth0", "podnet", json.dumps(conflist).encode(), "/run/netns/c7", [("K", value)])
+    out = asyncio.run(plan.check_entry(entry, ""))
+    assert (said in out and "'v;x'" in out) if said else out == ""
+    assert [c.command for c in fake.calls] == ([] if said else ["CHECK"])
+
+
+BAD = b'{"cniVersion": "1.1.0", "name": "podnet", "plugins": []}'  # no plugins: not a conflist
+
+
+@pytest.mark.parametrize("config", [BAD, json.dumps(_net("podnet")).encode()], ids=["corrupt", "control"])
+def test_a_cached_config_that_is_no_conflist_is_named_by_its_cache_file(tmp_path, config):
+    """The cache file's config is what CHECK and a repair run: one that is not a conflist is
+    refused naming that file ("cache:<path>"), in check_entry and in the repair's selection
+    (with the network still configured, and gone from the config). Control: a valid config."""
+    doc = {
+        "state_dir": str(tmp_path / "state"),
+        "networks": [{"name": "podnet", "default": True, "conflist": _net("podnet")}],
+    }
+    cfg = parse_config(doc, str(tmp_path / "config.yaml"))
+    fake = FakeExecutor({"c7-br": {"CHECK": b""}})
+    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake))
+    path = "/var/lib/cni/results/podnet-c7-eth0"
+    entry = CacheEntry(POD, "eth0", "podnet", config, "/run/netns/c7", result=RESULT, path=path)
+    configured = plan.expected(PodInfo(POD, netns="/run/netns/c7"), mode_for(cfg).primary)
+    assert [sel.key for sel in configured] == [entry.key]
+    calls = [
+        lambda: asyncio.run(plan.check_entry(entry, "")),
+        lambda: repair_selection(configured, [entry], []),  # configured: its cached config
+        lambda: repair_selection([], [entry], [entry.key]),  # gone from the config
+    ]
+    for call in calls:
+        if config is BAD:
+            with pytest.raises(ConfigError) as err:
+                call()
+            assert err.value.location == f"cache:{path}"
+        else:
+            call()
+
+
+class Attacher:
+    """The repair's attacher: records the runtime primary each attach got."""
+
+    def __init__(self) -> None:
+        self.primaries: list[object] = []
+
+    async def attach(self, pod, selected, request, record, runtime_primary):
+        self.primaries.append(runtime_primary)
+        return None
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given", "control-none"])
+def test_a_repair_attaches_with_the_runtime_primary_it_was_given(tmp_path, given):
+    """Secondary mode's runtime primary (whose FINALIZE the repair's attach runs) reaches the
+    attach. Control: none given -> none passed."""
+    cni = CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=FakeExecutor({}))
+    attacher = Attacher()
+    repairer = Repairer(cni, rollback=None, attacher=attacher, oplog=OperationLog(Records()))  # type: ignore[arg-type]
+    primary = RuntimePrimary("runtime-net", cni.cache) if given else None
+    pod = PodInfo(POD, name="c7-pod", namespace="default", netns="/run/netns/c7")
+    asyncio.run(repairer.repair(pod, selected=[], damaged=[], ips={}, wrong=[], runtime_primary=primary))
+    assert attacher.primaries == [primary]
