@@ -6,11 +6,13 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 
 import pytest
 
 from nri_cni.api import nri_pb2
 from nri_cni.errors import WIRE, ConfigError, GrpcCode, Kind, PodError, ProtocolError, RPCError, Unavailable
+from nri_cni.nri import mux
 from nri_cni.nri.plugin_service import RUNTIME_SERVICE
 from nri_cni.nri.stub import Stub, check_identity, launch_identity
 from nri_cni.nri.trunk import Trunk
@@ -238,6 +240,7 @@ def test_handler_errors_reach_the_runtime_and_the_connection_stays(arun, sock_di
     with caplog.at_level(logging.ERROR):
         arun(main())
     assert "ADD failed" in caplog.text and "KeyError" in caplog.text
+    assert "NRI plugin service: " in caplog.text  # the server's log lines name it
 
 
 def test_undecodable_request_is_invalid_argument(arun, sock_dir):
@@ -375,14 +378,19 @@ def test_stop_ends_run_while_retrying(arun, sock_dir):
     arun(main())
 
 
-async def _registrar(sock_dir, register):
+async def _registrar(sock_dir, register, trunks: list[Trunk] | None = None):
     """A runtime that answers RegisterPlugin with `register` and nothing else: its socket's
-    path and listener."""
+    path and listener; each connection's Trunk is added to `trunks`."""
     server = TtrpcServer({RUNTIME_SERVICE: {"RegisterPlugin": register}})
     path = str(sock_dir / "nri.sock")
-    listener = await asyncio.get_running_loop().create_unix_server(
-        lambda: Trunk({1: TtrpcClient(), 2: server.protocol()}), path
-    )
+
+    def trunk() -> Trunk:
+        made = Trunk({1: TtrpcClient(), 2: server.protocol()})
+        if trunks is not None:
+            trunks.append(made)
+        return made
+
+    listener = await asyncio.get_running_loop().create_unix_server(trunk, path)
     return path, listener
 
 
@@ -426,8 +434,13 @@ def test_registration_hanging_or_refused_is_retried_with_backoff(arun, sock_dir)
     "name, idx", [("", "01"), ("bad name", "01"), ("x/y", "01"), ("ok", "1"), ("ok", "123"), ("ok", "a1")]
 )
 def test_identity_is_checked(name, idx):
-    with pytest.raises(ConfigError):
+    """The refusal names the value and what was expected of it (control: the other field)."""
+    with pytest.raises(ConfigError) as info:
         check_identity(name, idx)
+    if name in ("", "bad name", "x/y"):
+        assert str(info.value) == f"invalid NRI plugin name {name!r}: [a-zA-Z0-9_.+-]+ expected"
+    else:
+        assert str(info.value) == f"invalid NRI plugin index {idx!r}: two digits expected"
 
 
 def test_identity_accepts_the_nri_alphabet():
@@ -451,8 +464,34 @@ def test_launch_identity(env, argv0, expected):
 
 def test_invalid_socket_fd_in_env_is_a_config_error(monkeypatch):
     monkeypatch.setenv("NRI_PLUGIN_SOCKET", "three")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as info:
         Stub(Recorder(), name="x", idx="01")
+    assert str(info.value) == "invalid NRI_PLUGIN_SOCKET='three': a file descriptor expected"
+
+
+@pytest.mark.parametrize(
+    "env, argv, expected",
+    [
+        ({"NRI_PLUGIN_IDX": "07"}, ["/opt/nri/plugins/nri-cni", "07-other"], ("nri-cni", "07")),  # argv[0]
+        ({}, ["/usr/bin/nri-cni", "07-other"], ("given", "42")),  # neither: the given name and index
+    ],
+)
+def test_a_preregistered_stub_takes_its_identity_from_its_launch(monkeypatch, env, argv, expected):
+    """A stub started by the runtime (NRI_PLUGIN_SOCKET set) is named by the environment or
+    its own argv[0] "NN-name", else by the given name and index; argv[1] is nobody's name.
+    The two rows are each other's control (launch_identity's table: test_launch_identity)."""
+    a, b = socket.socketpair()
+    try:
+        monkeypatch.setenv("NRI_PLUGIN_SOCKET", str(a.fileno()))
+        monkeypatch.delenv("NRI_PLUGIN_NAME", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(sys, "argv", argv)
+        stub = Stub(Recorder(), name="given", idx="42", socket_path="/nonexistent")
+        assert (stub.name, stub.idx) == expected
+    finally:
+        a.close()
+        b.close()
 
 
 class SlowSync:
@@ -771,3 +810,74 @@ def test_before_any_configure_the_stub_knows_no_runtime():
     assert (stub.runtime_name, stub.runtime_version, stub.config) == ("", "", "")
     assert (stub.request_timeout_ms, stub.registration_timeout_ms) == (0, 0)
     assert not stub.registered.is_set() and not stub.synchronized.is_set() and not stub.preregistered
+
+
+@pytest.mark.parametrize("preregistered", [True, False])
+def test_a_runtime_that_breaks_the_mux_is_named_in_the_log(
+    arun, sock_dir, monkeypatch, caplog, preregistered
+):
+    """A runtime that sends a mux chunk over the size limit: the socket is closed with a log
+    line naming the NRI trunk ("nri: closing the socket"), whether the stub was launched with
+    the runtime's socket or connected to its path (each case the other's control: only how the
+    stub reached the runtime differs)."""
+    garbage = mux.HEADER.pack(1, mux.MAX_PAYLOAD + 1)
+
+    async def main():
+        if preregistered:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            monkeypatch.setenv("NRI_PLUGIN_SOCKET", str(theirs.detach()))
+            monkeypatch.setenv("NRI_PLUGIN_NAME", "x")
+            monkeypatch.setenv("NRI_PLUGIN_IDX", "01")
+            ours.sendall(garbage)
+            path = "/nonexistent"
+        else:
+            monkeypatch.delenv("NRI_PLUGIN_SOCKET", raising=False)
+            path = str(sock_dir / "nri.sock")
+
+            def send_garbage(reader, writer):
+                writer.write(garbage)
+
+            server = await asyncio.start_unix_server(send_garbage, path)
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=path, reconnect=False)
+        try:
+            await asyncio.wait_for(stub.run(), 60)  # the socket closed: run ends (no reconnect)
+        finally:
+            if preregistered:
+                ours.close()
+            else:
+                server.close()
+                await server.wait_closed()
+
+    with caplog.at_level(logging.ERROR):
+        arun(main())
+    assert "nri: closing the socket: mux chunk of" in caplog.text
+
+
+def test_a_runtime_gone_in_the_registration_is_named_by_the_client(arun, sock_dir, caplog):
+    """The runtime closes the connection while RegisterPlugin waits for its answer: the stub's
+    warning names its runtime client ("NRI runtime client: connection lost")."""
+
+    async def main():
+        asked = asyncio.Event()
+
+        async def register(payload: bytes) -> bytes:
+            asked.set()
+            await asyncio.Event().wait()  # never answers: the connection goes first
+            return b""
+
+        trunks: list[Trunk] = []
+        path, listener = await _registrar(sock_dir, register, trunks)
+        stub = Stub(Recorder(), name="x", idx="01", socket_path=path, reconnect=False)
+        task = asyncio.create_task(stub.run())
+        try:
+            await asyncio.wait_for(asked.wait(), 60)
+            trunks[0].close()
+            await asyncio.wait_for(task, 60)
+        finally:
+            await stub.stop()
+            listener.close()
+            await listener.wait_closed()
+
+    with caplog.at_level(logging.WARNING):
+        arun(main())
+    assert "NRI registration failed: NRI runtime client: connection lost" in caplog.text
