@@ -9,16 +9,23 @@ fake (tests/support/verifyworld.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import zlib
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nri_cni.cni.cache import CacheEntry
-from nri_cni.service.podstate import PodHealth, PodState
+from nri_cni.cni.cache import CacheEntry, ResultCache
+from nri_cni.cni.exec_errors import Ended
+from nri_cni.node import Difference, Expectation, Finding, FindingKind
+from nri_cni.service import verify
+from nri_cni.service.modes import Mode, SecondaryMode, mode_in_force
+from nri_cni.service.podstate import BrokenCode, PodHealth, PodState
 from tests.support import verifyworld
 
 POD = "e7" * 32
@@ -161,3 +168,173 @@ def test_a_pod_whose_attachments_changed_since_the_round_read_it_is_read_again(t
     else:
         assert health.state is PodState.REPAIRED
         assert w.fake.commands() == ["ADD", "CHECK", "DEL", "ADD"]
+
+
+class GoneInspector(verifyworld.Inspector):
+    """verifyworld's inspector, and "netns-gone": netlink finds the pod's netns gone."""
+
+    async def inspect(self, exps: Sequence[Expectation]) -> list[Finding]:
+        if self.answers[:1] == ["netns-gone"] and self.on_inspect is None:
+            self.answers.pop(0)
+            self.asked += [e.key.split("/")[0] for e in exps]
+            return [Finding(e, (Difference(FindingKind.NETNS_GONE, "netns is gone: ENOENT"),)) for e in exps]
+        return await super().inspect(exps)
+
+
+@pytest.mark.parametrize(
+    "pause, expected",
+    [
+        (True, (PodState.BROKEN, BrokenCode.NETNS_UNREADABLE)),  # its pause runs: broken
+        (False, None),  # control: its pause gone too -> the reaper's, no verdict
+    ],
+)
+def test_a_pod_whose_netns_path_is_gone_is_judged_without_its_lock_or_a_check(tmp_path, pause, expected):
+    """`nri-cni verify --check`: the pod's netns path is gone before the round, its pause
+    process runs (the test's own process): broken netns-unreadable, from what the round read,
+    its CHECK (forced) not run. Control: the same pod whose pause is gone too -> no verdict."""
+    w = World(tmp_path)
+    pod = dataclasses.replace(w.pod, pid=os.getpid() if pause else 0)
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        w.svc.roster.listed([pod])
+        Path(w.pod.netns).unlink()
+        return await w.svc.timers.verify(check=True)
+
+    verdicts = w.run(scenario)
+    assert [(h.state, h.code) for h in verdicts] == ([expected] if expected else [])
+    assert w.fake.commands() == ["ADD"] and w.inspector.asked == []
+
+
+@pytest.mark.parametrize("again", ["netns-gone", "ok"], ids=["netns-gone", "control-intact"])
+def test_no_check_runs_in_a_netns_the_read_under_the_lock_finds_gone(tmp_path, again):
+    """`nri-cni verify --check`: netlink finds eth0 damaged; an operation adds net1 while the
+    round reads, so under the lock the pod is read again, and netlink finds its netns gone: no
+    CHECK runs, the pod is broken netns-unreadable (its pause runs). Control: the read again
+    finds both intact -> both CHECKed (forced), ok."""
+    w = World(tmp_path, inspector=GoneInspector())
+    pod = dataclasses.replace(w.pod, pid=os.getpid())
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        w.svc.roster.listed([pod])
+
+        async def net1_added() -> None:
+            w.plan.cni.cache.write(_other_network(w))
+
+        w.inspector.answers = ["damaged", again]  # the round's read, the one under the lock
+        w.inspector.on_inspect = net1_added
+        return await w.svc.timers.verify(check=True)
+
+    (health,) = w.run(scenario)
+    if again == "netns-gone":
+        assert (health.state, health.code) == (PodState.BROKEN, BrokenCode.NETNS_UNREADABLE)
+        assert w.fake.commands() == ["ADD"]
+    else:
+        assert health.state is PodState.OK
+        assert w.fake.commands() == ["ADD", "CHECK", "CHECK"]
+
+
+@pytest.mark.parametrize("lost", [True, False], ids=["ips-lost", "control-listed-with-ips"])
+def test_a_pod_whose_runtime_network_is_lost_is_torn_down_without_a_check(tmp_path, monkeypatch, lost):
+    """Secondary mode, `nri-cni verify --check`: the runtime listed the pod with an IP and now
+    lists it without (its own network of the pod lost): broken torn-down, its CHECK not run.
+    Control: the pod still listed with its IP -> CHECKed, ok."""
+    w = World(tmp_path)
+    cache = ResultCache(str(tmp_path / "runtime-cache"))
+
+    def secondary(source: Any) -> Mode:
+        return SecondaryMode(mode_in_force(source).primary, cache)
+
+    monkeypatch.setattr(verify, "mode_in_force", secondary)
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        if lost:
+            w.svc.roster.listed([dataclasses.replace(w.pod, ips=())])
+        return await w.svc.timers.verify(check=True)
+
+    (health,) = w.run(scenario)
+    if lost:
+        assert (health.state, health.code) == (PodState.BROKEN, BrokenCode.TORN_DOWN)
+        assert w.fake.commands() == ["ADD"]
+    else:
+        assert health.state is PodState.OK
+        assert w.fake.commands() == ["ADD", "CHECK"]
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["listed-elsewhere", "control-same-path"])
+def test_a_check_runs_in_the_netns_the_runtime_lists_for_the_pod(tmp_path, moved):
+    """`nri-cni verify POD --check`: the runtime now lists the pod's netns at another path than
+    its attachment's record has: the CHECK runs there. Control: the same path -> there."""
+    w = World(tmp_path)
+    listed = tmp_path / "netns-listed"
+    listed.write_text("")
+    netns: list[str] = []
+
+    def check(call: Any) -> bytes:
+        netns.append(call.env["CNI_NETNS"])
+        return b""
+
+    w.fake.plugins["e7-br"] = {"ADD": w._add, "CHECK": check}
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        if moved:
+            w.svc.roster.listed([dataclasses.replace(w.pod, netns=str(listed))])
+        return await w.svc.timers.verify(POD, check=True)
+
+    (health,) = w.run(scenario)
+    assert health.state is PodState.OK
+    assert netns == [str(listed) if moved else w.pod.netns]
+
+
+@pytest.mark.parametrize("fails", [True, False], ids=["check-fails", "control-check-passes"])
+def test_a_failed_checks_error_is_the_attachments_verdict(tmp_path, fails):
+    """`nri-cni verify --check`: eth0's CHECK fails with the plugin's error, and its chain
+    cannot be asked for its IP (no repair): broken ips-not-requestable, the reason and eth0's
+    verdict naming the plugin's error. Control: the CHECK passes -> ok."""
+    w = World(tmp_path, plugin=UNASKABLE)
+    gone = {"cniVersion": "1.1.0", "code": 11, "msg": "veth peer of eth0 gone"}
+    answer = Ended(stdout=json.dumps(gone).encode(), status=1) if fails else b""
+    w.fake.plugins["e7-br"] = {"ADD": w._add, "CHECK": lambda call: answer}
+
+    async def scenario() -> list[PodHealth]:
+        await w.attached_and_listed()
+        return await w.svc.timers.verify(check=True)
+
+    (health,) = w.run(scenario)
+    if fails:
+        assert (health.state, health.code) == (PodState.BROKEN, BrokenCode.IPS_NOT_REQUESTABLE)
+        (eth0,) = health.attachments
+        assert (eth0.finding, "veth peer of eth0 gone" in eth0.detail) == ("check-failed", True)
+        assert f"podnet/eth0: CHECK failed: {eth0.detail}" in health.reason
+    else:
+        assert health.state is PodState.OK and _seen(health) == [("podnet", "eth0", "ok")]
+
+
+def test_a_rounds_check_that_starts_after_the_next_round_began_still_runs(tmp_path):
+    """Every other round CHECKs eth0 (check_every 2). The CHECK queued by eth0's round starts
+    only after the next round began (the queue held): it runs, for the round that queued it.
+    Control: the next round itself, whose cadence has no CHECK of eth0, queues none."""
+    w = World(tmp_path, verify={"check_every": 2})
+    slot = zlib.crc32(f"{POD}/podnet/eth0".encode()) % 2
+    checker = w.svc.verifier.checker
+    queue = checker.queue
+    held: list[list[Any]] = []
+    checker.queue = lambda jobs: held.append(list(jobs))  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await w.attached_and_listed()
+        if slot == 0:  # eth0's CHECK falls in the even rounds: round 1 first
+            await w.svc.timers.verify()
+            assert held == [[]]
+            held.clear()
+        await w.svc.timers.verify()  # eth0's round
+        await w.svc.timers.verify()  # the next one
+        assert [[j.check.pod.id for j in jobs] for jobs in held] == [[POD], []]
+        queue(held[0])
+        await checker.idle()
+
+    w.run(scenario)
+    assert w.fake.commands() == ["ADD", "CHECK"]
