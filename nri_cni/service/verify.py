@@ -275,9 +275,11 @@ class Verifier:
         reading = Reading(c, failed or {}, c.netns_gone and self.roster.running(c.pod.id))
         record = self._record(c.pod.id)
         if read is None or read.check is not c or read.record != record:
-            read = ModeRead(c, record, self.mode.runtime_ips(c, record))
+            ips = self.mode.runtime_ips(c, record)
+        else:
+            ips = read.ips
         policy = Policy(self.source.current.repair, self._retries.get(c.pod.id), self.clock(), explicit)
-        return decide(reading, record, read.ips, policy)
+        return decide(reading, record, ips, policy)
 
     def _unlocked(self, c: PodCheck, read: ModeRead | None, *, explicit: bool) -> PodHealth | None:
         """The verdict of a pod with nothing to run (nothing differs, no CHECK due, or nothing

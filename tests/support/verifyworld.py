@@ -53,7 +53,8 @@ class Inspector:
 
 class World:
     """Pod `tag * 32` on network "podnet" (plugin type `<tag>-br`, with the `ips` capability
-    unless `plugin` says otherwise), shim mode, repair_on_sync off."""
+    unless `plugin` says otherwise), shim mode, repair_on_sync off; `settings`: more of the
+    config's keys (e.g. "repair", "mode")."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class World:
         inspector: Inspector | None = None,
         plugin: dict | None = None,
         verify: dict | None = None,
+        settings: dict | None = None,
     ) -> None:
         self.ip = ip
         self.add_answer: Ended | None = None
@@ -76,6 +78,7 @@ class World:
             "networks": [{"name": "podnet", "default": True, "conflist": self.conflist}],
             "repair_on_sync": False,
             **({"verify": verify} if verify is not None else {}),
+            **(settings or {}),
         }
         cfg = parse_config(doc, str(tmp / "config.yaml"))
         self.inspector = Inspector() if inspector is None else inspector

@@ -56,12 +56,12 @@ class FakeInspector:
 
 
 class World:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, net: dict = NET) -> None:
         self.fake = FakeExecutor({"c6-br": {"ADD": _result}})
         doc = {
             "mode": "shim",
             "state_dir": str(tmp / "state"),
-            "networks": [{"name": "podnet", "default": True, "conflist": NET}],
+            "networks": [{"name": "podnet", "default": True, "conflist": net}],
         }
         cfg = parse_config(doc, str(tmp / "config.yaml"))
         cni = CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake)
@@ -178,3 +178,30 @@ def test_the_plugins_check_when_the_check_is_not_of_that_add(tmp_path, records, 
         assert w.checks() == 0 and records() == []
     else:
         assert w.checks() == 1
+
+
+@pytest.mark.parametrize("by", ["check", "verify"], ids=["check-from-records", "control-verify-round"])
+def test_the_check_from_records_reads_the_pods_side_only(tmp_path, by):
+    """The look netlink takes for a CHECK answered from the records is the cheap one: the pod's
+    links, addresses and routes, not what its chain made on the host (host-local's lease here).
+    Control: a verify round's read of the same pod asks for the lease too."""
+    leases = tmp_path / "leases"
+    plugin = {"type": "c6-br", "ipam": {"type": "host-local", "dataDir": str(leases)}}
+    w = World(tmp_path, {**NET, "plugins": [plugin]})
+
+    async def scenario():
+        await w.svc.verbs.attach(w.pod)
+        if by == "check":
+            await w.svc.verbs.check(w.pod, "eth0")
+        else:
+            w.svc.roster.listed([w.pod])
+            await w.svc.timers.verify()
+        await w.svc.close()
+
+    asyncio.run(scenario())
+    (exp,) = w.inspector.asked
+    assert [lease.path for lease in exp.leases] == (
+        [] if by == "check" else [str(leases / "podnet" / "10.66.0.2")]
+    )
+    if by == "check":
+        assert w.checks() == 0  # answered from the records

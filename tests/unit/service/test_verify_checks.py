@@ -18,6 +18,7 @@ import pytest
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.plugin_process import PLUGIN_NICE
+from nri_cni.node import VerifyPolicy
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.upkeep import GC_PLUGIN_NICE
 from nri_cni.service.verify import check_parallel
@@ -161,6 +162,11 @@ def test_a_round_asked_for_by_hand_returns_with_its_checks(tmp_path, by_hand, in
     # either way the failed CHECK led to the repair, and the round's CHECKs are done
     assert node.repaired == [failing.id] and node.svc.health.get(failing.id).state.value == "repaired"
     assert status["checkedRounds"] == status["rounds"] == (0 if pod_id else 1)
+    # `nri-cni status` says when a round's CHECKs were done: never for one pod's (no round)
+    if pod_id:
+        assert status["checksDone"] is None
+    else:
+        assert status["checksDone"] >= status["lastRound"]
 
 
 def test_a_round_does_not_wait_for_the_checks_of_an_earlier_one_and_queues_no_pod_twice(tmp_path):
@@ -277,3 +283,25 @@ def test_a_round_on_demand_waits_for_the_checks_still_queued(tmp_path, check_eve
     started, verdicts = node.run(scenario)
     assert started == (1 if waits else 2)
     assert len(verdicts) == 8  # every pod in its answer
+
+
+@pytest.mark.parametrize("rounds", [2, 1], ids=["next-round-first", "control-one-round"])
+def test_a_queued_check_is_of_the_round_that_queued_it(tmp_path, rounds):
+    """Each attachment's CHECK every 2 rounds: round 1 queues the pods whose turn it is; round
+    2 starts before their CHECKs do. Those CHECKs run all the same (they are round 1's), then
+    round 2's pods'. Control: round 1 alone -> its pods CHECKed, the others not (not their turn)."""
+    node = Node(tmp_path, 4, check_every=2)
+    node.hold = False
+    policy = VerifyPolicy(check_every=2)
+    turn = {r: sorted(p.id for p in node.pods if policy.check_due(f"{p.id}/podnet/eth0", r)) for r in (1, 2)}
+    assert turn[1] and turn[2]  # these pod ids have both turns
+
+    async def scenario():
+        await node.svc.verifier.run()  # round 1 queues its CHECKs; none has started
+        if rounds == 2:
+            await node.svc.verifier.run()
+        await node.svc.verifier.checker.idle()
+
+    node.run(scenario)
+    expected = turn[1] + (turn[2] if rounds == 2 else [])
+    assert sorted(node.started) == sorted(expected)
