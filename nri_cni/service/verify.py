@@ -84,10 +84,11 @@ def verdicts_of(c: PodCheck, failed_checks: dict[Key, str]) -> list[AttachmentVe
 
 @dataclass(frozen=True)
 class ModeRead:
-    """The mode's reading of the runtime's IPs (`Mode.runtime_ips`) of one check and record."""
+    """A mode's reading of the runtime's IPs (`Mode.runtime_ips`) of one check and record."""
 
     check: PodCheck
     record: PodRecord
+    mode: Mode  # the mode that read them (a round that starts meanwhile puts another in force)
     ips: RuntimeIps
 
 
@@ -268,13 +269,13 @@ class Verifier:
         self, c: PodCheck, read: ModeRead | None, *, explicit: bool, failed: Mapping[Key, str] | None = None
     ) -> Verdict | RepairOrder:
         """What the round read of the pod leads to (decide.py): its reading, its record, the
-        mode's reading of the runtime's IPs (`read` when made of this check and record, else
-        asked again), the repair policy with the pod's failed tries."""
+        mode's reading of the runtime's IPs (`read` when made of this check and record by the mode
+        in force, else asked again), the repair policy with the pod's failed tries."""
         # whether its pause process runs: probed only for a pod whose netns is gone, the one
         # case decide asks it of
         reading = Reading(c, failed or {}, c.netns_gone and self.roster.running(c.pod.id))
         record = self._record(c.pod.id)
-        if read is None or read.check is not c or read.record != record:
+        if read is None or read.check is not c or read.record != record or read.mode is not self.mode:
             ips = self.mode.runtime_ips(c, record)
         else:
             ips = read.ips
@@ -296,7 +297,7 @@ class Verifier:
         round read them (a pod stopped, removed or collected meanwhile is not CHECKed)."""
         pod = c.pod
         record = self._record(pod.id)
-        read = ModeRead(c, record, self.mode.runtime_ips(c, record))
+        read = ModeRead(c, record, self.mode, self.mode.runtime_ips(c, record))
         ips = read.ips
         quiet = not c.damaged and not c.missing and not ips.mismatch and not self._due(c, forced, round_no)
         if c.netns_gone or ips.lost or (quiet and not self.locks.busy(pod.id)):

@@ -17,7 +17,11 @@ from typing import Any
 import pytest
 
 from nri_cni.pod.select import NETWORKS_ANNOTATION
+from nri_cni.service.decide import RepairOrder, Verdict
+from nri_cni.service.modes import RuntimeIps, mode_for
+from nri_cni.service.podcheck import read_checks
 from nri_cni.service.podstate import BrokenCode, PodHealth, PodState
+from nri_cni.service.verify import ModeRead
 from tests.support import verifyworld
 from tests.support.verifyworld import Inspector
 
@@ -257,3 +261,31 @@ def test_a_check_asked_for_by_name_waits_for_the_operation_that_holds_the_pod(tm
         assert verdicts == [] and checks == 0
     else:
         assert states(verdicts) == [(PodState.OK, None)] and checks == 1
+
+
+@pytest.mark.parametrize("same_mode", [False, True], ids=["another-mode-in-force", "control-same-mode"])
+def test_a_reading_of_the_runtimes_ips_is_reused_only_under_the_mode_that_made_it(tmp_path, same_mode):
+    """Secondary mode: the runtime listed the pod with an IP, then without (its own network is
+    gone: the mode in force reads it lost). A reading of the same check and record that found
+    nothing lost, made before by a mode no longer in force (a round started since, after a
+    reload), is not reused: the pod is judged torn down. Control: the same reading made by the
+    mode in force is reused as it is (ok: what `_settle` saves by not asking twice)."""
+    w = World(tmp_path, settings=SECONDARY)
+    no_ip = dataclasses.replace(w.pod, ips=())
+
+    async def scenario() -> Verdict | RepairOrder:
+        await w.svc.verbs.attach(no_ip)
+        w.svc.roster.listed([w.pod])
+        w.svc.roster.listed([no_ip])
+        verifier = w.svc.verifier
+        (c,) = await read_checks(w.inspector, [verifier._plan(no_ip, w.plan.cached(POD))])
+        record = verifier._record(POD)
+        maker = verifier.mode if same_mode else mode_for(w.svc.source.current)
+        return verifier._decide(c, ModeRead(c, record, maker, RuntimeIps(primary=None)), explicit=False)
+
+    decision = w.run(scenario)
+    assert isinstance(decision, Verdict)
+    if same_mode:
+        assert decision.state is PodState.OK
+    else:
+        assert (decision.state, decision.code) == (PodState.BROKEN, BrokenCode.TORN_DOWN)
