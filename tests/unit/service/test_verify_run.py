@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from nri_cni.cni.exec_errors import Ended
+from nri_cni.config import parse_config
 from nri_cni.errors import NriCniError
 from nri_cni.node import VerifyPolicy
+from nri_cni.pod.select import NETWORKS_ANNOTATION
 from nri_cni.service import verify
 from nri_cni.service.podstate import BrokenCode, PodHealth, PodState
 from tests.support import verifyworld
@@ -353,3 +355,40 @@ def test_the_node_inspector_is_made_at_the_first_round_even_a_refused_one(tmp_pa
 
     w.run(scenario)
     assert len(made) == (1 if first_round == "refused" else 0)
+
+
+def _with_side_network(w: verifyworld.World, tmp: Path) -> None:
+    """The world's pod asks (by annotation) for a second network, "sidenet" (net1), of the same
+    plugin: the pod plan's config gets that network, allowed in every namespace."""
+    doc = {
+        "mode": "shim",
+        "state_dir": str(tmp / "state"),
+        "repair_on_sync": False,
+        "networks": [
+            {"name": "podnet", "default": True, "conflist": w.conflist},
+            {"name": "sidenet", "namespaces": ["*"], "conflist": {**w.conflist, "name": "sidenet"}},
+        ],
+    }
+    w.plan.source.replace(parse_config(doc, str(tmp / "config.yaml")))
+    w.pod = dataclasses.replace(w.pod, annotations={NETWORKS_ANNOTATION: "sidenet"})
+
+
+@pytest.mark.parametrize("check_every, checks", [(2, 1), (1, 2)], ids=["one-turn", "control-both-turns"])
+def test_the_checker_checks_only_the_attachments_whose_turn_it_is(tmp_path, check_every, checks):
+    """A pod with two attachments (eth0, net1), netlink finds both intact; check_every 2: their
+    turns fall in different rounds, and the first round's CHECK, run by the checker after it,
+    CHECKs the one whose turn it is, not both. Control: check_every 1 -> both CHECKed."""
+    w = World(tmp_path, verify={"check_every": check_every})
+    _with_side_network(w, tmp_path)
+    turns = {VerifyPolicy(check_every=2).slot(f"{POD}/{k}") for k in ("podnet/eth0", "sidenet/net1")}
+    assert turns == {0, 1}  # round 1 is one of them's turn, not the other's
+
+    async def scenario() -> int:
+        await w.attached_and_listed()
+        assert [e.key for e in w.plan.cached(POD)] == [("podnet", "eth0"), ("sidenet", "net1")]
+        (health,) = await w.svc.verifier.run()
+        assert health.state is PodState.OK and w.svc.verifier.checker.pending() == 1
+        await w.svc.verifier.checker.idle()
+        return w.fake.commands().count("CHECK")
+
+    assert w.run(scenario) == checks
