@@ -392,3 +392,36 @@ def test_the_checker_checks_only_the_attachments_whose_turn_it_is(tmp_path, chec
         return w.fake.commands().count("CHECK")
 
     assert w.run(scenario) == checks
+
+
+@pytest.mark.parametrize("ips_lost", [False, True], ids=["never-had-ips", "control-ips-lost"])
+def test_a_secondary_mode_pod_the_runtime_lists_without_ip_is_judged_by_its_record(tmp_path, ips_lost):
+    """Secondary mode (the runtime's own network is the primary), netlink finds the pod's
+    network intact and its CHECK is due (check_every 1, left to the checker), the runtime lists
+    the pod with no IP: its record never had one, so nothing is lost: ok. Control: the runtime
+    listed it with an IP before and now without -> its own network is gone: torn-down."""
+    w = World(tmp_path, verify={"check_every": 1})
+    doc = {
+        "mode": "secondary",
+        "primary_network": "runtimenet",
+        "state_dir": str(tmp_path / "state"),
+        "repair_on_sync": False,
+        "verify": {"check_every": 1},
+        "networks": [{"name": "podnet", "default": True, "conflist": w.conflist}],
+    }
+    w.svc.verifier.source.replace(parse_config(doc, str(tmp_path / "config.yaml")))
+
+    async def scenario() -> PodHealth:
+        await w.svc.verbs.attach(w.pod)
+        if ips_lost:
+            w.svc.roster.listed([w.pod])
+        w.svc.roster.listed([dataclasses.replace(w.pod, ips=())])
+        (health,) = await w.svc.verifier.run()
+        await w.svc.verifier.checker.idle()
+        return health
+
+    health = w.run(scenario)
+    if ips_lost:
+        assert (health.state, health.code) == (PodState.BROKEN, BrokenCode.TORN_DOWN)
+    else:
+        assert health.state is PodState.OK
