@@ -359,7 +359,8 @@ def test_the_node_inspector_is_made_at_the_first_round_even_a_refused_one(tmp_pa
 
 def _with_side_network(w: verifyworld.World, tmp: Path) -> None:
     """The world's pod asks (by annotation) for a second network, "sidenet" (net1), of the same
-    plugin: the pod plan's config gets that network, allowed in every namespace."""
+    plugin: the pod plan's config (which selects the pod's networks) gets that network, allowed
+    in every namespace; the verifier's keeps the world's (its verify section)."""
     doc = {
         "mode": "shim",
         "state_dir": str(tmp / "state"),
@@ -409,6 +410,8 @@ def test_a_secondary_mode_pod_the_runtime_lists_without_ip_is_judged_by_its_reco
         "verify": {"check_every": 1},
         "networks": [{"name": "podnet", "default": True, "conflist": w.conflist}],
     }
+    # the verifier's config (each round takes its mode from it); the pod plan's, which
+    # attaches the pod, stays the world's: the same network either way
     w.svc.verifier.source.replace(parse_config(doc, str(tmp_path / "config.yaml")))
 
     async def scenario() -> PodHealth:
