@@ -249,6 +249,8 @@ def pod_steps(mode, pod: str, calls: dict, procs: ProcEvents, taps: list[NriTap]
         if op["podId"] == pod and t0 <= op["start"] <= t1:
             what = op["op"].upper() + (f" (from {op['from']})" if op.get("from") else "")
             add(f"nri-cni: {what}, op record start -> end", op["start"], op["end"])
+            for name, at in (op.get("marks") or {}).items():  # the instants it names inside
+                add(f"nri-cni: {what}, {name}", op["start"] + at / 1000, op["start"] + at / 1000)
     for tap in taps:
         for sent, answered, method, pods in tap.events:
             if pod in pods and t0 <= sent <= t1:

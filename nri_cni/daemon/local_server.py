@@ -148,7 +148,9 @@ class LocalServer:
                 runtime_caps = dict(conf.get("runtimeConfig") or {})
                 runtime_caps.pop(POD_ANNOTATIONS_CAP, None)
                 ifname = validate.check_ifname(env.get("CNI_IFNAME", "eth0"))
-                answer = await self.pods.verbs.attach(pod, AttachRequest(runtime_caps, primary_ifname=ifname))
+                answer = await self.pods.verbs.attach(
+                    pod, AttachRequest(runtime_caps, primary_ifname=ifname, first_answered=True)
+                )
                 primary = answer.attachments[0].result
                 return 0, json.dumps(primary.to_dict(version)).encode()
             if command == "DEL":

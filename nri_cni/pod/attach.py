@@ -156,7 +156,7 @@ class Attacher:
             if adds.failure is not None:
                 raise adds.failure
             results.update(adds.results)
-            await self._finalize_all(pod, selected, confs, results, record, runtime_primary)
+            await self._finalize_all(pod, selected, confs, results, record, runtime_primary, request)
             await synced
             record.mark("intent synced")
         except NriCniError as exc:
@@ -234,6 +234,7 @@ class Attacher:
         results: dict[Key, Result],
         record: OpRecord,
         runtime_primary: RuntimePrimary | None,
+        request: AttachRequest,
     ) -> None:
         await self._finalize_primary(pod, self._unfinalized_primary(pod, runtime_primary), record)
         nets = [(sel.key, *confs[sel.key]) for sel in selected]
@@ -250,7 +251,8 @@ class Attacher:
             # Secondary mode: the runtime never sees these results (its answer is its own
             # network's), so the MAC/MTU a plugin left out is not worth a netns visit here.
             return
-        for key, _net, rt in nets:
+        # a netns visit each (~0.3-1.5 ms on the pod's path): only for the results answered
+        for key, _net, rt in nets[:1] if request.first_answered else nets:
             results[key] = await netlink.fill_interface_details(rt.netns, results[key])
         record.mark("filled")
 

@@ -93,6 +93,9 @@ class AttachRequest:
     # (network, ifname) -> the addresses its ADD asks the IPAM for (a repair: the same IPs again),
     # as CNI_ARGS `IP=` and the `ips` capability; plain or with a prefix length
     ips: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    # the caller answers with the first network's result alone (the shim's CNI result): the
+    # others' MAC and MTU are not read from the pod's netns for it (NRI's answer shows them all)
+    first_answered: bool = False
 
 
 @dataclass(frozen=True)
