@@ -135,6 +135,7 @@ def cmd_run(args) -> int:
 
     from nri_cni.cli.gctune import tune_gc
     from nri_cni.cli.logsetup import setup_logging
+    from nri_cni.cli.threadtune import tune_threads
     from nri_cni.daemon.app import build_daemon
 
     cfg = load(args)
@@ -144,6 +145,7 @@ def cmd_run(args) -> int:
     os.chdir("/")
     daemon = build_daemon(cfg)
     tune_gc()  # after the imports and the config: that heap is never collected again
+    tune_threads()
     asyncio.run(daemon.run())
     return 0
 

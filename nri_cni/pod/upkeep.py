@@ -143,10 +143,12 @@ class Upkeep:
     ) -> GcReport:
         """Roll back the intent records left and DEL the stale pods, `gc_parallel` pods at a
         time, each under its own lock only: an ADD of another pod waits for nothing."""
+        # every cache file read and parsed: off the event loop, which reads pods' requests meanwhile
+        cached = by_pod(await asyncio.to_thread(self.cni.cache.entries))
         snapshot = valid()
         stale = [
             pod_id
-            for pod_id, entries in by_pod(self.cni.cache.entries()).items()
+            for pod_id, entries in cached.items()
             if pod_id not in snapshot or (all_netns_gone(entries) and not running(pod_id))
         ]
         # intent records by name only: an ADD in flight may be writing its record right now
