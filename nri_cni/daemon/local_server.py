@@ -95,8 +95,6 @@ class LocalServer:
             try:
                 header, body = await self.guard.read(reader)
                 stamps["read"] = time.perf_counter()
-            except proto.NoRequest:
-                return
             except proto.LocalProtocolError as exc:
                 self.guard.refusals("malformed", "local socket: malformed request: %s", exc)
                 return

@@ -41,7 +41,6 @@ __all__ = [
     "STATUS_ERROR",
     "STATUS_OK",
     "LocalProtocolError",
-    "NoRequest",
     "call",
     "decode_header",
     "encode_request",
@@ -54,25 +53,12 @@ STATUS_OK = 0
 STATUS_ERROR = 1
 
 
-class NoRequest(LocalProtocolError):
-    """The peer closed the connection before sending a byte: nothing to answer or refuse."""
-
-
 async def read_request(
     reader: asyncio.StreamReader, *, max_bytes: int = MAX_HEADER + MAX_BODY
 ) -> tuple[dict[str, str], bytes]:
-    """One request; `max_bytes` caps header and body together (checked before reading them).
-    A peer that closes before its first byte sent none (NoRequest): the compiled shim connects
-    before its stdin has come, and leaves that connection unused when the config names another
-    socket."""
+    """One request; `max_bytes` caps header and body together (checked before reading them)."""
     try:
-        first = await reader.readexactly(4)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            raise NoRequest() from None
-        raise LocalProtocolError("the request ended early") from exc
-    try:
-        hlen = header_length(first)
+        hlen = header_length(await reader.readexactly(4))
         header = decode_header(await reader.readexactly(hlen))
         blen = body_length(await reader.readexactly(4))
         if hlen + blen > max_bytes:

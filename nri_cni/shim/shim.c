@@ -8,11 +8,6 @@
  * VERSION is answered here. A daemon that cannot be reached is reported as a CNI error object
  * with code 11 ("try again later"). The daemon socket: $NRI_CNI_SOCKET, else the config's
  * top-level "daemonSocket" string, else the default compiled in (-DDEFAULT_SOCKET="...").
- *
- * The runtime writes the config on stdin after the exec (containerd: 1-3 ms later, measured), so
- * the shim connects first, to $NRI_CNI_SOCKET or the default, and the daemon accepts meanwhile; a
- * config naming another socket gets a connection of its own (the first is closed unused: the
- * daemon takes a connection that sent nothing for no request).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -215,10 +210,9 @@ static int read_exactly(int fd, void *dst, size_t n) {
     return 0;
 }
 
-static int write_all(int fd, const char *p, size_t n, int sock) {
+static int write_all(int fd, const char *p, size_t n) {
     while (n) {
-        /* to the socket without SIGPIPE: a daemon that closed it is an error to report */
-        ssize_t w = sock ? send(fd, p, n, MSG_NOSIGNAL) : write(fd, p, n);
+        ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) return -1;
         p += w;
@@ -227,33 +221,10 @@ static int write_all(int fd, const char *p, size_t n, int sock) {
     return 0;
 }
 
-/* A connected socket, or -1 with errno set. */
-static int dial(const char *path) {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path) { errno = ENAMETOOLONG; return -1; }
-    strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct timeval tv = {.tv_sec = 600};  /* the daemon bounds every plugin; this bounds us */
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        int err = errno;
-        close(fd);
-        errno = err;
-        return -1;
-    }
-    return fd;
-}
-
 int main(void) {
     struct buf conf = {0};
     char chunk[65536];
     ssize_t r;
-    const char *command = getenv("CNI_COMMAND");
-    const char *env_path = getenv("NRI_CNI_SOCKET");
-    const char *early_path = env_path && *env_path ? env_path : DEFAULT_SOCKET;
-    int early = -1;  /* connected while stdin comes; any error is met again below */
-    if (command && *command && strcmp(command, "VERSION") != 0) early = dial(early_path);
     while ((r = read(0, chunk, sizeof chunk)) != 0) {
         if (r < 0) { if (errno == EINTR) continue; break; }
         put(&conf, chunk, (size_t)r);
@@ -263,6 +234,7 @@ int main(void) {
     /* echoed in our errors: only what looks like a version */
     if (!version || !*version || strlen(version) > 16 || version[strspn(version, "0123456789.")])
         version = "1.0.0";
+    const char *command = getenv("CNI_COMMAND");
     if (command && strcmp(command, "VERSION") == 0) {
         fputs("{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\","
               "\"0.3.1\",\"0.4.0\",\"1.0.0\",\"1.1.0\"]}\n", stdout);
@@ -287,27 +259,22 @@ int main(void) {
 
     char msg[512];
     snprintf(msg, sizeof msg, "nri-cni daemon is not reachable at %s", path);
-    if (early >= 0 && strcmp(path, early_path) != 0) {
-        close(early);
-        early = -1;
-    }
-    int fd = early >= 0 ? early : dial(path);
-    if (fd < 0)
-        return fail(version, 11, msg, errno == ENAMETOOLONG ? "socket path too long" : strerror(errno));
-    int sent = write_all(fd, req.data, req.len, 1);
-    if (sent < 0 && fd == early) {
-        /* closed by the daemon while stdin came (its read timeout, a restart): a new one */
-        close(fd);
-        fd = dial(path);
-        sent = fd < 0 ? -1 : write_all(fd, req.data, req.len, 1);
-    }
-    if (sent < 0) return fail(version, 11, msg, strerror(errno));
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path) return fail(version, 11, msg, "socket path too long");
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return fail(version, 11, msg, strerror(errno));
+    struct timeval tv = {.tv_sec = 600};  /* the daemon bounds every plugin; this bounds us */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0)
+        return fail(version, 11, msg, strerror(errno));
+    if (write_all(fd, req.data, req.len) < 0) return fail(version, 11, msg, strerror(errno));
     unsigned char answer[5];
     if (read_exactly(fd, answer, 5) < 0) return fail(version, 11, msg, strerror(errno));
     uint32_t n = (uint32_t)answer[1] << 24 | answer[2] << 16 | answer[3] << 8 | answer[4];
     if (n > MAX_ANSWER) return fail(version, 11, msg, "answer too large");
     char *payload = malloc(n ? n : 1);
     if (!payload || read_exactly(fd, payload, n) < 0) return fail(version, 11, msg, strerror(errno));
-    if (write_all(1, payload, n, 0) < 0) return 1;
+    if (write_all(1, payload, n) < 0) return 1;
     return answer[0];
 }

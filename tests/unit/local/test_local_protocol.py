@@ -25,23 +25,3 @@ def test_local_protocol_round_trip_and_limits():
                 await localproto.read_request(reader)
 
     asyncio.run(scenario())
-
-
-@pytest.mark.parametrize(
-    "sent, raised",
-    [
-        (b"", localproto.NoRequest),  # closed before a byte: no request (the shim's unused connection)
-        (b"\x00", localproto.LocalProtocolError),  # control: a request begun and cut short
-        (b"\x00\x00\x00", localproto.LocalProtocolError),
-    ],
-)
-def test_a_connection_closed_before_its_first_byte_is_no_request(sent, raised):
-    async def scenario():
-        reader = asyncio.StreamReader()
-        reader.feed_data(sent)
-        reader.feed_eof()
-        with pytest.raises(raised) as err:
-            await localproto.read_request(reader)
-        assert type(err.value) is raised
-
-    asyncio.run(scenario())
