@@ -241,8 +241,8 @@ class PodPlan:
         self.finalized.drop_gone(valid)
         return report
 
-    def reap_candidates(self) -> list[str]:
-        return self.upkeep.reap_candidates()
+    async def reap_candidates(self) -> list[str]:
+        return await self.upkeep.reap_candidates()
 
     async def reap(self, pod_id: str) -> bool:
         return await self.upkeep.reap(pod_id)

@@ -215,7 +215,7 @@ class Upkeep:
         """The CNI GC verb of every network list, the cached attachments as the valid ones;
         the lists at once (independent plugins), so the exclusive section lasts the longest."""
         valid_attachments: dict[str, list[Attachment]] = {}
-        for entry in self.cni.cache.entries():
+        for entry in await asyncio.to_thread(self.cni.cache.entries):  # as _collect_pods
             valid_attachments.setdefault(entry.network_name, []).append(
                 Attachment(entry.container_id, entry.ifname)
             )
@@ -232,11 +232,19 @@ class Upkeep:
                 raise outcome
         return errors
 
-    def reap_candidates(self) -> list[str]:
-        """Pods whose every recorded netns path is gone (a stat per pod: cheap)."""
-        return [
-            pod_id for pod_id, entries in by_pod(self.cni.cache.entries()).items() if all_netns_gone(entries)
-        ]
+    async def reap_candidates(self) -> list[str]:
+        """Pods whose every recorded netns path is gone (a stat per pod). Read in a thread, as
+        GC's listing: reading and parsing every cache entry would hold the event loop (and the
+        pod requests that come meanwhile) for ~10 ms at 40 pods, on every status interval."""
+
+        def candidates() -> list[str]:
+            return [
+                pod_id
+                for pod_id, entries in by_pod(self.cni.cache.entries()).items()
+                if all_netns_gone(entries)
+            ]
+
+        return await asyncio.to_thread(candidates)
 
     async def reap(self, pod_id: str) -> bool:
         """Detaches the pod if its netns is still gone; the caller holds the pod's lock.

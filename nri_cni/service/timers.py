@@ -137,7 +137,7 @@ class ServiceTimers:
         sends no NRI stop/remove for pods that lived through its restart, containerd#8426).
         Never a pod the runtime lists whose pause process runs: its path vanished, not the pod
         (verify reports it "netns-unreadable"; it is released when the runtime drops it)."""
-        for pod_id in self.parts.plan.reap_candidates():
+        for pod_id in await self.parts.plan.reap_candidates():
             if self.parts.locks.busy(pod_id) or self.parts.roster.running(pod_id):
                 continue
             async with self.parts.locks.pod(pod_id):

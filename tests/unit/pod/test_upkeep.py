@@ -119,13 +119,44 @@ def test_reap_detaches_a_pod_whose_netns_is_gone(tmp_path):
     node = Node(tmp_path)
     node.attach(POD, str(tmp_path / "gone"))
     node.attach(OTHER, str(tmp_path / "present"))
-    assert node.upkeep.reap_candidates() == [POD]
+    assert asyncio.run(node.upkeep.reap_candidates()) == [POD]
     assert asyncio.run(node.upkeep.reap(OTHER)) is False
     assert node.fake.commands("up-a") == []
     assert asyncio.run(node.upkeep.reap(POD)) is True
     assert node.fake.commands("up-a") == ["DEL"]
     assert node.cached() == [OTHER]
     assert asyncio.run(node.upkeep.reap(POD)) is False  # detached already: nothing left
+
+
+def test_reap_candidates_are_read_off_the_event_loop(tmp_path, monkeypatch):
+    """The reaper runs every status interval: its reading of every cache entry (and a stat per
+    pod) in a thread, as GC's, never holding the loop and the pod requests that come meanwhile.
+    Control: the probe, called on the loop, tells the loop's thread."""
+    node = Node(tmp_path)
+    node.attach(POD, str(tmp_path / "gone"))
+    threads: list[bool] = []  # per reading of the whole cache: was a loop running in its thread
+    real = node.cni.cache.entries
+
+    def entries(container_id=None, network=None):
+        threads.append(_on_a_loop())
+        return real(container_id, network)
+
+    monkeypatch.setattr(node.cni.cache, "entries", entries)
+
+    async def scenario():
+        assert _on_a_loop()  # control
+        return await node.upkeep.reap_candidates()
+
+    assert asyncio.run(scenario()) == [POD]
+    assert threads == [False]
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def test_reap_whose_del_fails_is_not_done(tmp_path):
