@@ -33,3 +33,13 @@ def sock_dir() -> Iterator[Path]:
     """A short directory for unix sockets (tmp_path can exceed sun_path's 108 bytes)."""
     with tempfile.TemporaryDirectory(prefix="nct-") as name:
         yield Path(name)
+
+
+def on_a_loop() -> bool:
+    """Whether an event loop runs in the calling thread: a probe that tells work done on the
+    loop from work handed to a thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -19,6 +19,7 @@ from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.oprecord import NoSink, OperationLog
 from nri_cni.pod.rollback import Rollback
 from nri_cni.pod.upkeep import Upkeep
+from tests.support.aio import on_a_loop
 
 STALE = [c * 64 for c in "abc"]
 CONFLIST = {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "p"}]}
@@ -155,14 +156,6 @@ def test_gc_starts_one_plugin_a_turn_so_an_operation_that_comes_meanwhile_is_cou
     assert sum(e.startswith("DEL ") for e in before) == dels_before_it_ends
 
 
-def _on_a_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
 def test_gc_reads_the_whole_cache_off_the_event_loop(tmp_path, monkeypatch):
     """Reading and parsing every entry took the loop ~10 ms with 40 stale pods (bench_gc: an
     ADD that came then began 10-13 ms late); in a thread, the loop reads requests meanwhile."""
@@ -172,13 +165,13 @@ def test_gc_reads_the_whole_cache_off_the_event_loop(tmp_path, monkeypatch):
 
     def entries(container_id=None, network=None):
         if container_id is None and network is None:
-            whole.append(_on_a_loop())
+            whole.append(on_a_loop())
         return real(container_id, network)
 
     monkeypatch.setattr(upkeep.cni.cache, "entries", entries)
 
     async def scenario():
-        assert _on_a_loop()  # control: the probe tells the loop's thread
+        assert on_a_loop()  # control: the probe tells the loop's thread
         return await upkeep.collect_garbage(set(), PodLocks())
 
     report = asyncio.run(scenario())

@@ -30,6 +30,7 @@ from nri_cni.pod.upkeep import (
     pod_of,
     stat_runs,
 )
+from tests.support.aio import on_a_loop
 
 POD, OTHER = "a" * 64, "b" * 64
 CONFLIST = {"cniVersion": "1.1.0", "name": "net-a", "plugins": [{"type": "up-a"}]}
@@ -138,25 +139,17 @@ def test_reap_candidates_are_read_off_the_event_loop(tmp_path, monkeypatch):
     real = node.cni.cache.entries
 
     def entries(container_id=None, network=None):
-        threads.append(_on_a_loop())
+        threads.append(on_a_loop())
         return real(container_id, network)
 
     monkeypatch.setattr(node.cni.cache, "entries", entries)
 
     async def scenario():
-        assert _on_a_loop()  # control
+        assert on_a_loop()  # control
         return await node.upkeep.reap_candidates()
 
     assert asyncio.run(scenario()) == [POD]
     assert threads == [False]
-
-
-def _on_a_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def test_reap_whose_del_fails_is_not_done(tmp_path):
