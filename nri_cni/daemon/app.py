@@ -237,12 +237,16 @@ def build_daemon(cfg: Config) -> Daemon:
         ),
         count_refusal=metrics.count_container_refusal,
     )
+    # the pods' own netns pool (the answer's MAC and MTU, a CHECK answered from the records),
+    # apart from the verify rounds': a pod never waits behind a round's reads
+    pod_inspector = NodeInspector.with_workers()
     plan = PodPlan(
         source,
         cni,
         intents=IntentStore(cfg.state_dir),  # state_dir is read at start-up only
         finalized=FinalizedMarks(cfg.state_dir),
         sink=OperationTee(metrics, containers),
+        inspector=pod_inspector,
         readiness=readiness,
         lifecycle=lifecycle,
     )
@@ -253,6 +257,7 @@ def build_daemon(cfg: Config) -> Daemon:
         locks=PodLocks(),
         health=health,
         inspector=NodeInspector.with_workers(),
+        pod_inspector=pod_inspector,
     )
     handlers = NriHandlers(pods, containers, request_timeout=cfg.nri.request_timeout)
 

@@ -6,8 +6,9 @@ import asyncio
 import collections
 import concurrent.futures
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from nri_cni.node import rtnl
+from nri_cni.node import netlink, rtnl
 from nri_cni.node.hostmodel import HostSide
 from nri_cni.node.hostside import read_host_side
 from nri_cni.node.model import (
@@ -67,6 +68,18 @@ def _host_links(names: list[str]) -> dict[str, HostLink]:
         sock.close()
 
 
+def _host_links_then_drain(
+    names: list[str], paths: collections.deque[tuple[str, list[str], int]]
+) -> tuple[dict[str, HostLink] | BaseException, dict[str, NetnsView]]:
+    """The host links, then namespaces as `_drain` reads them, in one job: one pod's look (a
+    CRI-O CHECK answered from the records) is one hop to a worker and back, not two."""
+    try:
+        links: dict[str, HostLink] | BaseException = _host_links(names)
+    except Exception as exc:  # the netns are read all the same; the host side is reported unreadable
+        links = exc
+    return links, _drain(paths)
+
+
 class NodeInspector:
     """`await inspect(expectations)` returns one Finding per expectation, in the same order.
 
@@ -86,28 +99,43 @@ class NodeInspector:
 
     async def inspect(self, expectations: Sequence[Expectation]) -> list[Finding]:
         futs, host, side = self._start(expectations)
-        parts = [asyncio.wrap_future(f) for f in futs]
-        extra = [f for f in (host, side) if f is not None]
-        done = await asyncio.gather(*parts, *map(asyncio.wrap_future, extra), return_exceptions=True)
-        rest = iter(done[len(futs) :])
-        host_links = next(rest) if host is not None else None
-        host_side = next(rest) if side is not None else None
-        return self._findings(expectations, done[: len(futs)], host_links, host_side)
+        done = await asyncio.gather(
+            *map(asyncio.wrap_future, [*futs, *([side] if side else [])]), return_exceptions=True
+        )
+        return self._findings(expectations, *self._parts(done[: len(futs)], host), done[-1] if side else None)
 
     def inspect_blocking(self, expectations: Sequence[Expectation]) -> list[Finding]:
         """The same for callers without an event loop (the CLI, benchmarks)."""
         futs, host, side = self._start(expectations)
-        concurrent.futures.wait([*futs, *(f for f in (host, side) if f is not None)])
+        concurrent.futures.wait([*futs, *([side] if side else [])])
         done = [f.exception() or f.result() for f in futs]
-        host_links = (host.exception() or host.result()) if host else None
         host_side = (side.exception() or side.result()) if side else None
-        return self._findings(expectations, done, host_links, host_side)
+        return self._findings(expectations, *self._parts(done, host), host_side)
+
+    async def interface_details(self, netns: str, ifnames: list[str]) -> dict[str, tuple[str, int]]:
+        """{ifname: (mac, mtu)} of `netns`'s interfaces that exist (nri_cni/node/netlink.py)."""
+        result: dict[str, tuple[str, int]] = await asyncio.wrap_future(
+            self._pool.submit(netlink.interface_details, netns, ifnames)
+        )
+        return result
+
+    @staticmethod
+    def _parts(
+        done: Sequence[Any], host: bool
+    ) -> tuple[list[dict[str, NetnsView] | BaseException], dict[str, HostLink] | BaseException | None]:
+        """The jobs' outcomes as the namespaces' views and the host links (`host`: the first
+        job read them before its namespaces; a job that failed failed both)."""
+        if not host:
+            return list(done), None
+        first, *rest = done
+        if isinstance(first, BaseException):
+            return [first, *rest], first
+        links, views = first
+        return [views, *rest], links
 
     def _start(
         self, expectations: Sequence[Expectation]
-    ) -> tuple[
-        list[concurrent.futures.Future], concurrent.futures.Future | None, concurrent.futures.Future | None
-    ]:
+    ) -> tuple[list[concurrent.futures.Future], bool, concurrent.futures.Future | None]:
         wanted: dict[str, list[str]] = {}
         routes: dict[str, int] = {}
         for e in expectations:
@@ -117,15 +145,17 @@ class NodeInspector:
                 routes[e.netns] = max(routes.get(e.netns, 0), ROUTES_ALL if other else ROUTES_MAIN)
         paths = collections.deque((path, ifnames, routes.get(path, 0)) for path, ifnames in wanted.items())
         names = list(dict.fromkeys(n for e in expectations for n in e.host_ifnames))
-        host = self._pool.submit(_host_links, names) if names else None
         # the host's rules (DNAT, masquerade) and leases: once a round for every pod, beside the
         # netns reads
         tables = [p.table for e in expectations for p in e.host_ports]
         tables = list(dict.fromkeys([*tables, *(m.table for e in expectations for m in e.masq)]))
         leases = [lease.path for e in expectations for lease in e.leases]
         side = self._pool.submit(read_host_side, tables, leases) if tables or leases else None
-        jobs = min(self._pool.size, len(paths))
-        return [self._pool.submit(_drain, paths) for _ in range(jobs)], host, side
+        jobs = [self._pool.submit(_host_links_then_drain, names, paths)] if names else []
+        jobs += [
+            self._pool.submit(_drain, paths) for _ in range(min(self._pool.size, len(paths)) - len(jobs))
+        ]
+        return jobs, bool(names), side
 
     @staticmethod
     def _findings(

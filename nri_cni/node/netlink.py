@@ -1,23 +1,23 @@
 """Fill in what a plugin's result left out (MAC, MTU) from the pod's network namespace.
 
 pyroute2 spends ~10 ms per namespace query here, most of a pod's budget; this costs ~0.2 ms: a
-short-lived thread enters the pod's netns (setns changes only the calling thread; the entry is
-node/workers.py's, the one way into a netns), opens a UDP socket there (a socket stays in the
-namespace it was created in), and asks the kernel with the SIOCGIFHWADDR / SIOCGIFMTU ioctls.
-The thread never returns to the daemon's pool, so a failure to switch back cannot leave any
-other work in the pod's namespace.
+worker of the pods' own netns pool (node/workers.py: the one way into a netns, and back) opens a
+UDP socket in the pod's netns (a socket stays in the namespace it was created in) and asks the
+kernel with the SIOCGIFHWADDR / SIOCGIFMTU ioctls. A pooled worker, not a thread started for the
+job: the thread's start was half the fill's cost (0.38 against 0.17 ms idle, 0.53 against 0.21
+with `stress --cpu 2` beside, medians of 400).
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 
 from nri_cni.cni.result import Result
-from nri_cni.node.workers import socket_in_netns
+from nri_cni.node.workers import StrandedWorker, socket_in
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +26,10 @@ SIOCGIFMTU = 0x8921
 _IFREQ = 40  # struct ifreq: 16-byte name + 24-byte union
 
 
-def _socket_in_netns(netns: str) -> socket.socket:
-    """A UDP socket that lives in `netns` (made through the one netns entry, node/workers.py)."""
-    return socket_in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-
-
 def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, int]]:
-    """{ifname: (mac, mtu)} for the interfaces of `netns` that exist."""
+    """{ifname: (mac, mtu)} for the interfaces of `netns` that exist (on a pool worker)."""
     out: dict[str, tuple[str, int]] = {}
-    sock = _socket_in_netns(netns)
+    sock = socket_in(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
     try:
         for name in ifnames:
             req = struct.pack("16s24x", name.encode()[:15])
@@ -51,15 +46,19 @@ def interface_details(netns: str, ifnames: list[str]) -> dict[str, tuple[str, in
     return out
 
 
-async def fill_interface_details(netns: str, result: Result) -> Result:
+Details = Callable[[str, list[str]], Awaitable[dict[str, tuple[str, int]]]]
+
+
+async def fill_interface_details(details_of: Details, netns: str, result: Result) -> Result:
     """Returns `result` with MAC and MTU set on its in-pod interfaces where the plugin left
-    them out. Best effort: a netns that is gone leaves the result unchanged."""
+    them out, read by `details_of` (`interface_details` on a pool: NodeInspector's). Best
+    effort: a netns that is gone leaves the result unchanged."""
     missing = [i for i in result.interfaces if i.sandbox and (not i.mac or not i.mtu)]
     if not missing or not netns:
         return result
     try:
-        details = await asyncio.to_thread(interface_details, netns, [i.name for i in missing])
-    except OSError as exc:
+        details = await details_of(netns, [i.name for i in missing])
+    except (OSError, StrandedWorker) as exc:  # the stranded worker is replaced by its pool
         log.debug("cannot read interface details in %s: %s", netns, exc)
         return result
     for iface in missing:

@@ -10,9 +10,10 @@ run anything again: it ends itself, and the pool starts another in its place.
 worker enters it when it starts instead of trusting what it inherited, since a replacement is
 started by the stranded worker itself, whose netns is not home.
 
-`enter` is the one way into a pod's netns in nri-cni: the pool's workers use it, and
-`socket_in_netns` runs it on a thread of its own for a caller without a pool (FINALIZE's MAC and
-MTU, nri_cni/node/netlink.py); that thread ends after the one job, home or not.
+`enter` is the one way into a pod's netns in nri-cni, and the pool's workers its only callers:
+verify's rounds read through one pool, the pods' own operations (the answer's MAC and MTU, a
+CRI-O CHECK answered from the records) through another (nri_cni/daemon/app.py), so a pod never
+waits behind a round.
 """
 
 from __future__ import annotations
@@ -126,34 +127,6 @@ def is_netns(path: str) -> bool:
         return os.stat(path).st_dev == os.stat("/proc/self/ns/net").st_dev
     except OSError:
         return False
-
-
-def socket_in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
-    """From any thread: `make()` run inside `netns` (`enter`) on a thread started for it, which
-    ends after this one job (setns moves only the calling thread: the caller's stays home)."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                box["sock"] = enter(netns, home, make)
-            finally:
-                os.close(home)
-        except StrandedWorker as exc:  # harmless for this thread, which ends: an OSError to the caller
-            box["error"] = OSError(errno.EIO, str(exc))
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=work, name="netns-probe", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        if "sock" in box:
-            box["sock"].close()
-        raise box["error"]
-    sock: socket.socket = box["sock"]
-    return sock
 
 
 _local = threading.local()

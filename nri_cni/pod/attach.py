@@ -30,7 +30,7 @@ from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import CniCode, CNIError, NriCniError, PluginRef, PodError
 from nri_cni.lifecycle import NetworkLifecycle
 from nri_cni.lifecycle.spec import is_managed
-from nri_cni.node import netlink
+from nri_cni.node import NodeInspector, netlink
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import AttachRequest, Key, NetworkAttachment, PodInfo, PodNetworks, RuntimePrimary
@@ -52,10 +52,12 @@ class Attacher:
         intents: IntentStore,
         rollback: Rollback,
         finalized: FinalizedMarks,
+        inspector: NodeInspector,
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
         self.source = ConfigSource.of(cfg)
+        self.inspector = inspector  # the pods' own netns pool: the answer's MAC and MTU
         self.finalized = finalized  # the pods whose runtime primary had its FINALIZE
         self.cni = cni
         # FINALIZE of the runtime's own primary: the runtime's attachment, never in our cache
@@ -253,7 +255,9 @@ class Attacher:
             return
         # a netns visit each (~0.3-1.5 ms on the pod's path): only for the results answered
         for key, _net, rt in nets[:1] if request.first_answered else nets:
-            results[key] = await netlink.fill_interface_details(rt.netns, results[key])
+            results[key] = await netlink.fill_interface_details(
+                self.inspector.interface_details, rt.netns, results[key]
+            )
         record.mark("filled")
 
     def _unfinalized_primary(

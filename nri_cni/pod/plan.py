@@ -22,6 +22,7 @@ from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config, ConfigSource
 from nri_cni.errors import NriCniError, PodError
 from nri_cni.lifecycle import NetworkLifecycle
+from nri_cni.node import NodeInspector
 from nri_cni.pod.attach import Attacher
 from nri_cni.pod.detach import Detacher, attach_order
 from nri_cni.pod.finalized import FinalizedMarks
@@ -55,11 +56,13 @@ class PodPlan:
         intents: IntentStore,
         finalized: FinalizedMarks,
         sink: OperationSink,
+        inspector: NodeInspector,
         readiness: Readiness | None = None,
         lifecycle: NetworkLifecycle | None = None,
     ) -> None:
-        """The parts kept on disk (`intents`, `finalized`: under state_dir) and the metrics
-        (`sink`) come from the composition root; `readiness` (status.refuse_when_not_ready) and
+        """The parts kept on disk (`intents`, `finalized`: under state_dir), the metrics
+        (`sink`) and the pods' own netns pool (`inspector`: the answer's MAC and MTU) come from
+        the composition root; `readiness` (status.refuse_when_not_ready) and
         `lifecycle` (INIT leases) are absent where nothing gates or leases (tools, benches)."""
         self.source = source = ConfigSource.of(cfg)
         self.cni = cni
@@ -75,6 +78,7 @@ class PodPlan:
             intents=self.intents,
             rollback=self.rollback,
             finalized=self.finalized,
+            inspector=inspector,
             readiness=readiness,
             lifecycle=lifecycle,
         )

@@ -98,6 +98,15 @@ async def read_checks(
     return out
 
 
+async def node_shows(inspector: NodeInspector, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
+    """Whether netlink shows each of `entries` as its result says (the pod's links up with
+    their addresses and routes, their host-side links): nothing unreadable, nothing differs.
+    The host's rules and leases are not read (no iptables-save): a cheap look, for a CHECK
+    answered from the records, through the pods' own pool (`inspector`)."""
+    (c,) = await read_checks(inspector, [ToRead(pod, list(entries), [])], host_side=False)
+    return not c.unknown and len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
+
+
 def expectations(
     pod: PodInfo, entries: Sequence[CacheEntry], *, host_side: bool = True
 ) -> tuple[list[tuple[CacheEntry, Expectation]], dict[Key, tuple[str, str]]]:

@@ -41,9 +41,11 @@ class PodService:
         locks: PodLocks,
         health: HealthBook,
         inspector: NodeInspector | None = None,
+        pod_inspector: NodeInspector | None = None,
     ) -> None:
         """`cfg`: the daemon's ConfigSource (a Config: a source of its own); `mode`: the mode
-        made from it (default mode_for); `roster`, `locks`, `health`, `inspector`: the
+        made from it (default mode_for); `roster`, `locks`, `health`, `inspector` (the verify
+        rounds' netns pool), `pod_inspector` (the pods' own, the pod plan's too): the
         composition root's, which others read too (the metrics: pods by verdict)."""
         self.source = ConfigSource.of(cfg)
         if mode is not None:
@@ -59,6 +61,7 @@ class PodService:
             locks=self.locks,
             health=self.health,
             inspector=inspector,
+            pod_inspector=pod_inspector,
         )
         self.parts = ServiceParts(self.source, plan, self.roster, self.locks, self.health, self.verifier)
         self.verbs = PodVerbs(self.parts)

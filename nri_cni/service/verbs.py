@@ -13,6 +13,7 @@ from typing import TypeVar
 from nri_cni.errors import NriCniError
 from nri_cni.pod.model import AttachRequest, PodInfo, PodNetworks
 from nri_cni.service.parts import ServiceParts
+from nri_cni.service.podcheck import node_shows
 from nri_cni.service.podstate import PodState
 
 log = logging.getLogger("nri_cni.daemon")
@@ -167,7 +168,7 @@ class PodVerbs:
                 entries is not None
                 and not self.parts.roster.record(pod.id).stopped
                 and self._never_broken(pod.id)
-                and await self.parts.verifier.node_shows(pod, entries)
+                and await node_shows(self.parts.verifier.pod_inspector, pod, entries)
             ):
                 self.parts.plan.checked_from_records(pod, entries)
                 return

@@ -102,8 +102,11 @@ class Verifier:
         locks: PodLocks,
         health: HealthBook,
         inspector: NodeInspector | None = None,
+        pod_inspector: NodeInspector | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`inspector`: the rounds' netns pool; `pod_inspector`: the pods' own (podcheck.py
+        `node_shows`: never queued behind a round). Each made at its first use if not given."""
         self.plan = plan
         self.roster = roster
         # the roster's records, read-only and live (Roster.view): a round reads each pod's
@@ -113,6 +116,7 @@ class Verifier:
         self.health = health
         self.clock = clock  # the backoff's (tests move it)
         self._inspector = inspector
+        self._pod_inspector = pod_inspector
         self._retries: dict[str, Retry] = {}
         self._round = asyncio.Lock()  # rounds never overlap (timer, Synchronize, on demand)
         self._repairing = asyncio.Lock()
@@ -143,9 +147,16 @@ class Verifier:
             self._inspector = NodeInspector.with_workers()
         return self._inspector
 
+    @property
+    def pod_inspector(self) -> NodeInspector:
+        if self._pod_inspector is None:
+            self._pod_inspector = NodeInspector.with_workers()
+        return self._pod_inspector
+
     def close(self) -> None:
-        if self._inspector is not None:
-            self._inspector.close()
+        for inspector in (self._inspector, self._pod_inspector):
+            if inspector is not None:
+                inspector.close()
 
     def forget(self, pod_id: str) -> None:
         self._retries.pop(pod_id, None)
@@ -232,13 +243,6 @@ class Verifier:
             log.debug("verify: pod %s: the config refuses it now (%s)", pod.label(), exc)
             selected = []
         return ToRead(pod, attach_order(entries), selected)
-
-    async def node_shows(self, pod: PodInfo, entries: Sequence[CacheEntry]) -> bool:
-        """Whether netlink shows each of `entries` as its result says (the pod's links up with
-        their addresses and routes, their host-side links): nothing unreadable, nothing
-        differs. The host's rules and leases are not read (no iptables-save): a cheap look."""
-        (c,) = await read_checks(self.inspector, [ToRead(pod, list(entries), [])], host_side=False)
-        return not c.unknown and len(c.findings) == len(entries) and all(f.ok for f in c.findings.values())
 
     def _check_only(self, c: PodCheck, forced: bool) -> bool:
         if c.netns_gone or c.damaged or c.missing:

@@ -1,6 +1,9 @@
 """The pod layer as the composition root (nri_cni/daemon/app.py build_daemon) wires it, for
 tests and benches that drive a PodPlan or a PodService without a daemon: every part given,
-fresh, under the config's state_dir; no metrics, no readiness gate, no INIT leases."""
+fresh, under the config's state_dir; no metrics, no readiness gate, no INIT leases. The pod
+plans' netns pool (the answer's MAC and MTU) is one for the whole test process, made at its first
+use and never closed (its threads wait on their queue); a service's verifier makes its own
+(inspector, pod_inspector) unless given, and closes them."""
 
 from __future__ import annotations
 
@@ -17,14 +20,19 @@ from nri_cni.service.podstate import HealthBook
 from nri_cni.service.roster import Roster
 from nri_cni.service.service import PodService
 
+_PLANS_INSPECTOR: list[NodeInspector] = []
+
 
 def pod_plan(cfg: Config, cni: CNIRuntime, *, sink: OperationSink | None = None) -> PodPlan:
+    if not _PLANS_INSPECTOR:
+        _PLANS_INSPECTOR.append(NodeInspector.with_workers())
     return PodPlan(
         cfg,
         cni,
         intents=IntentStore(cfg.state_dir),
         finalized=FinalizedMarks(cfg.state_dir),
         sink=NoSink() if sink is None else sink,
+        inspector=_PLANS_INSPECTOR[0],
     )
 
 
@@ -34,6 +42,7 @@ def pod_service(
     *,
     mode: Mode | None = None,
     inspector: NodeInspector | None = None,
+    pod_inspector: NodeInspector | None = None,
 ) -> PodService:
     return PodService(
         cfg,
@@ -43,4 +52,5 @@ def pod_service(
         locks=PodLocks(),
         health=HealthBook(),
         inspector=inspector,
+        pod_inspector=pod_inspector,
     )

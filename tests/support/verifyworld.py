@@ -83,7 +83,9 @@ class World:
         cfg = parse_config(doc, str(tmp / "config.yaml"))
         self.inspector = Inspector() if inspector is None else inspector
         self.plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp / "cache"), executor=self.fake))
-        self.svc = pod_service(cfg, self.plan, mode=mode_for(cfg), inspector=self.inspector)  # type: ignore[arg-type]
+        self.svc = pod_service(
+            cfg, self.plan, mode=mode_for(cfg), inspector=self.inspector, pod_inspector=self.inspector
+        )  # type: ignore[arg-type]
         netns = tmp / "netns"
         netns.write_text("")  # a path that exists; what it holds is the fake inspector's answer
         self.pod = PodInfo(tag * 32, name=f"{tag}-pod", namespace="default", netns=str(netns), ips=(ip,))

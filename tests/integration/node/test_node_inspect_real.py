@@ -223,3 +223,29 @@ def test_host_side_unreadable_is_said(bridge_net, inspector, monkeypatch):
     (f,) = inspect(inspector, bridge_net, [pod])
     assert f.kinds == {FindingKind.UNREADABLE} and "cannot read host links" in f.reason, f.reason
     assert not f.damaged
+
+
+@pytest.mark.parametrize(
+    "pods, jobs", [(1, 1), (3, 2)], ids=["one-pod-one-job", "control-three-pods-two-workers"]
+)
+def test_one_pods_look_is_one_job_with_its_host_links(bridge_net, pods, jobs):
+    """A look at one pod (a CRI-O CHECK answered from the records) is one hop to a worker: its
+    host links and its netns read by one job. Control: three pods on two workers are two jobs,
+    the host links read by the first before it joins the other in draining the namespaces."""
+    attached = [bridge_net.attach() for _ in range(pods)]
+    pool = NetnsWorkers(2)
+    submitted: list[str] = []
+    submit = pool.submit
+
+    def counted(fn, *args):
+        submitted.append(fn.__name__)
+        return submit(fn, *args)
+
+    pool.submit = counted  # type: ignore[method-assign]
+    try:
+        findings = asyncio.run(NodeInspector(pool).inspect([bridge_net.expectation(p) for p in attached]))
+        assert all(f.ok for f in findings), [f.reason for f in findings]
+        assert bridge_net.bridge in findings[0].expectation.host_ifnames  # host links were read
+        assert submitted == ["_host_links_then_drain", "_drain"][:jobs]
+    finally:
+        pool.close()

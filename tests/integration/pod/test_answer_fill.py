@@ -38,9 +38,9 @@ def filled(monkeypatch):
     seen: list[list[str]] = []
     real = netlink.fill_interface_details
 
-    async def spy(netns, result):
+    async def spy(inspector, netns, result):
         seen.append([i.name for i in result.interfaces if i.sandbox])
-        return await real(netns, result)
+        return await real(inspector, netns, result)
 
     monkeypatch.setattr(netlink, "fill_interface_details", spy)
     return seen
