@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 
 from nri_cni.errors import Kind, NriCniError
+from nri_cni.pod import intents
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.safety.validate import InvalidInput
+from tests.support.aio import on_a_loop
 
 
 def test_intent_round_trip_and_damaged_records(tmp_path):
@@ -151,3 +154,56 @@ def test_load_all_removes_a_half_written_record_and_reads_the_rest(tmp_path):
     (tmp_path / "intents" / "pod2.tmp").write_text('{"podId":"pod2","networks":[]}')  # a record's name
     assert store.load_all() == [Intent("pod1", "", []), Intent("pod2", "", [])]
     assert sorted(os.listdir(tmp_path / "intents")) == ["pod1", "pod2.tmp"]
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["on-the-loop", "control-no-loop"])
+def test_a_record_is_cleared_by_a_rename_and_unlinked_off_the_loop(tmp_path, monkeypatch, loop):
+    """On the event loop (a pod's ADD) the clear renames the record into intents-cleared/ (it
+    is gone from intents/ at once: no load, no pod id) and its file is unlinked there on a worker
+    thread (held here until the directories were looked at). Control: without a loop (a tool)
+    the unlink runs in the call."""
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))
+    unlinked: list[tuple[str, bool]] = []
+    looked = threading.Event()
+    real = intents._unlink
+
+    def spy(path: str) -> None:
+        unlinked.append((os.path.basename(path), on_a_loop()))
+        if loop and not on_a_loop():  # a worker's: it waits (on the loop it would hang the test)
+            looked.wait()
+        real(path)
+
+    monkeypatch.setattr(intents, "_unlink", spy)
+
+    async def clear() -> list[str]:
+        store.clear("pod1")
+        assert os.listdir(tmp_path / "intents") == []
+        left = os.listdir(tmp_path / "intents-cleared")
+        assert store.load("pod1") is None and store.pod_ids() == []
+        looked.set()
+        await asyncio.get_running_loop().shutdown_default_executor()
+        return left
+
+    if loop:
+        left = asyncio.run(clear())
+        assert len(left) == 1 and left[0].startswith("pod1.")
+        assert unlinked == [(left[0], False)]
+    else:
+        store.clear("pod1")
+        assert len(unlinked) == 1 and unlinked[0][0].startswith("pod1.")
+    assert os.listdir(tmp_path / "intents") == os.listdir(tmp_path / "intents-cleared") == []
+    store.clear("pod1")  # nothing left to clear: no error, nothing unlinked
+    assert len(unlinked) == 1
+
+
+def test_a_record_cleared_but_not_yet_unlinked_is_no_record_at_start_up(tmp_path):
+    """A kill between the clear's rename and its unlink leaves the file in intents-cleared/:
+    start-up (load_all) removes it, rolls nothing back. Control: a record in intents/ is read."""
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []))
+    store.write(Intent("pod2", "", []))
+    (tmp_path / "intents-cleared").mkdir()
+    os.rename(tmp_path / "intents" / "pod1", tmp_path / "intents-cleared" / "pod1.999.1")
+    assert store.load_all() == [Intent("pod2", "", [])]
+    assert os.listdir(tmp_path / "intents") == ["pod2"] and os.listdir(tmp_path / "intents-cleared") == []
