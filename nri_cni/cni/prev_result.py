@@ -42,11 +42,19 @@ def conf_of(entry: CacheEntry, netns: str | None = None) -> RuntimeConf:
 
 
 def cached_prev(
-    cache: ResultCache, net: NetworkConfigList, rt: RuntimeConf, command: str
+    cache: ResultCache,
+    net: NetworkConfigList,
+    rt: RuntimeConf,
+    command: str,
+    entry: CacheEntry | None = None,
 ) -> dict[str, Any] | None:
     """The cached result in the list's version, or None (with a warning) when there is none
-    usable; a corrupt entry is removed on DEL, as libcni does."""
-    entry = cache.read(net.name, rt.container_id, rt.ifname, drop_corrupt=command == "DEL")
+    usable; a corrupt entry is removed on DEL, as libcni does. `entry`: the attachment's entry
+    as the caller read it already (GC, a pod's DEL or CHECK list the pod's entries first): its
+    result is used and the file is not read again; read when it holds none (an entry taken
+    from an intent record)."""
+    if entry is None or entry.result is None:
+        entry = cache.read(net.name, rt.container_id, rt.ifname, drop_corrupt=command == "DEL")
     where = f"{command} of network {net.name!r} for {rt.container_id}/{rt.ifname}"
     if entry is None or entry.result is None:
         log.warning("%s: no cached result, running without prevResult", where)

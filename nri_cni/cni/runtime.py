@@ -150,9 +150,11 @@ class CNIRuntime:
         adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         *,
         observe: PluginObserver | None = None,
+        entry: CacheEntry | None = None,
     ) -> None:
         """CHECK on each plugin in order with the cached result (0.4.0 and later); `adjust`
-        may amend that prevResult first (the caller's knowledge of what is not damage)."""
+        may amend that prevResult first (the caller's knowledge of what is not damage);
+        `entry`: the cache entry the caller read (not read again, cached_prev)."""
         if not versions.at_least(net.cni_version, "0.4.0"):
             raise CNIError(
                 CniCode.INCOMPATIBLE_VERSION,
@@ -163,7 +165,7 @@ class CNIRuntime:
             return
         env = self._env("CHECK", rt)
         paths = self._find_all(net, net.plugins, "CHECK")
-        prev = cached_prev(self.cache, net, rt, "CHECK")
+        prev = cached_prev(self.cache, net, rt, "CHECK", entry)
         if prev is not None and adjust is not None:
             prev = adjust(prev)
         for i, plugin in enumerate(net.plugins):
@@ -171,19 +173,45 @@ class CNIRuntime:
             await self._call(net, plugin, "CHECK", env, stdin, paths[i], index=i, observe=observe)
 
     async def delete(
-        self, net: NetworkConfigList, rt: RuntimeConf, *, observe: PluginObserver | None = None
+        self,
+        net: NetworkConfigList,
+        rt: RuntimeConf,
+        *,
+        observe: PluginObserver | None = None,
+        entry: CacheEntry | None = None,
     ) -> None:
         """DEL in reverse order with the cached result as prevResult (from 0.4.0 on); a
-        missing or corrupt cache entry only costs the prevResult. The entry is removed after."""
-        prev = (
-            cached_prev(self.cache, net, rt, "DEL") if versions.at_least(net.cni_version, "0.4.0") else None
+        missing or corrupt cache entry only costs the prevResult. The entry is removed after.
+        `entry`: the cache entry the caller read (not read again, cached_prev)."""
+        await self.delete_part(net, rt, self.del_prev(net, rt, entry), observe=observe)
+        self.cache.delete(net.name, rt.container_id, rt.ifname)
+
+    def del_prev(
+        self, net: NetworkConfigList, rt: RuntimeConf, entry: CacheEntry | None = None
+    ) -> dict[str, Any] | None:
+        """The prevResult a DEL of the attachment runs with (none below 0.4.0)."""
+        return (
+            cached_prev(self.cache, net, rt, "DEL", entry)
+            if versions.at_least(net.cni_version, "0.4.0")
+            else None
         )
+
+    async def delete_part(
+        self,
+        net: NetworkConfigList,
+        rt: RuntimeConf,
+        prev: dict[str, Any] | None,
+        *,
+        observe: PluginObserver | None = None,
+    ) -> None:
+        """DEL of `net`'s plugins in reverse order with `prev` (del_prev) and nothing else: the
+        cache entry stays (a DEL cut around a plugin whose ADD created nothing runs the parts
+        of the chain one after another, then removes it: pod/rollback.py)."""
         env = self._env("DEL", rt)
         for i in range(len(net.plugins) - 1, -1, -1):
             plugin = net.plugins[i]
             stdin = self._stdin(net, plugin, rt, prev)
             await self._call(net, plugin, "DEL", env, stdin, index=i, observe=observe)
-        self.cache.delete(net.name, rt.container_id, rt.ifname)
 
     async def delete_cached(self, entry: CacheEntry, *, observe: PluginObserver | None = None) -> None:
         """DEL an attachment from its cache entry alone (its network left the config)."""
@@ -193,7 +221,7 @@ class CNIRuntime:
                 f"cached config names network {net.name!r}, entry says {entry.network_name!r}",
                 location=entry.path,
             )
-        await self.delete(net, conf_of(entry), observe=observe)
+        await self.delete(net, conf_of(entry), observe=observe, entry=entry)
 
     async def finalize(
         self,
@@ -256,7 +284,7 @@ class CNIRuntime:
             if (entry.container_id, entry.ifname) in keep:
                 continue
             try:
-                await self.delete(net, conf_of(entry))
+                await self.delete(net, conf_of(entry), entry=entry)
             except NriCniError as exc:
                 errors.append(exc)
         if versions.at_least(net.cni_version, "1.1.0"):

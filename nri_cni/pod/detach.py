@@ -61,7 +61,9 @@ class Detacher:
             net = parse_conflist(entry.config, source=entry.path)
             t0 = time.perf_counter()
             try:
-                await self.cni.check(net, conf_of(entry, pod.netns or entry.netns), observe=record)
+                await self.cni.check(
+                    net, conf_of(entry, pod.netns or entry.netns), observe=record, entry=entry
+                )
             finally:
                 record.step(entry.network_name, entry.ifname, "check", t0)
 

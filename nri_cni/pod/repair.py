@@ -158,7 +158,7 @@ class Repairer:
         cannot be checked: before 0.4.0, disableCheck), else the plugin's error."""
         net = parse_conflist(entry.config, source=f"cache:{entry.path}")
         try:
-            await self.cni.check(net, conf_of(entry, netns or entry.netns), host_macs_as_now)
+            await self.cni.check(net, conf_of(entry, netns or entry.netns), host_macs_as_now, entry=entry)
         except CNIError as exc:
             if (
                 exc.cni_code == CniCode.INCOMPATIBLE_VERSION

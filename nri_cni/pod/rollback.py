@@ -134,7 +134,9 @@ class Rollback:
         net = parse_conflist(entry.config, source=f"cache:{entry.path}" if entry.path else "intent")
         rt = conf_of(entry)  # the netns just set
         # The chain in reverse, cut around each doomed plugin: its DEL runs alone and its
-        # failure is logged only, so the plugins before it still get their DEL.
+        # failure is logged only, so the plugins before it still get their DEL. Every part
+        # gets the one prevResult; the cache entry goes once every part is done.
+        prev = self.cni.del_prev(net, rt, entry)
         segments: list[list[int]] = []
         for i in reversed(range(len(net.plugins))):
             if i in doomed or not segments or segments[-1][0] in doomed:
@@ -144,7 +146,7 @@ class Rollback:
         for seg in segments:
             part = dataclasses.replace(net, plugins=tuple(net.plugins[i] for i in seg))
             try:
-                await self.cni.delete(part, rt, observe=observe)
+                await self.cni.delete_part(part, rt, prev, observe=observe)
             except NriCniError as exc:
                 if seg[0] not in doomed:
                     raise
@@ -155,6 +157,7 @@ class Rollback:
                     net.name,
                     exc,
                 )
+        self.cni.cache.delete(net.name, rt.container_id, rt.ifname)
 
     def record_doomed(
         self,

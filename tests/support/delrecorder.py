@@ -28,10 +28,18 @@ class DelRecorder:
         self.cache = type(
             "C",
             (),
-            {"read": lambda *a, **k: None, "entries": lambda *a, **k: [], "results_dir": "/nonexistent"},
+            {
+                "read": lambda *a, **k: None,
+                "entries": lambda *a, **k: [],
+                "delete": lambda *a, **k: None,
+                "results_dir": "/nonexistent",
+            },
         )()
 
-    async def delete(self, net, rt, *, observe=None):
+    def del_prev(self, net, rt, entry=None):
+        return None
+
+    async def delete_part(self, net, rt, prev, *, observe=None):
         types = [p.type for p in reversed(net.plugins)]
         self.calls.append(types)
         for t in types:
@@ -39,7 +47,7 @@ class DelRecorder:
                 raise CNIError(111, f"{t} DEL failed", ref=PluginRef(plugin=t, command="DEL"))
 
     async def delete_cached(self, entry, *, observe=None):
-        await self.delete(parse_conflist(entry.config), None)
+        await self.delete_part(parse_conflist(entry.config), None, None)
 
     async def gc(self, net, valid):
         self.calls.append(["GC", net.name, len(valid)])

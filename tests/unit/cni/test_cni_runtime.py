@@ -703,3 +703,37 @@ def test_del_and_check_drop_a_cached_cni_args_ip(runtime, make_net, call_log, rt
     assert [c["command"] for c in call_log.calls()] == ["CHECK", "DEL"]
     for call in call_log.calls():
         assert "IP=" not in call["env"]["CNI_ARGS"], call["env"]["CNI_ARGS"]
+
+
+def test_del_and_check_given_the_entry_read_already_take_its_result_and_read_no_file(
+    runtime, make_net, call_log, rt
+):
+    """A pod's DEL and CHECK (and GC) list the pod's entries first: the entry they hold is the
+    prevResult, the file is not read again. The file is changed behind the entry's back to
+    tell the two apart; the control cases (no entry, or one without a result: an intent's)
+    read the file."""
+    net = make_net(["fake-a", "fake-b"])
+    run(runtime.add(net, rt))
+    (held,) = runtime.cache.entries()
+    on_disk = dict(held.result, interfaces=[{"name": "changed-on-disk"}])
+    runtime.cache.write(dataclasses.replace(held, result=on_disk))
+
+    def prevs() -> list:
+        got = [c["stdin"].get("prevResult") for c in call_log.calls()]
+        call_log.clear()
+        return got
+
+    call_log.clear()
+    run(runtime.check(net, rt, entry=held))
+    assert prevs() == [held.result] * 2
+    run(runtime.check(net, rt))  # control: no entry given
+    assert prevs() == [on_disk] * 2
+    run(runtime.check(net, rt, entry=dataclasses.replace(held, result=None)))  # control: an intent's
+    assert prevs() == [on_disk] * 2
+    run(runtime.delete(net, rt, entry=held))
+    assert prevs() == [held.result] * 2 and runtime.cache.entries() == []
+    run(runtime.add(net, rt))
+    runtime.cache.write(dataclasses.replace(held, result=on_disk))
+    call_log.clear()
+    run(runtime.delete(net, rt))  # control: no entry given
+    assert prevs() == [on_disk] * 2 and runtime.cache.entries() == []

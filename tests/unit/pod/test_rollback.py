@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 
 from nri_cni.cni.cache import CacheEntry
 from nri_cni.cni.config import parse_conflist
-from nri_cni.cni.runtime import RuntimeConf
+from nri_cni.cni.executor import FAKE_BIN, FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime, RuntimeConf
 from nri_cni.errors import CniCode, CNIError, ConfigError, Kind, NriCniError, PluginNotRun, PluginRef
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.pod.model import PodInfo
@@ -36,9 +39,16 @@ class RecordingCNI:
         self.fail = set(fail)
         self.deleted: list[CacheEntry] = []
         self.parts: list[tuple[list[str], RuntimeConf]] = []
+        self.prevs: list[object] = []  # the prevResult each part was given
+        self.removed: list[tuple[str, str, str]] = []  # cache entries removed
         self.observers: list[object] = []
         by_key = {(e.network_name, e.container_id, e.ifname): e for e in cached}
-        self.cache = type("Cache", (), {"read": staticmethod(lambda *key: by_key.get(key))})()
+        self.cache = SimpleNamespace(
+            read=lambda *key: by_key.get(key), delete=lambda *key: self.removed.append(key)
+        )
+
+    def del_prev(self, net, rt, entry=None):
+        return entry.result if entry is not None else None
 
     async def delete_cached(self, entry, *, observe=None):
         self.deleted.append(entry)
@@ -46,9 +56,10 @@ class RecordingCNI:
         if entry.network_name in self.fail:
             raise CNIError(111, f"{entry.network_name} DEL failed")
 
-    async def delete(self, net, rt, *, observe=None):
+    async def delete_part(self, net, rt, prev, *, observe=None):
         types = [p.type for p in reversed(net.plugins)]
         self.parts.append((types, rt))
+        self.prevs.append(prev)
         self.observers.append(observe)
         for t in types:
             if t in self.fail:
@@ -180,6 +191,7 @@ def test_the_del_is_cut_around_each_doomed_plugin(doomed, parts):
     asyncio.run(Rollback(cni, IntentStore("/nonexistent")).delete_entry(entry, netns=NETNS, doomed=doomed))
     if doomed:
         assert [types for types, _ in cni.parts] == parts
+        assert cni.removed == [("podnet", POD, "eth0")]  # once, after every part
         assert {(rt.container_id, rt.netns, rt.ifname) for _, rt in cni.parts} == {(POD, NETNS, "eth0")}
         assert all((rt.args, rt.capability_args) == ([("K", "V")], {"mac": "m"}) for _, rt in cni.parts)
     else:
@@ -201,6 +213,35 @@ def test_the_entrys_own_netns_is_used_when_the_caller_has_none():
     asyncio.run(rb.delete_entry(entry))
     asyncio.run(rb.delete_entry(dataclasses.replace(entry, netns="/run/netns/gone")))  # the control
     assert [e.netns for e in cni.deleted] == [NETNS, ""]
+
+
+@pytest.mark.parametrize("bridge_fails", [False, True])
+def test_a_del_cut_around_a_doomed_plugin_gives_every_part_the_prevresult_and_keeps_the_entry_until_all_ran(
+    tmp_path, bridge_fails
+):
+    """The real CNI runtime over in-process plugins, an attachment cached with its result: each
+    part of the cut DEL (portmap, then ctl alone, then tuning and bridge) gets that result as
+    prevResult, and the entry goes only once the last part succeeded; bridge's DEL failing
+    keeps it for GC (before, the first part's DEL removed it, and the later parts ran without
+    a prevResult). The control: bridge succeeds, the entry goes."""
+    fail = {"DEL": CNIError(11, "try later")}
+    plugins = {"bridge": fail if bridge_fails else {}, "tuning": {}, "ctl": fail, "portmap": {}}
+    cni = CNIRuntime([FAKE_BIN], str(tmp_path / "cache"), executor=FakeExecutor(plugins))
+    result = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": NETNS}]}
+    cni.cache.write(CacheEntry(POD, "eth0", "podnet", CONFIG, NETNS, result=result))
+    (entry,) = cni.cache.entries()
+    rb = Rollback(cni, IntentStore(str(tmp_path / "state")))
+    if bridge_fails:
+        with pytest.raises(CNIError, match="try later"):
+            asyncio.run(rb.delete_entry(entry, netns=NETNS, doomed={2}))
+    else:
+        asyncio.run(rb.delete_entry(entry, netns=NETNS, doomed={2}))
+    calls = cni.executor.calls
+    assert [(c.plugin, c.command) for c in calls] == [
+        (t, "DEL") for t in ("portmap", "ctl", "tuning", "bridge")
+    ]
+    assert [json.loads(c.stdin).get("prevResult") for c in calls] == [result] * 4
+    assert [e.key for e in cni.cache.entries()] == ([("podnet", "eth0")] if bridge_fails else [])
 
 
 def _doomed_chain(*types):
