@@ -5,6 +5,13 @@ the runtime double through the real Stub (mux, ttrpc, protobuf both ways; the pl
 2 IPs at once) against N round trips of the same request bytes through a bare asyncio echo
 server on a unix socket. The difference of the medians is the transport's own cost per call.
 
+Where that difference goes, measured in the same run without a socket: the stub's side (the
+request bytes fed to the plugin's mux trunk as the socket would hand them, until its answer is
+written: mux, ttrpc frame, protobuf, the handler's task, the answer's encoding) and the runtime
+double's side (its call until the request is written, and from the answer's bytes to the
+decoded response). What is left is the two sides' socket reads and event loop turns, which an
+echo pays once per side and a call twice (the answer runs in a task of its own).
+
     python bench/bench_ttrpc.py [-n 2000]
 """
 
@@ -22,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.suppor
 
 from bench.goals import GOALS
 from nri_cni.api import nri_pb2, ttrpc_pb2
-from nri_cni.nri import mux
-from nri_cni.nri.plugin_service import PLUGIN_SERVICE
+from nri_cni.nri import mux, trunk
+from nri_cni.nri.plugin_service import PLUGIN_SERVICE, PluginService
 from nri_cni.nri.stub import Stub
+from nri_cni.ttrpc import TtrpcClient, TtrpcServer
 from nri_cni.ttrpc.framing import MessageType, encode_frame
 from tests.support.nri_runtime import NriRuntime
 
@@ -94,6 +102,74 @@ class Echo(asyncio.Protocol):
         self.transport.write(data)  # type: ignore[attr-defined]
 
 
+class Sink(asyncio.Transport):
+    """A socket's place under a trunk: what is written resolves `written`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: asyncio.Future[bytes] | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.written is not None and not self.written.done():
+            self.written.set_result(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def request_blob(stream_id: int, req: bytes) -> bytes:
+    """A RunPodSandbox request as the runtime puts it on the socket (mux, ttrpc frame)."""
+    body = ttrpc_pb2.Request(
+        service=PLUGIN_SERVICE, method="RunPodSandbox", payload=req, timeout_nano=2_000_000_000
+    ).SerializeToString()
+    return mux.encode(mux.PLUGIN_SERVICE_CONN, encode_frame(stream_id, MessageType.REQUEST, 0, body))
+
+
+async def sides(n: int, pod: nri_pb2.PodSandbox) -> tuple[list[float], list[float]]:
+    """Each side's own work per call, no socket: (the stub's, the runtime double's)."""
+    loop = asyncio.get_running_loop()
+    clock = time.perf_counter
+    service = PluginService(Plugin(), on_configured=lambda req: None, on_synchronized=lambda: None)
+    server = TtrpcServer({PLUGIN_SERVICE: service.handlers()})
+    plugin_side, plugin_sink = trunk.Trunk({mux.PLUGIN_SERVICE_CONN: server.protocol()}), Sink()
+    plugin_side.connection_made(plugin_sink)
+    client = TtrpcClient()
+    runtime_side, runtime_sink = trunk.Trunk({mux.PLUGIN_SERVICE_CONN: client}), Sink()
+    runtime_side.connection_made(runtime_sink)
+    req = nri_pb2.RunPodSandboxRequest(pod=pod).SerializeToString()
+    stub_t: list[float] = []
+    runtime_t: list[float] = []
+    for i in range(n + 200):  # the first 200: warm-up
+        blob = request_blob(2 * i + 1, req)
+        plugin_sink.written = loop.create_future()
+        t0 = clock()
+        plugin_side.data_received(blob)
+        answer = await plugin_sink.written
+        t1 = clock()
+        # the runtime double's call as NriRuntime.run_pod_sandbox makes it, answered with the
+        # bytes the stub wrote (the client's stream ids follow the same 1, 3, 5...)
+        runtime_sink.written = loop.create_future()
+        t2 = clock()
+        call = loop.create_task(
+            client.call(
+                PLUGIN_SERVICE, "RunPodSandbox", nri_pb2.RunPodSandboxRequest(pod=pod).SerializeToString()
+            )
+        )
+        await runtime_sink.written
+        t3 = clock()
+        runtime_side.data_received(answer)
+        resp = nri_pb2.RunPodSandboxResponse.FromString(await call)
+        t4 = clock()
+        if i >= 200:
+            stub_t.append(t1 - t0)
+            runtime_t.append((t3 - t2) + (t4 - t3))
+    assert list(resp.adjust.network.ips) == list(ANSWER.adjust.network.ips)
+    return stub_t, runtime_t
+
+
 def summary(name: str, samples: list[float]) -> str:
     median, p90 = statistics.median(samples), statistics.quantiles(samples, n=10)[8]
     return f"{name:<28} median {median * 1e6:7.1f} us   p90 {p90 * 1e6:7.1f} us"
@@ -147,6 +223,7 @@ async def bench(n: int) -> dict:
             await stub.stop()
             await stub_task
             await runtime.stop()
+    stub_t, runtime_t = await sides(n, sample_pod())
     print(f"{n} round trips each, request {len(blob)} bytes on the wire")
     print(summary("RunPodSandbox via the stub", rpc))
     print(summary("bare unix-socket echo", raw))
@@ -155,7 +232,22 @@ async def bench(n: int) -> dict:
         f"ratio {med_rpc / med_raw:.2f}; added by the transport at the median: "
         f"{(med_rpc - med_raw) * 1e6:.1f} us per request (goal `ttrpc` {GOALS['ttrpc'].text})"
     )
-    return {"n": n, "rpc_us": med_rpc * 1e6, "echo_us": med_raw * 1e6, "added_us": (med_rpc - med_raw) * 1e6}
+    med_stub, med_runtime = statistics.median(stub_t), statistics.median(runtime_t)
+    print(summary("the stub's side, no socket", stub_t))
+    print(summary("the runtime double's side", runtime_t))
+    left = med_rpc - med_raw - med_stub - med_runtime
+    print(
+        f"of the {(med_rpc - med_raw) * 1e6:.1f} us: the stub {med_stub * 1e6:.1f}, the runtime double "
+        f"{med_runtime * 1e6:.1f}, the rest {left * 1e6:.1f} (the second socket read and loop turns of a call)"
+    )
+    return {
+        "n": n,
+        "rpc_us": med_rpc * 1e6,
+        "echo_us": med_raw * 1e6,
+        "added_us": (med_rpc - med_raw) * 1e6,
+        "stub_us": med_stub * 1e6,
+        "runtime_us": med_runtime * 1e6,
+    }
 
 
 def measure(n: int) -> dict:
