@@ -59,7 +59,7 @@ class PluginExecutor:
         dirs = list(bin_dirs)
         for d in dirs:
             path = os.path.join(d, plugin_type)
-            known, known_real = self._trusted.get(path, ((), ""))
+            known, known_real = self._trusted.get(path, (_NOTHING, ""))
             try:
                 st = os.lstat(path)
                 real = ""
