@@ -65,13 +65,14 @@ class PluginExecutor:
                 real = ""
                 if stat.S_ISLNK(st.st_mode):
                     link, st = st, os.stat(path)
+                    here = (link, st, os.stat(d))
                     real, seen = known_real, _NOTHING
                     if known_real:  # where it led when it passed
                         with contextlib.suppress(OSError):
-                            seen = _identity(link, st, os.stat(d), os.stat(os.path.dirname(known_real)))
+                            seen = _identity(*here, os.stat(os.path.dirname(known_real)))
                     if not known_real or seen != known:  # never passed, or it may lead elsewhere now
                         real = os.path.realpath(path)
-                        seen = _identity(link, st, os.stat(d), os.stat(os.path.dirname(real)))
+                        seen = _identity(*here, os.stat(os.path.dirname(real)))
                 else:
                     seen = _identity(st, os.stat(d))
             except OSError:

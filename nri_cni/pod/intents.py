@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import itertools
 import json
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +128,7 @@ class IntentStore:
                 return  # nothing to clear
             files.private_dir(self.cleared_dir)  # the first clear since it was made (or removed)
             os.rename(path, gone)
-        _later(functools.partial(_unlink, gone))
+        _unlink_later(gone)
 
     def pod_ids(self) -> list[str]:
         """Pods with a record (cheap: a directory listing)."""
@@ -200,22 +198,22 @@ def _listing(directory: str) -> list[str]:
         return []
 
 
-def _later(chore: Callable[[], object]) -> None:
-    """`chore` on a worker thread, off the pod's path; run now where no event loop runs
-    (tools). Its failure is logged: the record is cleared already."""
+def _unlink_later(path: str) -> None:
+    """`path` unlinked on a worker thread, off the pod's path; now where no event loop runs
+    (tools). A failure is logged: the record is cleared already."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        _logged(chore)
+        _unlink_logged(path)
         return
-    loop.run_in_executor(None, _logged, chore)
+    loop.run_in_executor(None, _unlink_logged, path)
 
 
-def _logged(chore: Callable[[], object]) -> None:
+def _unlink_logged(path: str) -> None:
     try:
-        chore()
+        _unlink(path)
     except OSError as exc:
-        log.warning("intent records: %s", exc)
+        log.warning("intent records: cannot remove %s: %s", path, exc.strerror or exc)
 
 
 def _fsync_file(path: str) -> None:
