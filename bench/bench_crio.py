@@ -12,6 +12,11 @@ private CRI-O instances (tests/support/crio.py) in containerd's place:
              ADD, which nri-cni answers from its records.
      vs
   crio       CRI-O runs the same bridge + host-local + portmap list itself (no NRI plugin).
+     and
+  crio-floor CRI-O runs that list itself with the compiled shim chained after portmap, pointed at
+             bench/null_plugin.py, which answers the shim at once and hears the pod's NRI events
+             as nri-cni does, doing nothing: what any shim set-up costs whatever its daemon
+             does (the shim's exec, stdin, socket round trip and exit, the NRI round trips).
 
   crio-sec   CRI-O runs the bridge list (eth0); nri-cni (mode: secondary) adds a macvlan +
              host-local network (net1) on NRI RUN_POD_SANDBOX and DELs it on NRI STOP.
@@ -20,12 +25,13 @@ private CRI-O instances (tests/support/crio.py) in containerd's place:
              CNI network per pod: it has no second network of its own to compare with.)
 
 Output as bench_pods.py's: per mode medians and p90 (ms), crio-shim/crio ratios of
-RunPodSandbox and of StopPodSandbox + RemovePodSandbox, and the extra network's cost in
+RunPodSandbox and of StopPodSandbox + RemovePodSandbox, crio-floor/crio and crio-shim/crio-floor, and the extra network's cost in
 crio-sec over crio-base. Part 1 also splits the stop+remove difference into what was measured
 of it: the stop's and the remove's differences (medians), nri-cni's DEL of the cached list
 (its op lines: plugins and nri-cni itself), the shim's DEL request as nri-cni served it and
 nri-cni's answers to NRI StopPodSandbox and RemovePodSandbox (means of the daemon's own
-duration metrics, read from its metrics socket at the end; warm-up pods included). Subnets 10.246.169.0/24 .. 10.246.173.0/24. Everything made is removed
+duration metrics, read from its metrics socket at the end; warm-up pods included).
+Subnets 10.246.169.0/24 .. 10.246.173.0/24 and 10.246.176.0/24. Everything made is removed
 at the end, also on failure, Ctrl-C or SIGTERM. Needs root, the parts from .ci/install-deps and
 CRI-O (tests/support/crio.py: available()).
 Run:  sudo ./.venv/bin/python bench/bench_crio.py [--pods 40] [--part 1|2|all]
@@ -62,6 +68,7 @@ bench_pods.SUBNETS.update(
         "crio-sec": "10.246.171.0/24",
         "crio-sec-extra": "10.246.172.0/24",
         "crio-base": "10.246.173.0/24",
+        "crio-floor": "10.246.176.0/24",
     }
 )
 
@@ -101,6 +108,10 @@ class CrioBench(Bench):
     def part_shim(self) -> dict:
         daemons = self.daemons()
         own = self.own_network("crio")
+        floor = self.floor(
+            "crio-floor",
+            lambda name, conf_dir, bins, net: self.crio(name, conf_dir, bins, default_network=net.name),
+        )
         shim_net = self.bridge_net("crio-shim")  # its list runs inside nri-cni
         setup = self.shim_setup("crio-shim")
         install_shim_conflist(setup.conf_dir, setup.socket)
@@ -116,8 +127,12 @@ class CrioBench(Bench):
             f"CRI-O part 1: shim vs CRI-O's own CNI, {self.args.pods} pods each (+{self.args.warmup} warm-up)"
         )
         self.shim_checks = []
-        self.run_leaving_nothing([own, shim], daemon)
-        out = self.report([own, shim], "crio-shim", "crio")
+        self.run_leaving_nothing([own, shim, floor], daemon)
+        out = self.report([own, shim, floor], "crio-shim", "crio")
+        out["floor"] = bench_pods.floor_compare(
+            out["modes"], own="crio", shim="crio-shim", floor="crio-floor"
+        )
+        print(bench_pods.describe_floor(out["floor"], "CRI-O's own"))
         records = {
             op["podId"]: records_check_ms(op)
             for op in daemon.op_lines()

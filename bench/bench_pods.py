@@ -9,6 +9,11 @@ drift of a shared, noisy machine hits every mode alike:
              bridge + host-local + portmap list and answers the shim.
      vs
   native     containerd runs the same bridge + host-local + portmap list itself (no NRI plugin).
+     and
+  floor      containerd runs that list itself with the compiled shim chained after portmap,
+             pointed at bench/null_plugin.py, which answers the shim at once and hears the pod's
+             NRI events as nri-cni does, doing nothing: what any shim set-up costs whatever its
+             daemon does (the shim's exec, stdin, socket round trip and exit, the NRI round trips).
 
   secondary  containerd runs the bridge list (eth0); nri-cni (mode: secondary) adds a macvlan +
              host-local network (net1) in NRI RunPodSandbox and DELs it in NRI StopPodSandbox.
@@ -27,12 +32,13 @@ work (an NRI call past its timeout) cannot look fast. No FINALIZE drop-ins are i
 plain network work is compared. Pods have no port mappings unless --host-ports is given (then
 one per pod, bound to the bridge's gateway address, like bench_cni.py).
 
-Output: per mode medians and p90 (ms); part 1 the median ratio shim/native (information, no goal) and
-the median of the per-pod ratios; part 2 the medians and the difference secondary - native2.
+Output: per mode medians and p90 (ms); part 1 the median ratio shim/native and the median of the
+per-pod ratios, floor/native and shim/floor; part 2 the medians and the difference secondary - native2.
 
 Everything the bench makes (containerd instances and their pods, nri-cni daemons, bridges,
 veths, iptables rules, host-local reservations, libcni cache entries, temp dirs) is removed at
-the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.168.0/24.
+the end, also on failure, Ctrl-C or SIGTERM. Subnets 10.246.160.0/24 .. 10.246.168.0/24 and
+10.246.177.0/24.
 Needs root and the parts from .ci/install-deps.
 Run:  sudo ./.venv/bin/python bench/bench_pods.py [--pods 40] [--part 1|2|all]
 """
@@ -57,6 +63,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -81,6 +88,7 @@ SUBNETS = {
     "base": "10.246.166.0/24",
     "native2s": "10.246.167.0/24",
     "native2s-extra": "10.246.168.0/24",
+    "floor": "10.246.177.0/24",
 }
 HOST_PORT_BASE = {
     "native": 21000,
@@ -89,6 +97,7 @@ HOST_PORT_BASE = {
     "secondary": 24000,
     "base": 25000,
     "native2s": 26000,
+    "floor": 27000,
 }
 
 
@@ -139,6 +148,63 @@ def _pct(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def start_null(nri_socket: str, socket_path: str) -> subprocess.Popen:
+    """bench/null_plugin.py, started; returns once it serves the shim and is registered."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "null_plugin.py"),
+            "--nri-socket",
+            nri_socket,
+            "--socket",
+            socket_path,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline() if proc.stdout else ""  # its "ready", or "" when it ended
+    if line.strip() != "ready":
+        stop_null(proc)
+        raise RuntimeError(f"the null plugin did not start: {proc.stderr.read() if proc.stderr else ''}")
+    return proc
+
+
+def stop_null(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+    proc.communicate()
+
+
+def stop_nulls(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        stop_null(proc)
+
+
+def floor_compare(modes: dict, *, own: str, shim: str, floor: str) -> dict:
+    """The floor against the runtime's own CNI, and nri-cni's shim against the floor: the
+    medians' ratios of RunPodSandbox and of stop+remove."""
+
+    def ratio(a: str, b: str, what: str) -> float:
+        return round(modes[a][what]["median"] / modes[b][what]["median"], 3)
+
+    return {
+        "floor_vs_own": {"run": ratio(floor, own, "run"), "stop_remove": ratio(floor, own, "stop_remove")},
+        "shim_vs_floor": {"run": ratio(shim, floor, "run"), "stop_remove": ratio(shim, floor, "stop_remove")},
+        "floor_run_median_ms": modes[floor]["run"]["median"],
+        "floor_stop_remove_median_ms": modes[floor]["stop_remove"]["median"],
+    }
+
+
+def describe_floor(floor: dict, own: str) -> str:
+    mine, over = floor["floor_vs_own"], floor["shim_vs_floor"]
+    return (
+        f"  the floor ({own} + a null shim chained + a null NRI plugin) / {own}: creation "
+        f"{mine['run']:.3f}, stop+remove {mine['stop_remove']:.3f}; nri-cni's shim / the floor: "
+        f"creation {over['run']:.3f}, stop+remove {over['stop_remove']:.3f}"
+    )
 
 
 def _summary(values: list[float]) -> dict:
@@ -206,6 +272,22 @@ class Bench:
         self.stack.callback(lambda: self.problems.extend(rt.cleanup()))
         rt.start()
         return rt
+
+    def floor(self, name: str, start_runtime: Callable[[str, Path, list, BridgeNetwork], Any]) -> Mode:
+        """The runtime (started by `start_runtime(name, conf_dir, bin_dirs, net)`) running its own
+        bridge + host-local + portmap list with the compiled shim chained after portmap, pointed
+        at bench/null_plugin.py, which answers it at once and hears the pod's NRI events as
+        nri-cni does, doing nothing: what any shim set-up costs whatever its daemon does."""
+        nulls: list[subprocess.Popen] = []
+        self.stack.callback(stop_nulls, nulls)  # after the runtime's cleanup (its pods' DELs)
+        net = self.bridge_net(name)
+        setup = self.shim_setup(name)
+        net.conflist["plugins"].append({"type": "nri-cni-shim", "daemonSocket": setup.socket})
+        for path in net.conf_dir.glob("*.conflist"):  # the one list the runtime reads
+            path.write_text(json.dumps(net.conflist, indent=2))
+        rt = start_runtime(name, net.conf_dir, [setup.bin_dir], net)
+        nulls.append(start_null(rt.nri_socket, setup.socket))
+        return Mode(name, rt, net, ipam_dirs=[net.ipam_dir])
 
     def shim_setup(self, name: str) -> ShimSetup:
         d = self.tmp / f"nri-cni-{name}"
@@ -311,9 +393,13 @@ class Bench:
         )
         daemon = self.nri_cni(daemons, setup, cfg)
         shim = Mode("shim", ctd, shim_net, ipam_dirs=[shim_net.ipam_dir], daemon=daemon)
+        floor = self.floor("floor", lambda name, conf_dir, bins, _net: self.containerd(name, conf_dir, bins))
         print(f"part 1: shim vs native, {self.args.pods} pods each (+{self.args.warmup} warm-up), alternated")
-        self.run_leaving_nothing([native, shim], daemon)
-        return self.report([native, shim], "shim", "native")
+        self.run_leaving_nothing([native, shim, floor], daemon)
+        out = self.report([native, shim, floor], "shim", "native")
+        out["floor"] = floor_compare(out["modes"], own="native", shim="shim", floor="floor")
+        print(describe_floor(out["floor"], "containerd's own"))
+        return out
 
     # -- part 2: secondary vs native max_conf_num = 2 ------------------------------------------
 
