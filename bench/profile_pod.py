@@ -2,9 +2,10 @@
 """One pod's timeline: its creation and its stop+remove, on containerd and on CRI-O, nri-cni's
 shim against the runtime's own CNI, every step with its start and end on one clock.
 
-bench_pods.py's part 1 (containerd: `native` against `shim`) and bench_crio.py's part 1 (CRI-O:
-`crio` against `crio-shim`), with their instances, their alternation and their checks; the
-steps come from witnesses that do not slow what they watch, all on the wall clock:
+bench_pods.py's part 1 (containerd: `native` against `shim`, and `floor`: the shim chained
+after containerd's own plugins, answered by a process doing nothing) and bench_crio.py's part 1
+(CRI-O: `crio`, `crio-shim`, `crio-floor`), with their instances, their alternation and their
+checks; the steps come from witnesses that do not slow what they watch, all on the wall clock:
 
 - the CRI calls' own timing (RunPodSandbox, StopPodSandbox, RemovePodSandbox sent and answered);
 - the kernel's process events (profile_crio_stop.ProcEvents): every process the runtime or the
@@ -12,10 +13,10 @@ steps come from witnesses that do not slow what they watch, all on the wall cloc
   thread), named by its executable (the shim, each CNI plugin, pinns, runc, the runtime's shim);
 - nri-cni's op records (nri_cni/pod/oprecord.py): each operation's start and end (the daemon
   received the shim's request and answered it, the CHECK after ADD on CRI-O);
-- the NRI messages: nri-cni reaches the runtime's NRI socket through a tap of this tool (a unix
-  socket that passes the bytes on and stamps them: a request from the runtime that names the
-  pod -> the next bytes nri-cni sends back). The tap is one more socket hop (tens of us) on the
-  shim set-up's NRI path.
+- the NRI messages: nri-cni (and the floor's null plugin) reach the runtime's NRI socket through
+  a tap of this tool (a unix socket that passes the bytes on and stamps them: a request from the
+  runtime that names the pod -> the next bytes the plugin sends back). The tap is one more
+  socket hop (tens of us) on the NRI path of both.
 
 Per set-up and phase, each step's start and end are taken relative to the CRI call sent, and
 the median over the pods is printed side by side (a step seen in fewer pods says in how many).
@@ -160,12 +161,15 @@ class Timeline:
 
     clock = staticmethod(time.time)
 
-    def nri_cni(self, daemons, setup, cfg):
+    def nri_path(self, setup, nri_socket: str) -> str:
         path = str(setup.sock_dir / "nri-tap.sock")
-        tap = NriTap(cfg["nri"]["socket"], path)
+        tap = NriTap(nri_socket, path)
         self.stack.callback(tap.close)
         self.taps.append(tap)
-        cfg["nri"]["socket"] = path
+        return path
+
+    def nri_cni(self, daemons, setup, cfg):
+        cfg["nri"]["socket"] = self.nri_path(setup, cfg["nri"]["socket"])
         return super().nri_cni(daemons, setup, cfg)
 
     def ran(self, mode, pod, t0, t1) -> None:
@@ -262,13 +266,13 @@ def medians(spans: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(a for a, _ in spans), statistics.median(b for _, b in spans)
 
 
-def side_by_side(steps: dict, sides: tuple[str, str], phase: str, pods: int) -> str:
-    """The median timeline of two set-ups in one phase, as a markdown table."""
-    a, b = (steps.get((s, phase), {}) for s in sides)
-    names = set(a) | set(b)
+def side_by_side(steps: dict, sides: tuple[str, ...], phase: str, pods: int) -> str:
+    """The median timeline of the set-ups in one phase, as a markdown table."""
+    columns = [steps.get((s, phase), {}) for s in sides]
+    names = set().union(*columns)
 
     def first(step: str) -> float:
-        return min(medians(s[step])[0] for s in (a, b) if step in s)
+        return min(medians(s[step])[0] for s in columns if step in s)
 
     def cell(side: dict, step: str) -> str:
         if step not in side:
@@ -277,8 +281,11 @@ def side_by_side(steps: dict, sides: tuple[str, str], phase: str, pods: int) -> 
         n = len(side[step])
         return f"{s:.2f} - {e:.2f} ({e - s:.2f})" + ("" if n >= pods else f" [{n} of {pods}]")
 
-    lines = [f"| {phase}: step (ms from the CRI call sent) | {sides[0]} | {sides[1]} |", "|---|---|---|"]
-    lines += [f"| {n} | {cell(a, n)} | {cell(b, n)} |" for n in sorted(names, key=first)]
+    lines = [
+        f"| {phase}: step (ms from the CRI call sent) | " + " | ".join(sides) + " |",
+        "|---|" + "---|" * len(sides),
+    ]
+    lines += ["| " + " | ".join([n, *(cell(c, n) for c in columns)]) + " |" for n in sorted(names, key=first)]
     return "\n".join(lines)
 
 
@@ -300,9 +307,9 @@ def main(argv=None) -> int:
     tables, dump, problems = [], {}, []
     for runtime in runtimes:
         kind, sides = (
-            (ContainerdTimeline, ("native", "shim"))
+            (ContainerdTimeline, ("native", "shim", "floor"))
             if runtime == "containerd"
-            else (CrioTimeline, ("crio", "crio-shim"))
+            else (CrioTimeline, ("crio", "crio-shim", "crio-floor"))
         )
         with machine_turn(f"profile_pod {runtime}"), contextlib.ExitStack() as stack:
             bench = kind(args, stack)
