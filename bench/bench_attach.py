@@ -20,7 +20,10 @@ pod by pod (bench_pods.py's alternation and checks: CRI IP in eth0's subnet, the
 interface with an address, no cache entry or lease left). Shim mode, not secondary: in
 secondary mode containerd's own CNI makes eth0 before the NRI call, so nri-cni's two networks
 could only start after it; in shim mode nri-cni makes all three, as containerd does. The figure:
-RunPodSandbox median shim / containerd (goal `attach3`, bench/goals.py).
+RunPodSandbox median shim / containerd (goal `attach3`, bench/goals.py). A third instance,
+the floor, runs containerd's own three networks with the compiled shim chained after eth0's
+bridge, answered at once by bench/null_plugin.py, which hears the NRI pod events doing nothing
+(bench_pods.py's `floor`): floor / containerd is what no daemon's work is in.
 
   sudo ./.venv/bin/python bench/bench_attach.py --pods 20 [--containerd]
 """
@@ -172,6 +175,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 # subnets of the containerd anchor's networks (bench_pods.py uses 10.246.160-168)
 CTD_SUBNETS = ("10.246.170.0/24", "10.246.171.0/24", "10.246.172.0/24")
 SHIM_SUBNETS = ("10.246.173.0/24", "10.246.174.0/24", "10.246.175.0/24")
+FLOOR_SUBNETS = ("10.246.178.0/24", "10.246.179.0/24", "10.246.180.0/24")
 
 
 def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,12 +202,30 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
                 out.append(net)
             return out
 
+        def one_conf_dir(nets: list[BridgeNetwork]) -> None:  # eth0, eth1, eth2 in name order
+            for n, net in enumerate(nets[1:], start=1):
+                (nets[0].conf_dir / f"{10 + 10 * n}-nct-{n}.conflist").write_text(json.dumps(net.conflist))
+
         ctd_nets = nets("c", CTD_SUBNETS)
-        for n, net in enumerate(ctd_nets[1:], start=1):  # one conf dir: eth0, eth1, eth2 in name order
-            (ctd_nets[0].conf_dir / f"{10 + 10 * n}-nct-{n}.conflist").write_text(json.dumps(net.conflist))
+        one_conf_dir(ctd_nets)
         ctd = b.containerd("attach-native3", ctd_nets[0].conf_dir, [cni_plugin_dir()], max_conf_num=3)
         native = bench_pods.Mode(
             "containerd3", ctd, ctd_nets[0], extra_if="eth2", ipam_dirs=[n.ipam_dir for n in ctd_nets]
+        )
+        # the floor: containerd's own three networks, the compiled shim chained after eth0's
+        # bridge, answered at once by bench/null_plugin.py, which hears the NRI pod events
+        floor_nets = nets("f", FLOOR_SUBNETS)
+        nulls: list = []
+        stack.callback(bench_pods.stop_nulls, nulls)  # after the containerd's cleanup (its pods' DELs)
+        fsetup = b.shim_setup("attach-floor")
+        floor_nets[0].conflist["plugins"].append({"type": "nri-cni-shim", "daemonSocket": fsetup.socket})
+        for path in floor_nets[0].conf_dir.glob("*.conflist"):
+            path.write_text(json.dumps(floor_nets[0].conflist))
+        one_conf_dir(floor_nets)
+        fctd = b.containerd("attach-floor3", floor_nets[0].conf_dir, [fsetup.bin_dir], max_conf_num=3)
+        nulls.append(bench_pods.start_null(fctd.nri_socket, fsetup.socket))
+        floor = bench_pods.Mode(
+            "floor3", fctd, floor_nets[0], extra_if="eth2", ipam_dirs=[n.ipam_dir for n in floor_nets]
         )
         daemons = b.daemons()
         shim_nets = nets("s", SHIM_SUBNETS)
@@ -231,8 +253,10 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
             daemon=daemon,
         )
         print(f"3 networks per pod: containerd (max_conf_num 3) vs shim, {args.pods} pods each, alternated")
-        b.run([native, shim])
-        rep = b.report([native, shim], "shim3", "containerd3")
+        b.run([native, shim, floor])
+        rep = b.report([native, shim, floor], "shim3", "containerd3")
+        rep["floor"] = bench_pods.floor_compare(rep["modes"], own="containerd3", shim="shim3", floor="floor3")
+        print(bench_pods.describe_floor(rep["floor"], "containerd's own"))
     if b.problems:
         raise RuntimeError(f"bench_attach --containerd: cleanup problems: {b.problems}")
     return rep
