@@ -151,24 +151,27 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def start_null(nri_socket: str, socket_path: str) -> subprocess.Popen:
-    """bench/null_plugin.py, started; returns once it serves the shim and is registered."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "bench" / "null_plugin.py"),
-            "--nri-socket",
-            nri_socket,
-            "--socket",
-            socket_path,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """bench/null_plugin.py, started; returns once it serves the shim and is registered. Its
+    stderr goes to a file beside its socket (a pipe nobody reads could fill and stop it)."""
+    log_path = Path(socket_path).with_suffix(".log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "bench" / "null_plugin.py"),
+                "--nri-socket",
+                nri_socket,
+                "--socket",
+                socket_path,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
     line = proc.stdout.readline() if proc.stdout else ""  # its "ready", or "" when it ended
     if line.strip() != "ready":
         stop_null(proc)
-        raise RuntimeError(f"the null plugin did not start: {proc.stderr.read() if proc.stderr else ''}")
+        raise RuntimeError(f"the null plugin did not start: {log_path.read_text(errors='replace').strip()}")
     return proc
 
 

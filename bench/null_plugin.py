@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import signal
 import sys
@@ -92,11 +91,14 @@ async def main_async(args: argparse.Namespace) -> int:
     registered.cancel()
     await stub.stop()
     server.close()
-    with contextlib.suppress(Exception):
+    why = "it closed"
+    try:
         await serving
+    except Exception as exc:  # the runtime not reachable, or the connection refused
+        why = str(exc)
     stopped.cancel()
     if not stop.is_set():
-        print("null plugin: the NRI connection ended", file=sys.stderr, flush=True)
+        print(f"null plugin: the NRI connection ended: {why}", file=sys.stderr, flush=True)
         return 1
     return 0
 
