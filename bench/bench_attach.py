@@ -218,9 +218,7 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
         nulls: list = []
         stack.callback(bench_pods.stop_nulls, nulls)  # after the containerd's cleanup (its pods' DELs)
         fsetup = b.shim_setup("attach-floor")
-        floor_nets[0].conflist["plugins"].append({"type": "nri-cni-shim", "daemonSocket": fsetup.socket})
-        for path in floor_nets[0].conf_dir.glob("*.conflist"):
-            path.write_text(json.dumps(floor_nets[0].conflist))
+        bench_pods.chain_null_shim(floor_nets[0], fsetup.socket)
         one_conf_dir(floor_nets)
         fctd = b.containerd("attach-floor3", floor_nets[0].conf_dir, [fsetup.bin_dir], max_conf_num=3)
         nulls.append(bench_pods.start_null(fctd.nri_socket, fsetup.socket))

@@ -25,8 +25,8 @@ private CRI-O instances (tests/support/crio.py) in containerd's place:
              CNI network per pod: it has no second network of its own to compare with.)
 
 Output as bench_pods.py's: per mode medians and p90 (ms), crio-shim/crio ratios of
-RunPodSandbox and of StopPodSandbox + RemovePodSandbox, crio-floor/crio and crio-shim/crio-floor, and the extra network's cost in
-crio-sec over crio-base. Part 1 also splits the stop+remove difference into what was measured
+RunPodSandbox and of StopPodSandbox + RemovePodSandbox, crio-floor/crio and
+crio-shim/crio-floor, and the extra network's cost in crio-sec over crio-base. Part 1 also splits the stop+remove difference into what was measured
 of it: the stop's and the remove's differences (medians), nri-cni's DEL of the cached list
 (its op lines: plugins and nri-cni itself), the shim's DEL request as nri-cni served it and
 nri-cni's answers to NRI StopPodSandbox and RemovePodSandbox (means of the daemon's own

@@ -175,6 +175,14 @@ def start_null(nri_socket: str, socket_path: str) -> subprocess.Popen:
     return proc
 
 
+def chain_null_shim(net: BridgeNetwork, socket_path: str) -> None:
+    """The compiled shim chained after the last plugin of `net`'s list, pointed at the null
+    plugin's socket, in the list the runtime reads."""
+    net.conflist["plugins"].append({"type": "nri-cni-shim", "daemonSocket": socket_path})
+    for path in net.conf_dir.glob("*.conflist"):
+        path.write_text(json.dumps(net.conflist, indent=2))
+
+
 def stop_null(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -285,9 +293,7 @@ class Bench:
         self.stack.callback(stop_nulls, nulls)  # after the runtime's cleanup (its pods' DELs)
         net = self.bridge_net(name)
         setup = self.shim_setup(name)
-        net.conflist["plugins"].append({"type": "nri-cni-shim", "daemonSocket": setup.socket})
-        for path in net.conf_dir.glob("*.conflist"):  # the one list the runtime reads
-            path.write_text(json.dumps(net.conflist, indent=2))
+        chain_null_shim(net, setup.socket)
         rt = start_runtime(name, net.conf_dir, [setup.bin_dir], net)
         nulls.append(start_null(self.nri_path(setup, rt.nri_socket), setup.socket))
         return Mode(name, rt, net, ipam_dirs=[net.ipam_dir])

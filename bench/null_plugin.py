@@ -3,12 +3,13 @@
 
 Every set-up where the runtime's CNI is forwarded to a daemon, and the daemon hears the pod's NRI
 events, pays for the shim's exec, its stdin, its socket round trip and its exit, and for one NRI
-round trip per pod event, whatever the daemon does. bench_crio's `crio-floor` mode measures that
-part alone: CRI-O runs its own bridge + host-local + portmap list with the compiled
-`nri-cni-shim` chained after portmap, pointed at this process, which
+round trip per pod event, whatever the daemon does. The benches' floor modes measure that part
+alone (bench_pods.py `floor`, bench_crio.py `crio-floor`, bench_attach.py `floor3`): the runtime
+runs its own list with the compiled `nri-cni-shim` chained after its last plugin, pointed at
+this process, which
 
   - answers the shim at once: an ADD with the prevResult it was given (the chain's result as
-    CRI-O's own plugins made it), DEL and CHECK with nothing, a status 0 either way;
+    the runtime's own plugins made it), DEL and CHECK with nothing, a status 0 either way;
   - registers on the runtime's NRI socket through nri-cni's stub, subscribed to what nri-cni
     subscribes to for a pod (RunPodSandbox, StopPodSandbox, RemovePodSandbox), answering each
     with nothing.
