@@ -280,12 +280,14 @@ class ResultCache:
     def entries(self, container_id: str | None = None, network: str | None = None) -> list[CacheEntry]:
         """Valid entries, sorted by file name; unreadable or foreign files are skipped."""
         try:
-            names = sorted(os.listdir(self.results_dir))
+            names = os.listdir(self.results_dir)
         except OSError:
             return []
         out = []
         part = f"-{container_id}-" if container_id else ""
-        for name in names:
+        # a pod's few names picked in one pass before any is looked at ("" is in every name):
+        # sorting and checking every entry of a node's hundreds cost more than the listing
+        for name in sorted([name for name in names if part in name]):
             if name.startswith("."):  # our temp files
                 continue
             if part:
