@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import resource
@@ -184,7 +185,7 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
     import secrets
 
     from bench import bench_pods
-    from tests.support.containerd import cni_plugin_dir
+    from tests.support.containerd import Containerd, cni_plugin_dir
     from tests.support.hostnet import BridgeNetwork
     from tests.support.nricni import NriCni
 
@@ -215,15 +216,15 @@ def measure_containerd(args: argparse.Namespace) -> dict[str, Any]:
         # the floor: containerd's own three networks, the compiled shim chained after eth0's
         # bridge, answered at once by bench/null_plugin.py, which hears the NRI pod events
         floor_nets = nets("f", FLOOR_SUBNETS)
-        nulls: list = []
-        stack.callback(bench_pods.stop_nulls, nulls)  # after the containerd's cleanup (its pods' DELs)
-        fsetup = b.shim_setup("attach-floor")
-        bench_pods.chain_null_shim(floor_nets[0], fsetup.socket)
-        one_conf_dir(floor_nets)
-        fctd = b.containerd("attach-floor3", floor_nets[0].conf_dir, [fsetup.bin_dir], max_conf_num=3)
-        nulls.append(bench_pods.start_null(fctd.nri_socket, fsetup.socket))
-        floor = bench_pods.Mode(
-            "floor3", fctd, floor_nets[0], extra_if="eth2", ipam_dirs=[n.ipam_dir for n in floor_nets]
+
+        def floor_containerd(name: str, conf_dir: Path, bins: list, _net: BridgeNetwork) -> Containerd:
+            one_conf_dir(floor_nets)  # eth0's list has the shim chained by now
+            return b.containerd(name, conf_dir, bins, max_conf_num=3)
+
+        floor = dataclasses.replace(
+            b.floor("floor3", floor_containerd, floor_nets[0]),
+            extra_if="eth2",
+            ipam_dirs=[n.ipam_dir for n in floor_nets],
         )
         daemons = b.daemons()
         shim_nets = nets("s", SHIM_SUBNETS)

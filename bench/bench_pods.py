@@ -284,14 +284,20 @@ class Bench:
         rt.start()
         return rt
 
-    def floor(self, name: str, start_runtime: Callable[[str, Path, list, BridgeNetwork], Any]) -> Mode:
+    def floor(
+        self,
+        name: str,
+        start_runtime: Callable[[str, Path, list, BridgeNetwork], Any],
+        net: BridgeNetwork | None = None,
+    ) -> Mode:
         """The runtime (started by `start_runtime(name, conf_dir, bin_dirs, net)`) running its own
-        bridge + host-local + portmap list with the compiled shim chained after portmap, pointed
-        at bench/null_plugin.py, which answers it at once and hears the pod's NRI events as
-        nri-cni does, doing nothing: what any shim set-up costs whatever its daemon does."""
+        list (`net`'s, by default a bridge + host-local + portmap list of its own) with the
+        compiled shim chained after its last plugin, pointed at bench/null_plugin.py, which
+        answers it at once and hears the pod's NRI events as nri-cni does, doing nothing: what
+        any shim set-up costs whatever its daemon does."""
         nulls: list[subprocess.Popen] = []
         self.stack.callback(stop_nulls, nulls)  # after the runtime's cleanup (its pods' DELs)
-        net = self.bridge_net(name)
+        net = net or self.bridge_net(name)
         setup = self.shim_setup(name)
         chain_null_shim(net, setup.socket)
         rt = start_runtime(name, net.conf_dir, [setup.bin_dir], net)
