@@ -38,6 +38,8 @@ from nri_cni.pod.upkeep import Running, Upkeep, Valid
 
 log = logging.getLogger("nri_cni.pod")
 
+BARE_KEPT = 4096  # torn-down pods remembered as having nothing left (PodPlan._bare)
+
 
 @dataclass
 class Attached:
@@ -84,6 +86,11 @@ class PodPlan:
         )
         self.upkeep = Upkeep(source, cni, rollback=self.rollback, detacher=self.detacher, oplog=self.oplog)
         self.repairer = Repairer(cni, rollback=self.rollback, attacher=self.attacher, oplog=self.oplog)
+        # pods whose last operation here was a detach that left nothing of them on disk (no
+        # intent record, cache entry or FINALIZE mark; only this daemon writes them, and every
+        # attach and repair takes its pod out first): a pod's teardown comes two to four
+        # times (NRI stop and remove, the runtime's DELs), and the repeats need no disk look
+        self._bare: dict[str, None] = {}
 
     @property
     def cfg(self) -> Config:
@@ -118,6 +125,7 @@ class PodPlan:
         runtime_primary: RuntimePrimary | None = None,
     ) -> PodNetworks:
         """DEL what is damaged, ADD with the same IPs, FINALIZE (pod/repair.py, Repairer)."""
+        self._bare.pop(pod.id, None)
         return await self.repairer.repair(
             pod, selected=selected, damaged=damaged, ips=ips, wrong=wrong, runtime_primary=runtime_primary
         )
@@ -156,6 +164,7 @@ class PodPlan:
         request: AttachRequest,
         runtime_primary: RuntimePrimary | None = None,
     ) -> Attached:
+        self._bare.pop(pod.id, None)
         record = OpRecord("add", pod)
         try:
             answer = await self.attacher.attach(pod, selected, request, record, runtime_primary)
@@ -169,21 +178,34 @@ class PodPlan:
 
     # -- detach, check -----------------------------------------------------------------------
 
-    async def detach(self, pod: PodInfo, op: str = "del") -> None:
+    async def detach(self, pod: PodInfo, op: str = "del", *, last: bool = False) -> None:
+        """DEL every cached network of the pod (pod/detach.py). `last`: the runtime removes the
+        pod (NRI RemovePodSandbox): nothing of it is remembered after (a later DEL looks)."""
+        if pod.id in self._bare:
+            if last:
+                del self._bare[pod.id]
+            log.debug("pod %s: %s found nothing to detach (torn down already)", pod.label(), op)
+            return
         record = OpRecord(op, pod)
         self.finalized.forget(pod.id)
         errors = await self.detacher.detach(pod, record)
         for failure in errors:
             record.fail(failure.error)
-        if record.networks or errors:
-            self.oplog.emit(record)
-        else:  # NRI stop, NRI remove and the runtime's CNI DELs all arrive: one did the work
-            self.oplog.discard(record)
-            log.debug("pod %s: %s found nothing to detach", pod.label(), op)
         if errors:
+            self.oplog.emit(record)
             raise PodError(
                 f"pod {pod.label()}: DEL failed for {len(errors)} network(s): " + "; ".join(map(str, errors))
             )
+        if not record.networks:  # NRI stop, NRI remove and the runtime's CNI DELs all arrive
+            self.oplog.discard(record)
+            log.debug("pod %s: %s found nothing to detach", pod.label(), op)
+            return
+        self.oplog.emit(record)
+        if last:
+            return
+        self._bare[pod.id] = None  # this did the work: the other arrivals find nothing
+        if len(self._bare) > BARE_KEPT:  # pods the runtime never removes: the oldest go
+            del self._bare[next(iter(self._bare))]
 
     def fresh_add(self, pod: PodInfo, ifname: str, within: float) -> list[CacheEntry] | None:
         """The pod's cached attachments when a CHECK of (pod.id, pod.netns, `ifname`) comes

@@ -119,7 +119,7 @@ class PodVerbs:
             # under the lock: a verify waiting for it must see the runtime tore the pod down
             self.parts.roster.stopped(pod.id)
             try:
-                await self.parts.plan.detach(pod)
+                await self.parts.plan.detach(pod, last=removing)
             except NriCniError as exc:
                 self.parts.health.del_failed(pod.id, str(exc), label=pod.label())
                 raise

@@ -38,6 +38,7 @@ def _kept(svc) -> dict[str, int]:
         "roster": len(svc.roster.view()),
         "health": len(list(svc.health.all())),
         "fresh": len(svc.plan.oplog.fresh),
+        "bare": len(svc.plan._bare),
         "locks": len(svc.locks),
     }
 
@@ -77,5 +78,5 @@ def test_a_pod_s_whole_life_leaves_nothing_behind(tmp_path: Path, listed: bool):
         return kept
 
     kept = asyncio.run(scenario())
-    assert kept == {"roster": 0 if listed else PODS, "health": 0, "fresh": 0, "locks": 0}
+    assert kept == {"roster": 0 if listed else PODS, "health": 0, "fresh": 0, "bare": 0, "locks": 0}
     assert fake.commands().count("ADD") == PODS  # every pod went through the plugins
