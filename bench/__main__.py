@@ -273,6 +273,7 @@ def run_pods(size: dict) -> list[Row]:
     why = (
         f"{own(p1['modes']['shim'])}; bench/profile_pod.py's timeline names the steps of the rest; a shim "
         f"set-up doing nothing (the floor row) is {floor['floor_vs_own']['run']:.3f} of containerd's own"
+        + spread(c1["run_median_ratio_interval"])
     )
     rows.append(
         Row(
@@ -299,6 +300,13 @@ def run_pods(size: dict) -> list[Row]:
         )
     )
     return rows
+
+
+def spread(interval: tuple[float, float]) -> str:
+    """How far the row's one run can be trusted (bench_pods.ratio_interval)."""
+    from bench.bench_pods import describe_interval
+
+    return f"; the ratio's {describe_interval(interval)} (bootstrap over this run's pods)"
 
 
 def run_crio(size: dict) -> list[Row]:
@@ -345,7 +353,8 @@ def run_crio(size: dict) -> list[Row]:
             goals.met("crio_creation", fwd["run_median_ratio"]),
             why=f"the CHECK from records {fwd['records_check_median_ms']:.2f} ms (decoded -> answered), the plugins' CHECK "
             f"{fwd['plugins_check_median_ms']:.2f} ms (medians; nri-cni's verify --check over verify of the pod)"
-            + floor_why,
+            + floor_why
+            + spread(fwd["run_median_ratio_interval"]),
         ),
         Row(
             "CRI-O: stop+remove, shim vs CRI-O's own CNI (medians)",
@@ -354,7 +363,9 @@ def run_crio(size: dict) -> list[Row]:
             f"{c1['stop_remove_median_ratio']:.3f}",
             "crio_stop_remove",
             goals.met("crio_stop_remove", c1["stop_remove_median_ratio"]),
-            why=bench_crio.describe_split(p1["stop_remove_split"]) + floor_why,
+            why=bench_crio.describe_split(p1["stop_remove_split"])
+            + floor_why
+            + spread(c1["stop_remove_median_ratio_interval"]),
         ),
         Row(
             "CRI-O: the floor of a shim set-up, CRI-O's own CNI with the compiled shim chained after portmap "
@@ -504,7 +515,7 @@ def run_attach(size: dict) -> list[Row]:
             f"calls go-cni in its own process; a shim set-up doing nothing (containerd's own three networks, "
             f"the shim chained after eth0's bridge and answered at once, the NRI events heard) is "
             f"{floor['floor_vs_own']['run']:.3f} of containerd's own, nri-cni's shim {floor['shim_vs_floor']['run']:.3f} "
-            "of that floor",
+            "of that floor" + spread(cmp["run_median_ratio_interval"]),
         ),
         Row(
             "pod ADD of 3 networks (bridge + host-local each) at once vs the larger of its slowest "

@@ -218,10 +218,12 @@ def forwarded_check(runs: list[float], records: list, checks: list[float], own: 
         "plugins_check_median_ms": round(statistics.median(checks), 2),
     }
     out["run_median_ratio"] = round(out["run_median"] / statistics.median(own), 3)
+    out["run_median_ratio_interval"] = bench_pods.ratio_interval(per_pod, own)
     print(
         f"  with the plugins' CHECK forwarded (per pod: run - CHECK from records, decoded -> answered "
         f"{out['records_check_median_ms']:.2f} ms + the plugins' CHECK {out['plugins_check_median_ms']:.2f} ms, "
-        f"medians): {out['run_median']:.1f} ms, {out['run_median_ratio']:.3f} of CRI-O's own"
+        f"medians): {out['run_median']:.1f} ms, {out['run_median_ratio']:.3f} of CRI-O's own "
+        f"({bench_pods.describe_interval(out['run_median_ratio_interval'])})"
     )
     return out
 
