@@ -118,7 +118,12 @@ class NriTap:
                 return  # closed
             n += 1
             up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            up.connect(self.upstream)
+            try:
+                up.connect(self.upstream)
+            except OSError:  # the runtime stopped first (the end of a set-up): the plugin's reconnect
+                up.close()
+                down.close()
+                continue
             threading.Thread(target=self._pump, args=(up, down, n, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(down, up, n, False), daemon=True).start()
 
