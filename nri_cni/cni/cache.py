@@ -198,12 +198,7 @@ class ResultCache:
         return PreparedWrite(self, entry)
 
     def _create(self, path: str) -> AtomicFile:
-        try:
-            return AtomicFile(path)
-        except FileNotFoundError:  # the first entry, or the directory was removed
-            files.private_dir(self.cache_dir)  # 0700 whatever the umask
-            files.private_dir(self.results_dir)
-            return AtomicFile(path)
+        return files.atomic_in(path, self.cache_dir, self.results_dir)  # 0700 whatever the umask
 
     def sync_later(self, network: str, container_id: str, ifname: str) -> None:
         """sync() on a background thread, soon: an ADD need not wait for the journal commit

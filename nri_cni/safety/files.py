@@ -154,6 +154,18 @@ class AtomicFile:
             pass
 
 
+def atomic_in(path: str, *dirs: str) -> AtomicFile:
+    """AtomicFile(path), its directory made when missing (the first file, or the directory was
+    removed): `dirs`, parents first, each private_dir(). Not looked at when it exists: a mkdir
+    and two stats less on every write (0.12 ms cold, on a pod's path before its plugins)."""
+    try:
+        return AtomicFile(path)
+    except FileNotFoundError:
+        for directory in dirs:
+            private_dir(directory)
+        return AtomicFile(path)
+
+
 def write_atomic(path: str, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
     """Raises OSError (ENOSPC, EIO...) and then leaves no temporary file behind."""
     AtomicFile(path, mode).commit(data, durable=durable)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from nri_cni.errors import Kind, NriCniError
 from nri_cni.pod import intents
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
+from nri_cni.safety import files
 from nri_cni.safety.validate import InvalidInput
 from tests.support.aio import on_a_loop
 
@@ -207,3 +209,26 @@ def test_a_record_cleared_but_not_yet_unlinked_is_no_record_at_start_up(tmp_path
     os.rename(tmp_path / "intents" / "pod1", tmp_path / "intents-cleared" / "pod1.999.1")
     assert store.load_all() == [Intent("pod2", "", [])]
     assert os.listdir(tmp_path / "intents") == ["pod2"] and os.listdir(tmp_path / "intents-cleared") == []
+
+
+def test_the_directory_is_made_private_by_the_first_record_and_again_when_removed(tmp_path, monkeypatch):
+    """The first write makes the directory 0700 (one found writable by others is fixed); later
+    writes do not look at it (no private_dir call); one removed meanwhile is made again by the
+    next write. Control: the directory's mode before the first write."""
+    made = []
+    real = files.private_dir
+    monkeypatch.setattr(files, "private_dir", lambda d: made.append(d) or real(d))
+    directory = tmp_path / "intents"
+    directory.mkdir()
+    directory.chmod(0o777)
+    assert directory.stat().st_mode & 0o777 == 0o777
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("pod1", "", []), durable=False)
+    assert directory.stat().st_mode & 0o777 == 0o700 and made == [str(directory)]
+    made.clear()
+    store.write(Intent("pod2", "", []), durable=False)
+    assert made == []
+    shutil.rmtree(directory)
+    store.write(Intent("pod3", "", []), durable=False)
+    assert made == [str(directory)] and directory.stat().st_mode & 0o777 == 0o700
+    assert store.pod_ids() == ["pod3"]
