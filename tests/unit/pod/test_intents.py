@@ -232,3 +232,48 @@ def test_the_directory_is_made_private_by_the_first_record_and_again_when_remove
     store.write(Intent("pod3", "", []), durable=False)
     assert made == [str(directory)] and directory.stat().st_mode & 0o777 == 0o700
     assert store.pod_ids() == ["pod3"]
+
+
+def test_after_start_up_only_the_records_the_store_holds_are_looked_at(tmp_path, monkeypatch):
+    """load_all() (start-up) learns which pods have a record; then load() of any other pod is
+    None without opening a file, while the records found at start-up and those written since
+    are read, and a cleared or damaged one is not looked at again; a listing (GC's) holds what
+    it finds, a record put there from outside included. Control: before load_all(),
+    every load() looks (a tool's store, or the daemon before its start-up)."""
+    store = IntentStore(str(tmp_path))
+    store.write(Intent("found", "", []))
+    store.write(Intent("damaged", "", []))
+    (tmp_path / "intents" / "damaged").write_text("{")
+    looked: list[str] = []
+    read = IntentStore._read
+    monkeypatch.setattr(
+        IntentStore, "_read", staticmethod(lambda p: looked.append(os.path.basename(p)) or read(p))
+    )
+    fresh = IntentStore(str(tmp_path))
+    assert fresh.load("nobody") is None and looked == ["nobody"]  # the control: no listing yet
+    looked.clear()
+    assert [i.pod_id for i in fresh.load_all()] == ["found"]
+    # a record put there from outside after start-up: not seen until a listing finds it
+    (tmp_path / "intents" / "outside").write_bytes(b'{"podId": "outside", "networks": []}')
+    looked.clear()
+    assert fresh.load("outside") is None and fresh.load("damaged") is None and looked == []
+    assert fresh.load("found") is not None and looked == ["found"]
+    assert fresh.pod_ids() == ["found", "outside"]  # a listing (GC's) holds what it finds
+    assert fresh.load("outside") is not None and looked == ["found", "outside"]
+    (tmp_path / "intents" / "outside").unlink()
+    fresh.write(Intent("new", "", []))
+    assert fresh.load("new") is not None and looked == ["found", "outside", "new"]
+    fresh.clear("new")
+    fresh.clear("found")
+    fresh.write(Intent("vanished", "", []))
+    (tmp_path / "intents" / "vanished").unlink()  # from outside: its clear finds nothing
+    fresh.clear("vanished")
+    looked.clear()
+    assert fresh.load("new") is None and fresh.load("found") is None and fresh.load("vanished") is None
+    assert fresh.load("outside") is None and looked == ["outside"]  # removed from outside: one look
+    assert fresh.load("outside") is None and looked == ["outside"]  # then no more
+    looked.clear()
+    fresh.write(Intent("broken", "", []))
+    (tmp_path / "intents" / "broken").write_text("{")
+    assert fresh.load("broken") is None and fresh.load("broken") is None  # removed at the first look
+    assert looked == ["broken"] and not (tmp_path / "intents" / "broken").exists()
