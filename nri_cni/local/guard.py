@@ -105,9 +105,9 @@ class LocalGuard:
         """One request within the read timeout and size cap; raises LocalProtocolError."""
         s = self.settings()
         try:
-            return await asyncio.wait_for(
-                proto.read_request(reader, max_bytes=s.max_request_bytes), s.read_timeout or None
-            )
+            # a timeout scope, not wait_for: no task of its own, the read starts in this turn
+            async with asyncio.timeout(s.read_timeout or None):
+                return await proto.read_request(reader, max_bytes=s.max_request_bytes)
         except TimeoutError:
             raise proto.LocalProtocolError(
                 f"no whole request within {s.read_timeout:g}s (daemon.read_timeout)"
