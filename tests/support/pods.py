@@ -2,10 +2,14 @@
 tests and benches that drive a PodPlan or a PodService without a daemon: every part given,
 fresh, under the config's state_dir; no metrics, no readiness gate, no INIT leases. The pod
 plans' netns pool (the answer's MAC and MTU) is one for the whole test process, made at its first
-use and never closed (its threads wait on their queue); a service's verifier makes its own
-(inspector, pod_inspector) unless given, and closes them."""
+use and never closed (its threads wait on their queue), and forgotten in a forked child: the
+child has none of the parent's threads, and a job queued to their pool would wait forever
+(the mutation tool's runners fork from a process that has run the tests). A service's verifier
+makes its own (inspector, pod_inspector) unless given, and closes them."""
 
 from __future__ import annotations
+
+import os
 
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config
@@ -21,6 +25,7 @@ from nri_cni.service.roster import Roster
 from nri_cni.service.service import PodService
 
 _PLANS_INSPECTOR: list[NodeInspector] = []
+os.register_at_fork(after_in_child=_PLANS_INSPECTOR.clear)
 
 
 def pod_plan(cfg: Config, cni: CNIRuntime, *, sink: OperationSink | None = None) -> PodPlan:
