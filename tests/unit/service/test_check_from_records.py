@@ -18,6 +18,7 @@ from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.node import Difference, Expectation, Finding, FindingKind
+from nri_cni.pod.intents import Intent
 from nri_cni.pod.model import PodInfo
 from nri_cni.service import verbs
 from nri_cni.service.modes import mode_for
@@ -262,3 +263,41 @@ def test_a_check_is_answered_from_the_records_while_a_round_reads(tmp_path, reco
         assert froms == ["records"] and w.checks() == 0
         assert [e.key.split("/")[0] for e in w.inspector.asked] == [POD]
         assert [e.key.split("/")[0] for e in w.rounds.asked] == [other.id]
+
+
+@pytest.mark.parametrize(
+    "case", ["control", "at-the-bound", "interrupted-add", "cached-without-result", "cached-in-another-netns"]
+)
+def test_what_the_records_must_show_besides_the_add(tmp_path, records, case):
+    """The cache and the intent records have their say too. A CHECK that comes exactly at the
+    bound after the ADD is still answered from the records (a second past it is not: above).
+    An ADD interrupted since (its intent record), or a cached attachment without its result or
+    of another netns than the pod's, is not what the ADD left: the plugins' CHECK runs.
+    Control: the ADD alone."""
+    w = World(tmp_path)
+    now = [1000.0]
+    w.svc.plan.oplog.clock = lambda: now[0]
+
+    def edit_entry(change) -> None:
+        path = Path(w.svc.plan.cni.cache.path("podnet", POD, "eth0"))
+        entry = json.loads(path.read_text())
+        change(entry)
+        path.write_text(json.dumps(entry))
+
+    async def scenario():
+        await w.svc.verbs.attach(w.pod)
+        if case == "at-the-bound":
+            now[0] += verbs.CHECK_FROM_RECORDS_WITHIN
+        elif case == "interrupted-add":
+            w.svc.plan.intents.write(Intent(POD, w.pod.netns, []))
+        elif case == "cached-without-result":
+            edit_entry(lambda e: e.pop("result"))
+        elif case == "cached-in-another-netns":
+            edit_entry(lambda e: e.update(netns=str(tmp_path / "other-netns")))
+        await w.svc.verbs.check(w.pod, "eth0")
+        await w.svc.close()
+
+    asyncio.run(scenario())
+    answered = case in ("control", "at-the-bound")
+    assert [c["from"] for c in records()] == (["records"] if answered else ["plugins"])
+    assert w.checks() == (0 if answered else 1)
