@@ -163,6 +163,3 @@ class OperationLog:
         else:
             self.fresh.pop(pod_id, None)
         self.sink.observe_operation(record)
-
-    def discard(self, record: OpRecord) -> None:
-        """An operation that did nothing: no record."""

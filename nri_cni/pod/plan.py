@@ -196,8 +196,7 @@ class PodPlan:
             raise PodError(
                 f"pod {pod.label()}: DEL failed for {len(errors)} network(s): " + "; ".join(map(str, errors))
             )
-        if not record.networks:  # NRI stop, NRI remove and the runtime's CNI DELs all arrive
-            self.oplog.discard(record)
+        if not record.networks:  # NRI stop, NRI remove and the runtime's CNI DELs all arrive: no record
             log.debug("pod %s: %s found nothing to detach", pod.label(), op)
             return
         self.oplog.emit(record)
@@ -249,10 +248,8 @@ class PodPlan:
             record.fail(exc)
             raise
         finally:
-            if record.networks or record.error is not None:
+            if record.networks or record.error is not None:  # not when nothing of the pod's was checked
                 self.oplog.emit(record)
-            else:  # nothing of the pod's to check
-                self.oplog.discard(record)
 
     # -- upkeep ------------------------------------------------------------------------------
 

@@ -1,0 +1,155 @@
+"""The pod plan's own decisions around its parts: the name the runtime gives the primary's
+interface (the shim's CNI_IFNAME) replaces eth0 on the primary alone, and which operations leave
+a record (their op log line): a refused pod, a failed ADD or CHECK do, with their error; a pod
+attached already, or with nothing to check, does not. In-process plugins (FakeExecutor); no root."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from nri_cni.cni.exec_errors import Ended
+from nri_cni.cni.executor import FakeExecutor
+from nri_cni.cni.runtime import CNIRuntime
+from nri_cni.config import parse_config
+from nri_cni.errors import AnnotationRefused, NriCniError, PodError
+from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork
+from nri_cni.pod.select import NETWORKS_ANNOTATION
+from tests.support.pods import pod_plan
+
+POD = "d4" * 32
+NETS = [
+    {
+        "name": "podnet",
+        "default": True,
+        "conflist": {"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "d4-br"}]},
+    },
+    {
+        "name": "fastnet",
+        "namespaces": ["default"],
+        "conflist": {"cniVersion": "1.1.0", "name": "fastnet", "plugins": [{"type": "d4-mv"}]},
+    },
+]
+FAILS = Ended(stdout=json.dumps({"cniVersion": "1.1.0", "code": 11, "msg": "d4 says no"}).encode(), status=1)
+FAST_WITH_IPS = json.dumps([{"name": "fastnet", "ips": ["10.94.0.9/24"]}])
+
+
+def _add(call) -> bytes:
+    return json.dumps({"cniVersion": "1.1.0", "ips": [{"address": "10.94.1.2/24"}]}).encode()
+
+
+class World:
+    def __init__(self, tmp_path, *, add: object = _add, check: object = b"") -> None:
+        self.fake = FakeExecutor({"d4-br": {"ADD": add, "CHECK": check, "DEL": b""}, "d4-mv": {"ADD": _add}})
+        doc = {"mode": "shim", "state_dir": str(tmp_path / "state"), "networks": NETS}
+        self.cfg = parse_config(doc, str(tmp_path / "config.yaml"))
+        self.plan = pod_plan(self.cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=self.fake))
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        netns = tmp_path / "netns"
+        netns.write_text("")
+        self.pod = PodInfo(POD, name="d4-pod", namespace="default", netns=str(netns))
+
+
+@pytest.fixture
+def records(caplog):
+    caplog.set_level(logging.INFO, logger="nri_cni.podop")
+
+    def read() -> list[dict]:
+        return [json.loads(r.getMessage()) for r in caplog.records if r.name == "nri_cni.podop"]
+
+    return read
+
+
+@pytest.mark.parametrize(
+    ("ifname", "ours", "expected"),
+    [
+        ("eth7", True, [("podnet", "eth7", {}), ("fastnet", "net1", {"ips": ["10.94.0.9/24"]})]),
+        ("", True, [("podnet", "eth0", {}), ("fastnet", "net1", {"ips": ["10.94.0.9/24"]})]),  # control
+        ("eth7", False, [("fastnet", "net1", {"ips": ["10.94.0.9/24"]})]),  # control: the runtime's primary
+    ],
+    ids=["runtime-names-it", "control-no-name", "control-not-ours"],
+)
+def test_the_runtime_names_the_primary_interface_and_no_other(tmp_path, ifname, ours, expected):
+    """The shim's CNI_IFNAME is the primary's interface; the requested network keeps its own
+    name and what it asked for. Controls: no name given (eth0), and a primary that is the
+    runtime's own network (secondary mode: nothing of nri-cni's is renamed)."""
+    w = World(tmp_path)
+    pod = PodInfo(
+        POD,
+        name="d4-pod",
+        namespace="default",
+        netns=w.pod.netns,
+        annotations={NETWORKS_ANNOTATION: FAST_WITH_IPS},
+    )
+    selected = w.plan.select(pod, PrimaryNetwork("podnet", ours=ours), AttachRequest(primary_ifname=ifname))
+    assert [(s.network.name, s.ifname, s.capability_args) for s in selected] == expected
+
+
+@pytest.mark.parametrize("refusal", ["annotation", "host-network"])
+def test_a_refused_pod_is_an_add_with_its_error(tmp_path, records, refusal):
+    """A pod the config refuses (a network it may not ask for; no netns) is recorded as a failed
+    add, with the reason, and the caller gets the refusal itself."""
+    w = World(tmp_path)
+    if refusal == "annotation":
+        pod = PodInfo(
+            POD,
+            name="d4-pod",
+            namespace="other",
+            netns=w.pod.netns,
+            annotations={NETWORKS_ANNOTATION: "fastnet"},
+        )
+        raised, reason = AnnotationRefused, "not allowed for pods in namespace 'other'"
+    else:
+        pod = PodInfo(POD, name="d4-pod", namespace="default", netns="")
+        raised, reason = PodError, "pod default/d4-pod has no network namespace (host network?)"
+    with pytest.raises(raised, match=reason.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        w.plan.select(pod, PrimaryNetwork("", ours=True), AttachRequest())
+    (line,) = records()
+    assert (line["op"], line["pod"], line["podId"], line["result"]) == ("add", pod.label(), POD, "error")
+    assert reason in line["error"]
+
+
+def test_a_failed_add_is_recorded_with_its_error_and_a_repeated_one_not_at_all(tmp_path, records):
+    """Control: the pod's ADD is recorded once, ok; its second attach finds it attached (no
+    record). A failed ADD is recorded with the plugin's error."""
+    ok, bad = World(tmp_path / "ok"), World(tmp_path / "bad", add=FAILS)
+    pod_ok = ok.plan.select(ok.pod, PrimaryNetwork("", ours=True), AttachRequest())
+
+    async def scenario():
+        await ok.plan.attach(ok.pod, pod_ok, AttachRequest())
+        await ok.plan.attach(ok.pod, pod_ok, AttachRequest())  # attached already
+        with pytest.raises(NriCniError, match="d4 says no"):
+            await bad.plan.attach(
+                bad.pod,
+                bad.plan.select(bad.pod, PrimaryNetwork("", ours=True), AttachRequest()),
+                AttachRequest(),
+            )
+
+    asyncio.run(scenario())
+    first, failed = records()
+    assert (first["op"], first["result"]) == ("add", "ok")
+    assert (failed["op"], failed["result"]) == ("add", "error") and "d4 says no" in failed["error"]
+
+
+def test_a_failed_check_is_recorded_with_its_error(tmp_path, records):
+    """Control: a CHECK that passes is recorded ok; one of a pod with nothing attached is not
+    recorded."""
+    ok, bad = World(tmp_path / "ok"), World(tmp_path / "bad", check=FAILS)
+
+    async def scenario():
+        for w in (ok, bad):
+            await w.plan.attach(
+                w.pod, w.plan.select(w.pod, PrimaryNetwork("", ours=True), AttachRequest()), AttachRequest()
+            )
+        await ok.plan.check(ok.pod)
+        with pytest.raises(NriCniError, match="d4 says no"):
+            await bad.plan.check(bad.pod)
+        await ok.plan.check(PodInfo("d5" * 32, name="d5-pod", namespace="default", netns=ok.pod.netns))
+
+    asyncio.run(scenario())
+    checks = [line for line in records() if line["op"] == "check"]
+    assert [(c["podId"], c["result"]) for c in checks] == [(POD, "ok"), (POD, "error")]
+    assert "d4 says no" in checks[1]["error"]
