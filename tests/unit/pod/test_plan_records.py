@@ -6,8 +6,10 @@ attached already, or with nothing to check, does not. In-process plugins (FakeEx
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 
 import pytest
 
@@ -16,6 +18,8 @@ from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.errors import AnnotationRefused, NriCniError, PodError
+from nri_cni.pod.intents import Intent
+from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork
 from nri_cni.pod.select import NETWORKS_ANNOTATION
 from tests.support.pods import pod_plan
@@ -153,3 +157,121 @@ def test_a_failed_check_is_recorded_with_its_error(tmp_path, records):
     checks = [line for line in records() if line["op"] == "check"]
     assert [(c["podId"], c["result"]) for c in checks] == [(POD, "ok"), (POD, "error")]
     assert "d4 says no" in checks[1]["error"]
+
+
+class TurnCounting(PodLocks):
+    """The service's lock set, counting the GC turns taken on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns = 0
+
+    @contextlib.asynccontextmanager
+    async def gc_turn(self):
+        self.turns += 1
+        async with super().gc_turn():
+            yield
+
+
+@pytest.mark.parametrize("told_running", [True, False], ids=["running", "control-not-told"])
+def test_gc_through_the_plan(tmp_path, told_running):
+    """GC takes its turn on the lock set it is given, DELs the pod the valid list leaves out and
+    keeps the others; a valid pod whose netns path is gone is kept while `running` says it runs.
+    Control: not told it runs, that pod goes too."""
+    w = World(tmp_path)
+    pods = {}
+    for tag in ("kept", "stale", "moved"):
+        netns = tmp_path / f"netns-{tag}"
+        netns.write_text("")
+        pods[tag] = PodInfo(tag[0] * 64, name=tag, namespace="default", netns=str(netns))
+    locks = TurnCounting()
+
+    async def scenario():
+        for pod in pods.values():
+            await w.plan.attach(
+                pod, w.plan.select(pod, PrimaryNetwork("", ours=True), AttachRequest()), AttachRequest()
+            )
+        os.unlink(pods["moved"].netns)  # its netns path is gone; the runtime still lists the pod
+        valid = {pods["kept"].id, pods["moved"].id}
+        if told_running:
+            return await w.plan.collect_garbage(
+                valid, locks, running=lambda pod_id: pod_id == pods["moved"].id
+            )
+        return await w.plan.collect_garbage(valid, locks)
+
+    report = asyncio.run(scenario())
+    gone = {"stale"} if told_running else {"stale", "moved"}
+    assert {e.container_id for e in w.plan.cached()} == {pods[t].id for t in pods} - {
+        pods[t].id for t in gone
+    }
+    assert sorted(report["deleted"]) == sorted(f"podnet/{pods[t].id}/eth0" for t in gone)
+    assert locks.turns == 1
+
+
+def test_reap_and_recovery_through_the_plan(tmp_path, records):
+    """Reap detaches a pod whose netns is gone (control: one whose netns is there stays); the
+    recovery of an interrupted ADD is an operation of that pod's, recorded."""
+    w = World(tmp_path)
+    there = PodInfo("e5" * 32, name="there", namespace="default", netns=w.pod.netns)
+
+    async def scenario():
+        for pod in (w.pod, there):
+            await w.plan.attach(
+                pod, w.plan.select(pod, PrimaryNetwork("", ours=True), AttachRequest()), AttachRequest()
+            )
+        gone = tmp_path / "netns-gone"
+        gone.write_text("")
+        moved = PodInfo("e6" * 32, name="moved", namespace="default", netns=str(gone))
+        await w.plan.attach(
+            moved, w.plan.select(moved, PrimaryNetwork("", ours=True), AttachRequest()), AttachRequest()
+        )
+        os.unlink(gone)
+        reaped = (await w.plan.reap(moved.id), await w.plan.reap(there.id))
+        await w.plan.recover(Intent("e7" * 32, w.pod.netns, []))
+        return moved, reaped
+
+    moved, reaped = asyncio.run(scenario())
+    assert reaped == (True, False)
+    assert {e.container_id for e in w.plan.cached()} == {POD, there.id}
+    assert [(r["op"], r["podId"]) for r in records() if r["op"] in ("reap", "recover")] == [
+        ("reap", moved.id),
+        ("recover", "e7" * 32),
+    ]
+
+
+def test_a_failed_del_names_every_network_it_left(tmp_path, records):
+    """Two networks whose DEL fails: the error names both, one after the other, and the del is
+    recorded with the error. Control: the same pod's DEL that succeeds is recorded ok."""
+    bad = World(tmp_path / "bad")
+    bad.fake.plugins["d4-br"]["DEL"] = FAILS
+    bad.fake.plugins["d4-mv"]["DEL"] = FAILS
+    ok = World(tmp_path / "ok")
+    worlds = [
+        (
+            w,
+            PodInfo(
+                POD,
+                name="d4-pod",
+                namespace="default",
+                netns=w.pod.netns,
+                annotations={NETWORKS_ANNOTATION: "fastnet"},
+            ),
+        )
+        for w in (ok, bad)
+    ]
+
+    async def scenario():
+        for w, pod in worlds:
+            await w.plan.attach(
+                pod, w.plan.select(pod, PrimaryNetwork("", ours=True), AttachRequest()), AttachRequest()
+            )
+        await ok.plan.detach(worlds[0][1])
+        with pytest.raises(PodError) as caught:
+            await bad.plan.detach(worlds[1][1])
+        return str(caught.value)
+
+    message = asyncio.run(scenario())
+    assert "DEL failed for 2 network(s): network 'fastnet': " in message  # the last attached first
+    assert "d4 says no (CNI code 11); network 'podnet': " in message
+    dels = [(r["result"], r.get("error", "")) for r in records() if r["op"] == "del"]
+    assert [r for r, _ in dels] == ["ok", "error"] and "d4 says no" in dels[1][1]
