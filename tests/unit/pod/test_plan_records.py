@@ -18,9 +18,13 @@ from nri_cni.cni.executor import FakeExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import parse_config
 from nri_cni.errors import AnnotationRefused, NriCniError, PodError
-from nri_cni.pod.intents import Intent
+from nri_cni.node import NodeInspector
+from nri_cni.pod.finalized import FinalizedMarks
+from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork
+from nri_cni.pod.oprecord import NoSink
+from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.select import NETWORKS_ANNOTATION
 from tests.support.pods import pod_plan
 
@@ -275,3 +279,77 @@ def test_a_failed_del_names_every_network_it_left(tmp_path, records):
     assert "d4 says no (CNI code 11); network 'podnet': " in message
     dels = [(r["result"], r.get("error", "")) for r in records() if r["op"] == "del"]
     assert [r for r, _ in dels] == ["ok", "error"] and "d4 says no" in dels[1][1]
+
+
+class Gates:
+    """The daemon's readiness (status.refuse_when_not_ready) and lifecycle (INIT/DEINIT) as a
+    plan sees them: STATUS's error per network, the leases taken, the pokes after a DEL."""
+
+    def __init__(self, not_ready: str) -> None:
+        self.not_ready = not_ready
+        self.leased: list[str] = []
+        self.pokes = 0
+
+    async def ready(self, network: str) -> str:
+        return self.not_ready
+
+    @contextlib.asynccontextmanager
+    async def leases(self, nets):
+        self.leased += [n.name for n in nets]
+        yield
+
+    def poke(self, network: str | None = None) -> None:
+        self.pokes += 1
+
+
+@pytest.mark.parametrize("not_ready", ["", "the d4 bridge is down"], ids=["control-ready", "not-ready"])
+def test_the_plan_hands_its_readiness_and_lifecycle_to_its_parts(tmp_path, not_ready):
+    """An ADD asks the readiness first (a network not ready refuses the pod) and holds a lease
+    on a network whose plugins take part in INIT/DEINIT; a DEL pokes the lifecycle.
+    Control: a ready network is attached, under its lease."""
+    managed = {
+        "cniVersion": "1.1.0",
+        "name": "podnet",
+        "plugins": [{"type": "d4-br", "cni.dev/lifecycle": ["init", "deinit"]}],
+    }
+    doc = {
+        "mode": "shim",
+        "state_dir": str(tmp_path / "state"),
+        "status": {"refuse_when_not_ready": True},
+        "networks": [{"name": "podnet", "default": True, "conflist": managed}],
+    }
+    cfg = parse_config(doc, str(tmp_path / "config.yaml"))
+    fake = FakeExecutor({"d4-br": {"ADD": _add, "DEL": b""}})
+    gates = Gates(not_ready)
+    inspector = NodeInspector.with_workers(1)
+    plan = PodPlan(
+        cfg,
+        CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake),
+        intents=IntentStore(cfg.state_dir),
+        finalized=FinalizedMarks(cfg.state_dir),
+        sink=NoSink(),
+        inspector=inspector,
+        readiness=gates,
+        lifecycle=gates,  # type: ignore[arg-type]
+    )
+    netns = tmp_path / "netns"
+    netns.write_text("")
+    pod = PodInfo(POD, name="d4-pod", namespace="default", netns=str(netns))
+
+    async def scenario():
+        selected = plan.select(pod, PrimaryNetwork("", ours=True), AttachRequest())
+        if not_ready:
+            with pytest.raises(NriCniError, match="the d4 bridge is down"):
+                await plan.attach(pod, selected, AttachRequest())
+            return
+        await plan.attach(pod, selected, AttachRequest())
+        await plan.detach(pod)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        inspector.close()
+    if not_ready:
+        assert fake.commands() == [] and gates.leased == ["podnet"]
+    else:
+        assert fake.commands() == ["ADD", "DEL"] and gates.leased == ["podnet"] and gates.pokes == 1
