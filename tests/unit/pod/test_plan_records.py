@@ -22,7 +22,7 @@ from nri_cni.node import NodeInspector
 from nri_cni.pod.finalized import FinalizedMarks
 from nri_cni.pod.intents import Intent, IntentStore
 from nri_cni.pod.locks import PodLocks
-from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork
+from nri_cni.pod.model import AttachRequest, PodInfo, PrimaryNetwork, RuntimePrimary
 from nri_cni.pod.oprecord import NoSink
 from nri_cni.pod.plan import PodPlan
 from nri_cni.pod.select import NETWORKS_ANNOTATION
@@ -353,3 +353,20 @@ def test_the_plan_hands_its_readiness_and_lifecycle_to_its_parts(tmp_path, not_r
         assert fake.commands() == [] and gates.leased == ["podnet"]
     else:
         assert fake.commands() == ["ADD", "DEL"] and gates.leased == ["podnet"] and gates.pokes == 1
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given", "control-none"])
+def test_an_attach_hands_on_the_runtime_primary_it_was_given(tmp_path, given):
+    """Secondary mode's runtime primary (whose FINALIZE the attach runs) reaches the attacher.
+    Control: none given, none passed."""
+    w = World(tmp_path)
+    seen: list[object] = []
+
+    class Attacher:
+        async def attach(self, pod, selected, request, record, runtime_primary):
+            seen.append(runtime_primary)
+
+    w.plan.attacher = Attacher()  # type: ignore[assignment]
+    primary = RuntimePrimary("runtime-net", w.plan.cni.cache) if given else None
+    asyncio.run(w.plan.attach(w.pod, [], AttachRequest(), primary))
+    assert seen == [primary]
