@@ -647,3 +647,37 @@ def test_flush_waits_ten_seconds_unless_told(tmp_path, monkeypatch):
     monkeypatch.setattr(cache._syncer, "flush", lambda timeout: bounds.append(timeout) or True)
     assert cache.flush() and cache.flush(0.5)
     assert bounds == [10.0, 0.5]
+
+
+@pytest.mark.parametrize("skipped", ["none", "part-first", "part-last", "empty-ifname"])
+def test_a_skipped_file_does_not_end_the_listing(tmp_path, skipped):
+    """Files the listing skips (the container's part at the very start or end of the name,
+    an entry without its ifname) sort before the container's real entry: the entries after
+    them are still listed. Control: no such file."""
+    cache = ResultCache(str(tmp_path))
+    cache.write(CacheEntry(container_id="c1", ifname="eth0", network_name="net-a", config=b"{}"))
+    results = tmp_path / "results"
+    odd = CacheEntry(container_id="c1", ifname="eth0", network_name="net-0", config=b"{}").to_json()
+    if skipped == "part-first":
+        (results / "-c1-eth0").write_bytes(odd)
+    elif skipped == "part-last":
+        (results / "a-c1-").write_bytes(odd)
+    elif skipped == "empty-ifname":
+        (results / "a-c1-eth9").write_bytes(
+            CacheEntry(container_id="c1", ifname="", network_name="a", config=b"{}").to_json()
+        )
+    assert [(e.network_name, e.container_id) for e in cache.entries(container_id="c1")] == [("net-a", "c1")]
+
+
+def test_a_missing_cache_dir_is_made_private_with_its_results_dir(tmp_path):
+    """The cache dir and its results dir, neither there yet, are both made 0700 by the first
+    write whatever the umask (a node's 022). Control: the golden write above checks results."""
+    old = os.umask(0o022)
+    try:
+        ResultCache(str(tmp_path / "cache")).write(
+            CacheEntry(container_id="c1", ifname="eth0", network_name="n", config=b"{}")
+        )
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "cache" / "results").stat().st_mode) == 0o700

@@ -15,7 +15,16 @@ from nri_cni.config import NetworkSpec
 from nri_cni.node import Difference, Expectation, Finding, FindingKind
 from nri_cni.pod.model import PodInfo, PrimaryNetwork
 from nri_cni.pod.select import Selected
-from nri_cni.service.decide import ADMIN_ACTION, Policy, Reading, RepairOrder, Verdict, decide, judge_repair
+from nri_cni.service.decide import (
+    ADMIN_ACTION,
+    Policy,
+    Reading,
+    RepairOrder,
+    Verdict,
+    decide,
+    judge_repair,
+    missed_reason,
+)
 from nri_cni.service.modes import Mode, NativeMode, SecondaryMode, ShimMode
 from nri_cni.service.podcheck import PodCheck, Retry, pod_check
 from nri_cni.service.podstate import BrokenCode, PodState
@@ -297,3 +306,55 @@ def test_a_repair_that_left_differences_says_which():
     assert judge_repair(missing, ORDER, 1).why == (
         "repair failed (try 1 of 3): still differs after the repair: networks missing"
     )
+
+
+NO_NET = "the runtime created it without nri-cni's answer (nri-cni was down or killed, or answered past the NRI request timeout) and nri-cni holds no network of it"
+FAILED_KEPT = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
+MISSED_ROWS = [
+    # the answer came past the deadline and nothing is attached: the late reason itself
+    (
+        "late-nothing",
+        {"late": "answered 3 s past the deadline"},
+        NOTHING := check(want=(selected(),)),
+        "",
+        "answered 3 s past the deadline",
+    ),
+    # late, but something is attached: not the late reason (what is missing is named)
+    (
+        "late-something",
+        {"late": "answered late"},
+        INTACT_NET1 := check(
+            entries=(entry(),), want=(selected(), selected("fastnet", "net1"), selected("slownet", "net2"))
+        ),
+        "",
+        "it lacks fastnet/net1, slownet/net2, and the runtime learns IPs only from RunPodSandbox",
+    ),
+    # nothing attached after a failed attach | control: the same without the failure
+    ("failed-nothing", {"attach_failed": True}, NOTHING, "", FAILED_KEPT),
+    ("control-not-failed", {}, NOTHING, "", NO_NET),
+    # something attached after a failed attach: the failure is not the reason
+    (
+        "failed-something",
+        {"attach_failed": True},
+        INTACT_NET1,
+        "",
+        "it lacks fastnet/net1, slownet/net2, and the runtime learns IPs only from RunPodSandbox",
+    ),
+    # attached, but the runtime's IPs differ from the answer
+    (
+        "mismatch",
+        {},
+        INTACT_NET1,
+        "IPs 10.88.0.9",
+        "the runtime did not take nri-cni's answer (IPs 10.88.0.9): past the NRI deadline or killed",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("record", "c", "mismatch", "why"), [r[1:] for r in MISSED_ROWS], ids=[r[0] for r in MISSED_ROWS]
+)
+def test_why_a_native_pod_is_missed(record, c, mismatch, why):
+    """The reason an admin reads for a native pod the runtime created without nri-cni's networks,
+    in the order the causes are told apart; each row with the one input that flips it."""
+    assert missed_reason(PodRecord(POD, **record), c, mismatch, "do this") == f"missed: {why}; do this"
