@@ -4,6 +4,7 @@ signature and how many CHECKs run at once (service/verify.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -14,7 +15,15 @@ from nri_cni.node import Expectation, Finding, FindingKind
 from nri_cni.node.model import Difference
 from nri_cni.pod.model import PodInfo
 from nri_cni.pod.select import Selected
-from nri_cni.service.podcheck import BAD_RESULT, NO_RESULT, Retry, expectations, pod_check
+from nri_cni.service.podcheck import (
+    BAD_RESULT,
+    NO_RESULT,
+    Retry,
+    ToRead,
+    expectations,
+    pod_check,
+    read_checks,
+)
 from nri_cni.service.podstate import AttachmentVerdict
 from nri_cni.service.verify import check_parallel, signature, verdicts_of
 
@@ -96,6 +105,20 @@ def test_a_gone_path_is_netns_gone_without_a_finding():
 def test_unknown_attachments_are_unreadable():
     check = pod_check(POD, [entry("net-a", "eth0")], [], {}, {("net-a", "eth0"): (NO_RESULT, "no result")})
     assert check.unreadable == ["net-a/eth0: no result"]
+
+
+@pytest.mark.parametrize("second", [True, False], ids=["two", "control-one"])
+def test_every_unreadable_attachment_is_told(second):
+    """An attachment nothing could be compared for and two whose reading failed: one line each,
+    none hiding another. Control: one failed reading."""
+    entries = [entry("net-a", "eth0"), entry("net-b", "net1"), entry("net-c", "net2")]
+    found = {("net-b", "net1"): finding(FindingKind.UNREADABLE)}
+    if second:
+        found[("net-c", "net2")] = finding(FindingKind.UNREADABLE)
+    check = pod_check(POD, entries, [], found, {("net-a", "eth0"): (NO_RESULT, "no result")})
+    assert check.unreadable == ["net-a/eth0: no result", "net-b/net1: unreadable!"] + (
+        ["net-c/net2: unreadable!"] if second else []
+    )
 
 
 RESULT = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": POD.netns}]}
@@ -228,3 +251,23 @@ def test_an_entry_nothing_can_be_compared_with_is_named_and_the_next_one_still_c
     kind, why = unknowns[("net-a", "eth0")]
     assert kind == unknown and why.startswith(says.format(named))
     assert [x for x, _ in exps] == [second]
+
+
+class CountingInspector:
+    def __init__(self) -> None:
+        self.calls: list[list[Expectation]] = []
+
+    async def inspect(self, exps):
+        self.calls.append(list(exps))
+        return [Finding(e) for e in exps]
+
+
+@pytest.mark.parametrize("gone", [True, False], ids=["path-gone", "control-there"])
+def test_a_round_of_pods_whose_netns_is_gone_reads_nothing(gone):
+    """Nothing to compare (every pod's netns path gone): no netlink read at all, not even an
+    empty one (a round over a node of stopped pods). Control: a pod that is there is read."""
+    spy = CountingInspector()
+    pod = ToRead(POD, [entry("net-a", "eth0", RESULT)], [], path_gone=gone)
+    (c,) = asyncio.run(read_checks(spy, [pod]))  # type: ignore[arg-type]
+    assert c.netns_gone is gone
+    assert [len(call) for call in spy.calls] == ([] if gone else [1])
