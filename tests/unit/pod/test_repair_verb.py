@@ -252,3 +252,21 @@ def test_a_repair_attaches_with_the_runtime_primary_it_was_given(tmp_path, given
     pod = PodInfo(POD, name="c7-pod", namespace="default", netns="/run/netns/c7")
     asyncio.run(repairer.repair(pod, selected=[], damaged=[], ips={}, wrong=[], runtime_primary=primary))
     assert attacher.primaries == [primary]
+
+
+@pytest.mark.parametrize("on_disk", [True, False], ids=["control-same-on-disk", "file-changed-since"])
+def test_check_entry_checks_the_entry_it_was_given(tmp_path, on_disk):
+    """The CHECK's prevResult is the result of the entry the round read, not the file read
+    again: a file changed since (another address) does not decide it. Control: the same file."""
+    fake = FakeExecutor({"c7-br": {"CHECK": b""}})
+    cfg = parse_config({"state_dir": str(tmp_path / "state")})
+    plan = pod_plan(cfg, CNIRuntime(["/fake-bin"], str(tmp_path / "cache"), executor=fake))
+    conflist = json.dumps({"cniVersion": "1.1.0", "name": "podnet", "plugins": [{"type": "c7-br"}]}).encode()
+    other = {**RESULT, "ips": [{"address": "10.79.0.99/24"}]}
+    plan.cni.cache.write(
+        CacheEntry(POD, "eth0", "podnet", conflist, "/run/netns/c7", result=RESULT if on_disk else other)
+    )
+    entry = CacheEntry(POD, "eth0", "podnet", conflist, "/run/netns/c7", result=RESULT)
+    assert asyncio.run(plan.check_entry(entry, "")) == ""
+    (check,) = [c for c in fake.calls if c.command == "CHECK"]
+    assert json.loads(check.stdin)["prevResult"]["ips"][0]["address"] == "10.79.0.2/24"

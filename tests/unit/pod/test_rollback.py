@@ -292,3 +292,28 @@ def test_record_doomed_that_cannot_write_is_logged(tmp_path, caplog):
         )
     assert planned.doomed_plugins == ["0:ctl"]
     assert "cannot record the doomed plugin ctl" in caplog.text
+
+
+@pytest.mark.parametrize("on_disk", [True, False], ids=["control-same-on-disk", "file-changed-since"])
+def test_a_doomed_del_runs_with_the_result_of_the_entry_it_was_given(tmp_path, on_disk):
+    """The DEL cut around a doomed plugin takes its prevResult from the entry the caller read
+    (GC and a pod's DEL list the pod's entries first): the file is not read again, so a file
+    changed since (here: another result) does not decide it. Control: the same file."""
+    cni = CNIRuntime(
+        [FAKE_BIN],
+        str(tmp_path / "cache"),
+        executor=FakeExecutor({p: {} for p in ("bridge", "tuning", "ctl", "portmap")}),
+    )
+    given = {
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "eth0", "sandbox": NETNS}],
+        "ips": [{"address": "10.81.0.2/24"}],
+    }
+    other = {**given, "ips": [{"address": "10.81.0.99/24"}]}
+    cni.cache.write(CacheEntry(POD, "eth0", "podnet", CONFIG, NETNS, result=given if on_disk else other))
+    entry = CacheEntry(POD, "eth0", "podnet", CONFIG, NETNS, result=given)
+    asyncio.run(
+        Rollback(cni, IntentStore(str(tmp_path / "state"))).delete_entry(entry, netns=NETNS, doomed={2})
+    )
+    prevs = {json.loads(c.stdin)["prevResult"]["ips"][0]["address"] for c in cni.executor.calls}
+    assert prevs == {"10.81.0.2/24"}
