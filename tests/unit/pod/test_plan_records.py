@@ -1,7 +1,9 @@
 """The pod plan's own decisions around its parts: the name the runtime gives the primary's
-interface (the shim's CNI_IFNAME) replaces eth0 on the primary alone, and which operations leave
-a record (their op log line): a refused pod, a failed ADD or CHECK do, with their error; a pod
-attached already, or with nothing to check, does not. In-process plugins (FakeExecutor); no root."""
+interface (the shim's CNI_IFNAME) replaces eth0 on the primary alone; which operations leave a
+record (their op log line): a refused pod, a failed ADD, CHECK or DEL do, with their error; a pod
+attached already, or with nothing to check, does not; what it hands its parts (the lock set GC
+takes its turn on, `running`, the readiness and lifecycle, the runtime's primary). In-process
+plugins (FakeExecutor); no root."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 
 import pytest
 
@@ -113,7 +116,7 @@ def test_a_refused_pod_is_an_add_with_its_error(tmp_path, records, refusal):
     else:
         pod = PodInfo(POD, name="d4-pod", namespace="default", netns="")
         raised, reason = PodError, "pod default/d4-pod has no network namespace (host network?)"
-    with pytest.raises(raised, match=reason.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+    with pytest.raises(raised, match=re.escape(reason)):
         w.plan.select(pod, PrimaryNetwork("", ours=True), AttachRequest())
     (line,) = records()
     assert (line["op"], line["pod"], line["podId"], line["result"]) == ("add", pod.label(), POD, "error")

@@ -310,12 +310,16 @@ def test_a_repair_that_left_differences_says_which():
 
 NO_NET = "the runtime created it without nri-cni's answer (nri-cni was down or killed, or answered past the NRI request timeout) and nri-cni holds no network of it"
 FAILED_KEPT = "its attach failed in RunPodSandbox and the runtime kept the pod without networks"
+NOTHING = check(want=(selected(),))  # nothing of nri-cni's attached
+INTACT_NET1 = check(  # eth0 attached, net1 and net2 missing
+    entries=(entry(),), want=(selected(), selected("fastnet", "net1"), selected("slownet", "net2"))
+)
 MISSED_ROWS = [
     # the answer came past the deadline and nothing is attached: the late reason itself
     (
         "late-nothing",
         {"late": "answered 3 s past the deadline"},
-        NOTHING := check(want=(selected(),)),
+        NOTHING,
         "",
         "answered 3 s past the deadline",
     ),
@@ -323,9 +327,7 @@ MISSED_ROWS = [
     (
         "late-something",
         {"late": "answered late"},
-        INTACT_NET1 := check(
-            entries=(entry(),), want=(selected(), selected("fastnet", "net1"), selected("slownet", "net2"))
-        ),
+        INTACT_NET1,
         "",
         "it lacks fastnet/net1, slownet/net2, and the runtime learns IPs only from RunPodSandbox",
     ),
