@@ -211,6 +211,7 @@ def run_gc(size: dict) -> list[Row]:
 
 def run_pods(size: dict) -> list[Row]:
     from bench import bench_pods
+    from bench.bench_pods import describe_interval
 
     rep = bench_pods.measure(Namespace(part="all", no_base=False, host_ports=False, json=None, **size))
     p1, p2 = rep["shim_vs_native"], rep["secondary_vs_native2"]
@@ -272,7 +273,7 @@ def run_pods(size: dict) -> list[Row]:
     floor = p1["floor"]
     why = (
         f"{own(p1['modes']['shim'])}; bench/profile_pod.py's timeline names the steps of the rest; a shim "
-        f"set-up doing nothing (the floor row) is {floor['floor_vs_own']['run']:.3f} of containerd's own"
+        f"set-up doing nothing (the floor row) is {bounded(floor, 'floor_vs_own', 'run')} of containerd's own"
         + spread(c1["run_median_ratio_interval"])
     )
     rows.append(
@@ -285,7 +286,8 @@ def run_pods(size: dict) -> list[Row]:
             f"{floor['floor_vs_own']['run']:.3f}",
             "floor",
             goals.met("floor", floor["floor_vs_own"]["run"]),
-            why=f"nri-cni's shim over this floor: {floor['shim_vs_floor']['run']:.3f}",
+            why=f"the ratio's {describe_interval(floor['floor_vs_own_interval']['run'])}; nri-cni's shim over "
+            f"this floor: {bounded(floor, 'shim_vs_floor', 'run')}",
         )
     )
     rows.append(
@@ -309,9 +311,18 @@ def spread(interval: tuple[float, float]) -> str:
     return f"; the ratio's {describe_interval(interval)} (bootstrap over this run's pods)"
 
 
+def bounded(floor: dict, side: str, what: str) -> str:
+    """A floor ratio (bench_pods.floor_compare) with its 95 % interval: side `floor_vs_own` or
+    `shim_vs_floor`, what `run` or `stop_remove`."""
+    from bench.bench_pods import describe_interval
+
+    return f"{floor[side][what]:.3f} ({describe_interval(floor[side + '_interval'][what])})"
+
+
 def run_crio(size: dict) -> list[Row]:
     """bench_pods' rows on CRI-O 1.36 (bench_crio.py): both sides alternated in one run."""
     from bench import bench_crio
+    from bench.bench_pods import describe_interval
     from tests.support.crio import available
 
     if not available():
@@ -327,10 +338,9 @@ def run_crio(size: dict) -> list[Row]:
     fwd = p1["forwarded"]
     sec_add = p2["modes"]["crio-sec"].get("nri_cni_ops", {}).get("add", {})
     floor = p1["floor"]
-    over_floor = fwd["run_median"] / floor["floor_run_median_ms"]
     floor_why = (
-        f"; a shim set-up doing nothing (the floor row) is {floor['floor_vs_own']['run']:.3f} of CRI-O's own "
-        f"for the creation, {floor['floor_vs_own']['stop_remove']:.3f} for stop+remove"
+        f"; a shim set-up doing nothing (the floor row) is {bounded(floor, 'floor_vs_own', 'run')} of CRI-O's "
+        f"own for the creation, {bounded(floor, 'floor_vs_own', 'stop_remove')} for stop+remove"
     )
     return [
         Row(
@@ -376,8 +386,10 @@ def run_crio(size: dict) -> list[Row]:
             f"{floor['floor_vs_own']['run']:.3f}; {floor['floor_vs_own']['stop_remove']:.3f}",
             "crio_floor",
             goals.met("crio_floor", floor["floor_vs_own"]["stop_remove"]),
-            why=f"nri-cni's shim over this floor: creation (the same work) {over_floor:.3f}, "
-            f"stop+remove {floor['shim_vs_floor']['stop_remove']:.3f}",
+            why=f"the ratios' {describe_interval(floor['floor_vs_own_interval']['run'])}; "
+            f"{describe_interval(floor['floor_vs_own_interval']['stop_remove'])}; nri-cni's shim over this floor: "
+            f"creation (the same work) {fwd['over_floor']:.3f} ({describe_interval(fwd['over_floor_interval'])}), "
+            f"stop+remove {bounded(floor, 'shim_vs_floor', 'stop_remove')}",
         ),
         Row(
             "CRI-O: secondary mode, cost of one extra network (RunPodSandbox over CRI-O with eth0 only)",
@@ -514,8 +526,9 @@ def run_attach(size: dict) -> list[Row]:
             "rest is the compiled shim's exec and socket round trip and the NRI events, where containerd "
             f"calls go-cni in its own process; a shim set-up doing nothing (containerd's own three networks, "
             f"the shim chained after eth0's bridge and answered at once, the NRI events heard) is "
-            f"{floor['floor_vs_own']['run']:.3f} of containerd's own, nri-cni's shim {floor['shim_vs_floor']['run']:.3f} "
-            "of that floor" + spread(cmp["run_median_ratio_interval"]),
+            f"{bounded(floor, 'floor_vs_own', 'run')} of containerd's own, nri-cni's shim "
+            f"{bounded(floor, 'shim_vs_floor', 'run')} of that floor"
+            + spread(cmp["run_median_ratio_interval"]),
         ),
         Row(
             "pod ADD of 3 networks (bridge + host-local each) at once vs the larger of its slowest "

@@ -144,7 +144,7 @@ class CrioBench(Bench):
             f"  CRI-O's CHECK after ADD: {out['checks_from_records']} of {out['checks']} answered from the records"
         )
         out["forwarded"] = forwarded_check(
-            shim.run_ms, sorted_by_run(shim, records), self.shim_checks, own.run_ms
+            shim.run_ms, sorted_by_run(shim, records), self.shim_checks, own.run_ms, floor.run_ms
         )
         text = scrape_metrics(metrics_socket)
         out["stop_remove_split"] = stop_remove_split(out, text)
@@ -198,12 +198,16 @@ def records_check_ms(op: dict) -> float:
     return float(op["ms"]) - decoded
 
 
-def forwarded_check(runs: list[float], records: list, checks: list[float], own: list[float]) -> dict:
+def forwarded_check(
+    runs: list[float], records: list, checks: list[float], own: list[float], floor: list[float]
+) -> dict:
     """crio-shim's creation as it would be with the plugins' CHECK forwarded, per pod: its
     RunPodSandbox, less its CHECK answered from the records (`records_check_ms`), plus the
     plugins' CHECK of the same pod as nri-cni runs it (CrioBench.created): the same work as
     CRI-O's own network, which runs the plugins' CHECK after each ADD. A pod whose CHECK was not
-    answered from the records ran the plugins' CHECK: its RunPodSandbox counts as measured."""
+    answered from the records ran the plugins' CHECK: its RunPodSandbox counts as measured.
+    Compared with CRI-O's own pods (`own`) and with the floor's (`floor`: CRI-O's own network
+    and a null shim, which also runs the plugins' CHECK)."""
     if len(runs) != len(records) or len(runs) != len(checks):
         raise RuntimeError(
             f"crio-shim: {len(runs)} pods, {len(records)} CHECK records, {len(checks)} CHECK times"
@@ -219,11 +223,14 @@ def forwarded_check(runs: list[float], records: list, checks: list[float], own: 
     }
     out["run_median_ratio"] = round(out["run_median"] / statistics.median(own), 3)
     out["run_median_ratio_interval"] = bench_pods.ratio_interval(per_pod, own)
+    out["over_floor"] = round(out["run_median"] / statistics.median(floor), 3)
+    out["over_floor_interval"] = bench_pods.ratio_interval(per_pod, floor)
     print(
         f"  with the plugins' CHECK forwarded (per pod: run - CHECK from records, decoded -> answered "
         f"{out['records_check_median_ms']:.2f} ms + the plugins' CHECK {out['plugins_check_median_ms']:.2f} ms, "
         f"medians): {out['run_median']:.1f} ms, {out['run_median_ratio']:.3f} of CRI-O's own "
-        f"({bench_pods.describe_interval(out['run_median_ratio_interval'])})"
+        f"({bench_pods.describe_interval(out['run_median_ratio_interval'])}), {out['over_floor']:.3f} of the "
+        f"floor's ({bench_pods.describe_interval(out['over_floor_interval'])})"
     )
     return out
 

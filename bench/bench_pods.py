@@ -217,25 +217,39 @@ def stop_nulls(procs: list[subprocess.Popen]) -> None:
 
 def floor_compare(modes: dict, *, own: str, shim: str, floor: str) -> dict:
     """The floor against the runtime's own CNI, and nri-cni's shim against the floor: the
-    medians' ratios of RunPodSandbox and of stop+remove."""
+    medians' ratios of RunPodSandbox and of stop+remove, each with its 95 % interval over the
+    run's pods (`ratio_interval`: how far the one run tells a bound from a goal)."""
 
     def ratio(a: str, b: str, what: str) -> float:
         return round(modes[a][what]["median"] / modes[b][what]["median"], 3)
 
+    def pods(name: str, what: str) -> list[float]:
+        raw = modes[name]["raw"]
+        return raw["run"] if what == "run" else [s + r for s, r in zip(raw["stop"], raw["remove"])]
+
+    def interval(a: str, b: str) -> dict[str, tuple[float, float]]:
+        return {what: ratio_interval(pods(a, what), pods(b, what)) for what in ("run", "stop_remove")}
+
     return {
         "floor_vs_own": {"run": ratio(floor, own, "run"), "stop_remove": ratio(floor, own, "stop_remove")},
         "shim_vs_floor": {"run": ratio(shim, floor, "run"), "stop_remove": ratio(shim, floor, "stop_remove")},
+        "floor_vs_own_interval": interval(floor, own),
+        "shim_vs_floor_interval": interval(shim, floor),
         "floor_run_median_ms": modes[floor]["run"]["median"],
         "floor_stop_remove_median_ms": modes[floor]["stop_remove"]["median"],
     }
 
 
 def describe_floor(floor: dict, own: str) -> str:
+    def said(ratios: dict, intervals: dict, what: str) -> str:
+        return f"{ratios[what]:.3f} ({describe_interval(intervals[what])})"
+
     mine, over = floor["floor_vs_own"], floor["shim_vs_floor"]
+    mine_in, over_in = floor["floor_vs_own_interval"], floor["shim_vs_floor_interval"]
     return (
         f"  the floor ({own} + a null shim chained + a null NRI plugin) / {own}: creation "
-        f"{mine['run']:.3f}, stop+remove {mine['stop_remove']:.3f}; nri-cni's shim / the floor: "
-        f"creation {over['run']:.3f}, stop+remove {over['stop_remove']:.3f}"
+        f"{said(mine, mine_in, 'run')}, stop+remove {said(mine, mine_in, 'stop_remove')}; nri-cni's shim / "
+        f"the floor: creation {said(over, over_in, 'run')}, stop+remove {said(over, over_in, 'stop_remove')}"
     )
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.bench_pods import floor_compare
+from bench.bench_pods import describe_floor, floor_compare
 from bench.null_plugin import answer
 from nri_cni.local import proto as localproto
 
@@ -45,8 +45,17 @@ def test_the_other_verbs_succeed_with_nothing(command):
     assert answer({"CNI_COMMAND": command}, body) == (localproto.STATUS_OK, b"")
 
 
-def _mode(run: float, stop_remove: float) -> dict:
-    return {"run": {"median": run}, "stop_remove": {"median": stop_remove}}
+def _mode(run: float, stop_remove: float, spread: float = 0.0) -> dict:
+    """A mode's summary and its 9 pods: run and stop+remove around their medians (stop and
+    remove split in halves), `spread` ms either side."""
+    offsets = [spread * (i - 4) / 4 for i in range(9)]
+    runs = [run + d for d in offsets]
+    stops = [stop_remove / 2 + d for d in offsets]
+    return {
+        "run": {"median": run},
+        "stop_remove": {"median": stop_remove},
+        "raw": {"run": runs, "stop": stops, "remove": [stop_remove / 2] * 9},
+    }
 
 
 def test_the_floor_is_compared_with_the_runtimes_own_and_the_shim_with_the_floor():
@@ -54,9 +63,52 @@ def test_the_floor_is_compared_with_the_runtimes_own_and_the_shim_with_the_floor
     assert floor_compare(modes, own="own", shim="shim", floor="floor") == {
         "floor_vs_own": {"run": 1.04, "stop_remove": 1.1},
         "shim_vs_floor": {"run": 1.038, "stop_remove": 1.061},
+        # pods without spread: each interval is its ratio
+        "floor_vs_own_interval": {"run": (1.04, 1.04), "stop_remove": (1.1, 1.1)},
+        "shim_vs_floor_interval": {"run": (1.038, 1.038), "stop_remove": (1.061, 1.061)},
         "floor_run_median_ms": 104.0,
         "floor_stop_remove_median_ms": 66.0,
     }
     # control: the names decide which mode is which
     swapped = floor_compare(modes, own="own", shim="floor", floor="shim")
     assert swapped["floor_vs_own"] == {"run": 1.08, "stop_remove": 1.167}
+    assert swapped["floor_vs_own_interval"] == {"run": (1.08, 1.08), "stop_remove": (1.167, 1.167)}
+
+
+def test_the_floors_interval_comes_from_each_sides_pods():
+    """A floor whose pods spread widely cannot be told from the runtime's own in one run; the
+    same medians with tight pods can. Stop+remove adds each pod's stop and remove."""
+    tight = floor_compare(
+        {"own": _mode(100.0, 60.0, 1.0), "shim": _mode(110.0, 70.0, 1.0), "floor": _mode(105.0, 66.0, 1.0)},
+        own="own",
+        shim="shim",
+        floor="floor",
+    )
+    wide = floor_compare(
+        {
+            "own": _mode(100.0, 60.0, 20.0),
+            "shim": _mode(110.0, 70.0, 20.0),
+            "floor": _mode(105.0, 66.0, 20.0),
+        },
+        own="own",
+        shim="shim",
+        floor="floor",
+    )
+    for what, ratio in (("run", 1.05), ("stop_remove", 1.1)):
+        lo, hi = tight["floor_vs_own_interval"][what]
+        assert 1.0 < lo <= ratio <= hi < 1.2
+        lo, hi = wide["floor_vs_own_interval"][what]
+        assert lo < 1.0 and hi > 1.1
+    lo, hi = tight["shim_vs_floor_interval"]["run"]
+    assert 1.0 < lo <= 1.048 <= hi
+
+
+def test_describe_floor_gives_each_ratio_its_interval():
+    modes = {"own": _mode(100.0, 60.0), "shim": _mode(108.0, 70.0), "floor": _mode(104.0, 66.0)}
+    text = describe_floor(floor_compare(modes, own="own", shim="shim", floor="floor"), "CRI-O's own")
+    assert text == (
+        "  the floor (CRI-O's own + a null shim chained + a null NRI plugin) / CRI-O's own: creation "
+        "1.040 (95 % interval 1.040-1.040), stop+remove 1.100 (95 % interval 1.100-1.100); nri-cni's "
+        "shim / the floor: creation 1.038 (95 % interval 1.038-1.038), stop+remove 1.061 (95 % interval "
+        "1.061-1.061)"
+    )
