@@ -47,8 +47,12 @@ GOALS: dict[str, Goal] = {
             _cmp(_LE, 1.02),
         ),  # fmt: skip
         Goal(
-            "own_call", "nri-cni's own cost per plugin call (no-op chain, ADD)", "<= 0.10 ms", _cmp(_LE, 0.10)
-        ),
+            "own_call",
+            "nri-cni's own cost per plugin call (no-op chain, ADD): information (issue 33), a real chain "
+            "is judged by `cni_floor` and `cni_libcni`",
+            "-",
+            lambda _v: True,
+        ),  # fmt: skip
         Goal("gc", "GC of stale attachments, libcni's time / nri-cni's", ">= 2.5x", _cmp(_GE, 2.5)),
         Goal(
             "containers",
