@@ -386,7 +386,7 @@ def run_crio(size: dict) -> list[Row]:
             f"{floor['floor_vs_own']['run']:.3f}; {floor['floor_vs_own']['stop_remove']:.3f}",
             "crio_floor",
             goals.met("crio_floor", floor["floor_vs_own"]["stop_remove"]),
-            why=f"the ratios' {describe_interval(floor['floor_vs_own_interval']['run'])}; "
+            why=f"creation's {describe_interval(floor['floor_vs_own_interval']['run'])}, stop+remove's "
             f"{describe_interval(floor['floor_vs_own_interval']['stop_remove'])}; nri-cni's shim over this floor: "
             f"creation (the same work) {fwd['over_floor']:.3f} ({describe_interval(fwd['over_floor_interval'])}), "
             f"stop+remove {bounded(floor, 'shim_vs_floor', 'stop_remove')}",
