@@ -314,15 +314,15 @@ def spread(interval: tuple[float, float]) -> str:
 def bounded(floor: dict, side: str, what: str) -> str:
     """A floor ratio (bench_pods.floor_compare) with its 95 % interval: side `floor_vs_own` or
     `shim_vs_floor`, what `run` or `stop_remove`."""
-    from bench.bench_pods import describe_interval
+    from bench.bench_pods import with_interval
 
-    return f"{floor[side][what]:.3f} ({describe_interval(floor[side + '_interval'][what])})"
+    return with_interval(floor[side][what], floor[side + "_interval"][what])
 
 
 def run_crio(size: dict) -> list[Row]:
     """bench_pods' rows on CRI-O 1.36 (bench_crio.py): both sides alternated in one run."""
     from bench import bench_crio
-    from bench.bench_pods import describe_interval
+    from bench.bench_pods import describe_interval, with_interval
     from tests.support.crio import available
 
     if not available():
@@ -388,7 +388,7 @@ def run_crio(size: dict) -> list[Row]:
             goals.met("crio_floor", floor["floor_vs_own"]["stop_remove"]),
             why=f"creation's {describe_interval(floor['floor_vs_own_interval']['run'])}, stop+remove's "
             f"{describe_interval(floor['floor_vs_own_interval']['stop_remove'])}; nri-cni's shim over this floor: "
-            f"creation (the same work) {fwd['over_floor']:.3f} ({describe_interval(fwd['over_floor_interval'])}), "
+            f"creation (the same work) {with_interval(fwd['over_floor'], fwd['over_floor_interval'])}, "
             f"stop+remove {bounded(floor, 'shim_vs_floor', 'stop_remove')}",
         ),
         Row(

@@ -171,6 +171,11 @@ def describe_interval(interval: tuple[float, float]) -> str:
     return f"95 % interval {interval[0]:.3f}-{interval[1]:.3f}"
 
 
+def with_interval(ratio: float, interval: tuple[float, float]) -> str:
+    """A ratio and its 95 % interval, as the rows and the benches' lines print them."""
+    return f"{ratio:.3f} ({describe_interval(interval)})"
+
+
 def start_null(nri_socket: str, socket_path: str) -> subprocess.Popen:
     """bench/null_plugin.py, started; returns once it serves the shim and is registered. Its
     stderr goes to a file beside its socket (a pipe nobody reads could fill and stop it)."""
@@ -241,15 +246,13 @@ def floor_compare(modes: dict, *, own: str, shim: str, floor: str) -> dict:
 
 
 def describe_floor(floor: dict, own: str) -> str:
-    def said(ratios: dict, intervals: dict, what: str) -> str:
-        return f"{ratios[what]:.3f} ({describe_interval(intervals[what])})"
-
     mine, over = floor["floor_vs_own"], floor["shim_vs_floor"]
     mine_in, over_in = floor["floor_vs_own_interval"], floor["shim_vs_floor_interval"]
     return (
         f"  the floor ({own} + a null shim chained + a null NRI plugin) / {own}: creation "
-        f"{said(mine, mine_in, 'run')}, stop+remove {said(mine, mine_in, 'stop_remove')}; nri-cni's shim / "
-        f"the floor: creation {said(over, over_in, 'run')}, stop+remove {said(over, over_in, 'stop_remove')}"
+        f"{with_interval(mine['run'], mine_in['run'])}, stop+remove "
+        f"{with_interval(mine['stop_remove'], mine_in['stop_remove'])}; nri-cni's shim / the floor: creation "
+        f"{with_interval(over['run'], over_in['run'])}, stop+remove {with_interval(over['stop_remove'], over_in['stop_remove'])}"
     )
 
 
