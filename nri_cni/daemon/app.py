@@ -107,6 +107,7 @@ class Daemon:
             loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger)
         cfg = self.cfg
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self.pods.plan.intents.close)  # its file made ahead
             stack.push_async_callback(asyncio.to_thread, self.cni.cache.flush)  # the last ADDs' entries
             recovered = await self.pods.timers.recover()  # before anything serves
             if recovered:

@@ -4,7 +4,8 @@ Crash-safe small files (the CNI cache entries, the intent records): a reader, or
 after a crash, sees the old file or the new one, never a part of one: the data goes to a
 temporary file in the same directory, which is renamed over the target; `durable` adds the
 fsyncs (file, then directory) that make the result survive a power loss (`AtomicFile`,
-`write_atomic`, `fsync_dir`, `is_temporary`).
+`write_atomic`, `fsync_dir`, `is_temporary`). A file made ahead without a name (`Unnamed`)
+gets its name, data written, at once: a new name only, never over a file.
 
 What nri-cni creates or trusts:
 - `restrict_umask()`: the daemon adds 077 to whatever umask it inherited before it creates any
@@ -20,6 +21,7 @@ What nri-cni creates or trusts:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import os
@@ -152,6 +154,46 @@ class AtomicFile:
             os.unlink(self.tmp)
         except OSError:
             pass
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_AT_SYMLINK_FOLLOW = 0x400
+
+
+class Unnamed:
+    """An empty file made ahead in `directory` with O_TMPFILE: an inode in no directory, so
+    no listing shows it and the kernel frees it when its descriptor closes (a process killed
+    before publish() leaves nothing). publish() writes the data and links the file in under
+    its name (linkat through /proc/self/fd): the name appears with the whole data, as a
+    rename's would, and the inode's creation is not on the caller's path (ext4 beside a
+    runtime creating pods: 0.5-1 ms for a file created, 0.1-0.15 for a name linked).
+    Raises OSError: where the file system has no O_TMPFILE, and from publish() (then the file
+    is gone) when the name exists (a link never replaces a file) or the directory is gone."""
+
+    def __init__(self, directory: str, mode: int = FILE_MODE) -> None:
+        self.fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)
+
+    def publish(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view) :]
+            if durable:
+                os.fsync(self.fd)
+            source = f"/proc/self/fd/{self.fd}".encode()
+            if _libc.linkat(_AT_FDCWD, source, _AT_FDCWD, os.fsencode(path), _AT_SYMLINK_FOLLOW) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), path)
+        finally:
+            self.close()
+        if durable:
+            fsync_dir(os.path.dirname(path))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 def atomic_in(path: str, *dirs: str) -> AtomicFile:

@@ -4,6 +4,7 @@ written temp file is dropped; clearing twice is fine."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import threading
@@ -277,3 +278,143 @@ def test_after_start_up_only_the_records_the_store_holds_are_looked_at(tmp_path,
     (tmp_path / "intents" / "broken").write_text("{")
     assert fresh.load("broken") is None and fresh.load("broken") is None  # removed at the first look
     assert looked == ["broken"] and not (tmp_path / "intents" / "broken").exists()
+
+
+class _Made:
+    """files.Unnamed spied on: each file made ahead, and the errno to fail with."""
+
+    def __init__(self, monkeypatch, fail: int = 0) -> None:
+        self.files: list[files.Unnamed] = []
+        self.attempts = 0
+        real = files.Unnamed
+        spy = self
+
+        class Spied(real):
+            def __init__(self, directory: str) -> None:
+                spy.attempts += 1
+                if fail:
+                    raise OSError(fail, os.strerror(fail))
+                super().__init__(directory)
+                spy.files.append(self)
+
+        monkeypatch.setattr(files, "Unnamed", Spied)
+
+
+def _created(monkeypatch) -> list[str]:
+    """The records created the usual way (files.atomic_in), by name."""
+    names: list[str] = []
+    real = files.atomic_in
+    monkeypatch.setattr(
+        files, "atomic_in", lambda path, *dirs: names.append(os.path.basename(path)) or real(path, *dirs)
+    )
+    return names
+
+
+async def _landed(store: IntentStore) -> None:
+    """Until the worker making the next record's file is done (its callback ran on the loop)."""
+    while store._making:
+        await asyncio.sleep(0)
+
+
+def _everything(tmp_path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs)
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["on-the-loop", "control-no-loop"])
+def test_a_new_record_is_written_into_a_file_made_ahead_on_the_loop(tmp_path, monkeypatch, loop):
+    """The daemon's way: the first record is created as it is written (none made yet) and the
+    next one's file is made on a worker thread; the next new record is that file, given its
+    name, and another is made ahead. Nothing but the records shows in the state directory.
+    Control: without a loop (a tool) every record is created as written, none made ahead."""
+    made, created = _Made(monkeypatch), _created(monkeypatch)
+    store = IntentStore(str(tmp_path))
+    second = Intent("pod2", "/run/netns/x", [IntendedNetwork("n", "eth0", b"{}")])
+
+    async def writes() -> None:
+        store.write(Intent("pod1", "", []), durable=False)  # an ADD's: made durable by sync()
+        assert made.attempts == 0  # not beside the write: the plugin's spawn comes next
+        await store.sync("pod1")
+        await _landed(store)
+        assert made.attempts == 1 and _everything(tmp_path) == ["intents/pod1"]
+        store.write(second, durable=False)
+        await store.sync("pod2")
+        await _landed(store)
+
+    if loop:
+        asyncio.run(writes())
+        assert created == ["pod1"] and made.attempts == 2
+        assert made.files[0].fd == -1  # published: its descriptor let go
+        os.fstat(made.files[1].fd)  # the next one's, open
+    else:
+        store.write(Intent("pod1", "", []), durable=False)
+        store.write(second, durable=False)
+        assert created == ["pod1", "pod2"] and made.attempts == 0
+    assert store.load("pod2") == second and store.pod_ids() == ["pod1", "pod2"]
+    assert _everything(tmp_path) == ["intents/pod1", "intents/pod2"]
+    assert oct(os.stat(tmp_path / "intents" / "pod2").st_mode & 0o777) == "0o600"
+    store.close()
+
+
+def test_a_record_rewritten_replaces_the_old_one_the_usual_way(tmp_path, monkeypatch):
+    """A rollback rewrites its pod's record: the file made ahead cannot take a name that exists,
+    so the record is created and renamed over the old one, and another file is made ahead.
+    Control: a new record, next, is written into that file."""
+    made, created = _Made(monkeypatch), _created(monkeypatch)
+    store = IntentStore(str(tmp_path))
+    rewritten = Intent("pod1", "", [], rollback_error="DEL failed")
+
+    async def writes() -> None:
+        store.write(Intent("pod1", "", []))  # durable at once (a rollback's way)
+        await _landed(store)
+        store.write(rewritten)
+        await _landed(store)
+        store.write(Intent("pod2", "", []))
+        await _landed(store)
+
+    asyncio.run(writes())
+    assert store.load("pod1") == rewritten and store.load("pod2") == Intent("pod2", "", [])
+    assert created == ["pod1", "pod1"] and made.attempts == 3
+    assert [f.fd for f in made.files[:2]] == [-1, -1]  # the one refused is let go too
+    assert _everything(tmp_path) == ["intents/pod1", "intents/pod2"]
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "fail, attempts",
+    [(errno.EOPNOTSUPP, 1), (errno.EISDIR, 1), (errno.EMFILE, 3)],
+    ids=["no-O_TMPFILE", "old-kernel", "control-out-of-descriptors-tries-again"],
+)
+def test_a_file_system_without_files_made_ahead_is_not_asked_again(tmp_path, monkeypatch, fail, attempts):
+    """Where the file system has no O_TMPFILE every record is created as it is written and no
+    worker tries again; any other failure is tried again at the next record."""
+    made, created = _Made(monkeypatch, fail=fail), _created(monkeypatch)
+    store = IntentStore(str(tmp_path))
+
+    async def writes() -> None:
+        for pod in ("pod1", "pod2", "pod3"):
+            store.write(Intent(pod, "", []), durable=False)
+            await store.sync(pod)
+            await _landed(store)
+
+    asyncio.run(writes())
+    assert made.attempts == attempts and created == ["pod1", "pod2", "pod3"]
+    assert store.pod_ids() == ["pod1", "pod2", "pod3"]
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["made-before-close", "landing-after-close"])
+def test_close_lets_the_file_made_ahead_go_and_makes_none_after(tmp_path, monkeypatch, landed):
+    made = _Made(monkeypatch)
+    store = IntentStore(str(tmp_path))
+
+    async def main() -> None:
+        store.write(Intent("pod1", "", []))
+        if landed:
+            await _landed(store)
+        store.close()
+        await _landed(store)
+        store.write(Intent("pod2", "", []))  # the usual way: nothing made ahead
+        await _landed(store)
+
+    asyncio.run(main())
+    assert made.attempts == 1 and made.files[0].fd == -1
+    assert _everything(tmp_path) == ["intents/pod1", "intents/pod2"]
