@@ -5,7 +5,8 @@ compact, nested maps with sorted keys, <>& escaped, config as base64), so contai
 cnitool and nri-cni can read each other's entries. Unlike libcni the write is atomic (temp
 file, rename): a reader never sees half an entry. It is durable too (fsync of the file and
 the directory), either before write() returns or, for the ADD path, right after via sync().
-Keys are read case-insensitively, as Go does (ocicni writes "containerID").
+Keys are read case-insensitively, as Go does (ocicni writes "containerID"). The daemon's
+deletes go through <cache_dir>/results-deleted/ (`remove_soon`, files.remove_soon).
 """
 
 from __future__ import annotations
@@ -167,9 +168,13 @@ class CacheEntry:
 
 
 class ResultCache:
-    def __init__(self, cache_dir: str = DEFAULT_CACHE_DIR) -> None:
+    def __init__(self, cache_dir: str = DEFAULT_CACHE_DIR, *, remove_soon: bool = False) -> None:
+        """`remove_soon`: the daemon's (its loop outlives a delete): an entry is renamed into
+        `deleted_dir`, unlinked there later. A tool's (the dir may be libcni's): at once."""
         self.cache_dir = cache_dir
         self.results_dir = os.path.join(cache_dir, "results")
+        self.deleted_dir = os.path.join(cache_dir, "results-deleted")
+        self.remove_soon = remove_soon
         self._syncer: _Syncer | None = None
 
     def path(self, network: str, container_id: str, ifname: str) -> str:
@@ -304,10 +309,9 @@ class ResultCache:
             out.append(entry)
         return out
 
-    @staticmethod
-    def _unlink(path: str) -> None:
+    def _unlink(self, path: str) -> None:
         try:
-            os.unlink(path)
+            files.remove_soon(path, self.deleted_dir) if self.remove_soon else os.unlink(path)
         except FileNotFoundError:
             pass
         except OSError as exc:

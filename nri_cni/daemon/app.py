@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from nri_cni.cni.cache import ResultCache
 from nri_cni.cni.exec import PluginExecutor
 from nri_cni.cni.runtime import CNIRuntime
 from nri_cni.config import Config, ConfigSource
@@ -107,7 +108,8 @@ class Daemon:
             loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger)
         cfg = self.cfg
         async with contextlib.AsyncExitStack() as stack:
-            stack.callback(self.pods.plan.intents.close)  # its file made ahead
+            stack.callback(self.pods.plan.intents.close)  # its file made ahead, its cleared records
+            stack.callback(files.empty, self.cni.cache.deleted_dir)  # entries deleted, their unlink due
             stack.push_async_callback(asyncio.to_thread, self.cni.cache.flush)  # the last ADDs' entries
             recovered = await self.pods.timers.recover()  # before anything serves
             if recovered:
@@ -206,7 +208,7 @@ def build_daemon(cfg: Config) -> Daemon:
     health = HealthBook()  # each pod's verdict: the pod service writes it, reports and metrics read
     cni = CNIRuntime(
         list(cfg.cni.bin_dirs),
-        cfg.cni.cache_dir,
+        cache=ResultCache(cfg.cni.cache_dir, remove_soon=True),
         exec_timeout=cfg.cni.plugin_timeout,
         pass_env=cfg.cni.plugin_env,
         executor=PluginExecutor(trust_files=cfg.trust_files),
@@ -244,7 +246,7 @@ def build_daemon(cfg: Config) -> Daemon:
     plan = PodPlan(
         source,
         cni,
-        intents=IntentStore(cfg.state_dir),  # state_dir is read at start-up only
+        intents=IntentStore(cfg.state_dir, remove_soon=True),  # state_dir is read at start-up only
         finalized=FinalizedMarks(cfg.state_dir),
         sink=OperationTee(metrics, containers),
         inspector=pod_inspector,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
-import itertools
 import json
 import logging
 import os
@@ -72,11 +71,12 @@ class Intent:
 
 
 class IntentStore:
-    """`intents/` holds the records. A record is cleared by a rename into `intents-cleared/`,
-    its file unlinked there on a worker thread: an unlink on a pod's path waited for the file
-    system (0.3-0.8 ms, strace -T of the daemon beside CRI-O's pods, where a rename took 0.05),
-    and the clear is the ADD's last step before its answer. Start-up removes what a kill left
-    there (`load_all`).
+    """`intents/` holds the records. In the daemon (`remove_soon`) a record is cleared by a
+    rename into `intents-cleared/`, its file unlinked there on a worker thread a moment later
+    (files.remove_soon): an unlink on a pod's path waited for the file system (0.3-0.8 ms,
+    strace -T of the daemon beside CRI-O's pods, where a rename took 0.05), and the clear is the
+    ADD's last step before its answer. Start-up removes what a kill left there (`load_all`),
+    the daemon's stop what is still due (`close`). Elsewhere (a tool) it is unlinked at once.
 
     A new record is written into a file made ahead (files.Unnamed: no name until it is the
     record, nothing left by a kill) on a worker thread once the record before it is durable
@@ -87,9 +87,10 @@ class IntentStore:
     while none is ready goes the usual way (files.AtomicFile), as does every record where the
     file system makes none (no O_TMPFILE)."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, *, remove_soon: bool = False) -> None:
         self.dir = os.path.join(state_dir, "intents")
         self.cleared_dir = os.path.join(state_dir, "intents-cleared")
+        self.remove_soon = remove_soon
         self._checked = False  # the directory made private, or fixed, by this store's first write
         # the pods with a record, known once load_all() read the directory (start-up, before
         # anything is served): from then on only this store writes and clears records, so a
@@ -176,11 +177,13 @@ class IntentStore:
             self._ahead = made.result()
 
     def close(self) -> None:
-        """The file made ahead is let go, and none is made any more (the daemon stops)."""
+        """The daemon stops: the file made ahead is let go, none is made any more, and the
+        cleared records whose unlink is still due go now."""
         self._no_ahead = True
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.close()
+        files.empty(self.cleared_dir)
 
     async def sync(self, pod_id: str) -> None:
         """Makes a record written with durable=False durable: the file and its rename, both
@@ -197,17 +200,11 @@ class IntentStore:
 
     def clear(self, pod_id: str) -> None:
         path = self._path(pod_id)
-        gone = os.path.join(self.cleared_dir, f"{os.path.basename(path)}.{os.getpid()}.{next(_cleared)}")
-        try:
-            os.rename(path, gone)  # the record is gone at once; its file a moment later
-        except FileNotFoundError:
-            if not os.path.exists(path):
-                self._held.discard(pod_id)
-                return  # nothing to clear
-            files.private_dir(self.cleared_dir)  # the first clear since it was made (or removed)
-            os.rename(path, gone)
-        self._held.discard(pod_id)  # after the rename: a clear that failed leaves it held
-        _unlink_later(gone)
+        if self.remove_soon:  # the record is gone at once (a rename); its file a moment later
+            files.remove_soon(path, self.cleared_dir)
+        else:
+            _unlink(path)
+        self._held.discard(pod_id)  # after: a clear that failed leaves it held
 
     def pod_ids(self) -> list[str]:
         """Pods with a record (cheap: a directory listing); each is held from then on, so that
@@ -230,8 +227,7 @@ class IntentStore:
         return intent
 
     def load_all(self) -> list[Intent]:
-        for name in _listing(self.cleared_dir):  # cleared, not yet unlinked when a kill came
-            _unlink(os.path.join(self.cleared_dir, name))
+        files.empty(self.cleared_dir)  # cleared, not yet unlinked when a kill came
         out = []
         held = set()
         for name in sorted(_listing(self.dir)):
@@ -279,32 +275,11 @@ class IntentStore:
             return None
 
 
-_cleared = itertools.count()
-
-
 def _listing(directory: str) -> list[str]:
     try:
         return os.listdir(directory)
     except FileNotFoundError:
         return []
-
-
-def _unlink_later(path: str) -> None:
-    """`path` unlinked on a worker thread, off the pod's path; now where no event loop runs
-    (tools). A failure is logged: the record is cleared already."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        _unlink_logged(path)
-        return
-    loop.run_in_executor(None, _unlink_logged, path)
-
-
-def _unlink_logged(path: str) -> None:
-    try:
-        _unlink(path)
-    except OSError as exc:
-        log.warning("intent records: cannot remove %s: %s", path, exc.strerror or exc)
 
 
 def _fsync_file(path: str) -> None:

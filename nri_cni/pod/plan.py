@@ -271,8 +271,8 @@ class PodPlan:
         return await self.upkeep.reap(pod_id)
 
     def interrupted(self) -> list[Intent]:
-        """Start-up: the ADDs a crash interrupted (and the cache's temp files go)."""
-        self.upkeep.sweep_cache_temp_files()
+        """Start-up: the ADDs a crash interrupted (and the cache's leftovers go: temp files, deleted entries)."""
+        self.upkeep.sweep_cache_leftovers()
         return self.intents.load_all()
 
     async def recover(self, intent: Intent) -> None:

@@ -33,6 +33,7 @@ from nri_cni.pod.locks import PodLocks
 from nri_cni.pod.model import K8S_POD_NAME, K8S_POD_NAMESPACE, PodInfo
 from nri_cni.pod.oprecord import GcReport, OperationLog, OpRecord
 from nri_cni.pod.rollback import Rollback
+from nri_cni.safety import files
 from nri_cni.safety.files import is_temporary
 from nri_cni.safety.validate import is_valid_id
 
@@ -289,10 +290,11 @@ class Upkeep:
                 len(intent.networks),
             )
 
-    def sweep_cache_temp_files(self) -> None:
+    def sweep_cache_leftovers(self) -> None:
         """Drop the cache's temp files a crash in the middle of a cache write left behind
         (fsutil.write_atomic's; only this process writes nri-cni's cache dir, and at start-up
-        nothing is being written yet)."""
+        nothing is being written yet), and the entries deleted but not yet unlinked."""
+        files.empty(self.cni.cache.deleted_dir)
         results = self.cni.cache.results_dir
         try:
             names = os.listdir(results)

@@ -4,6 +4,7 @@ pytest-asyncio here) and sockets."""
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -43,3 +44,10 @@ def on_a_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+async def emptied(directory: str | os.PathLike[str]) -> None:
+    """Until `directory` lists nothing (a worker thread's unlinks are done), on the loop that
+    scheduled them: what nri_cni.safety.files.remove_soon leaves in its trash a moment."""
+    while os.path.isdir(directory) and os.listdir(directory):
+        await asyncio.sleep(0.001)

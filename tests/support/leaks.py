@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,12 @@ from tests.support.firewall import IPT_TARGET, NFT_TARGET, iptables_lines, marke
 from tests.support.hostlocal import HOST_LOCAL_BOOKKEEPING
 from tests.support.names import NetTestError
 from tests.support.netns import NETNS_DIR, LinkInfo, Netns, list_links, netnsid_of
+
+# Where nri-cni's daemon renames a file it removes, to unlink it there on a worker thread a
+# moment later (nri_cni/safety/files.py remove_soon): the cache's deleted entries, the cleared
+# intent records. A file there is a leak only if it stays; TRASH_WAIT bounds the wait for it.
+TRASH_DIRS = ("results-deleted", "intents-cleared")
+TRASH_WAIT = 60.0
 
 
 def list_files(root: str | os.PathLike) -> set[str]:
@@ -151,6 +158,7 @@ class LeakChecker:
         """Human-readable leaks; empty when the test left nothing behind."""
         if self.base is None:
             raise NetTestError("LeakChecker.leaks() before start()")
+        self._wait_for_trash()
         now = self.snapshot()
         out: list[str] = []
         for name in sorted(self.host_links):
@@ -182,6 +190,18 @@ class LeakChecker:
                 if rx.search(line):
                     out.append(f"nft: {line}")
         return out
+
+    def _wait_for_trash(self) -> None:
+        """Until no new file of the tracked directories is in a TRASH_DIRS directory (the
+        daemon's worker unlinks it), or TRASH_WAIT passed (then it is reported)."""
+        assert self.base is not None
+        base = self.base.files
+        deadline = time.monotonic() + TRASH_WAIT
+        while time.monotonic() < deadline:
+            new = (f for d in self.dirs for f in list_files(d) - base.get(d, set()))
+            if not any(set(f.split(os.sep)[:-1]).intersection(TRASH_DIRS) for f in new):
+                return
+            time.sleep(0.01)
 
     def assert_clean(self) -> None:
         leaks = self.leaks()

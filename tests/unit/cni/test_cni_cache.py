@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -13,6 +14,7 @@ import pytest
 
 from nri_cni.cni.cache import CacheEntry, CorruptEntry, ResultCache
 from nri_cni.errors import CniCode, CNIError, ConfigError
+from tests.support.aio import emptied
 from tests.support.golden_cache import GOLDEN, golden_entry
 
 
@@ -681,3 +683,40 @@ def test_a_missing_cache_dir_is_made_private_with_its_results_dir(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / "cache" / "results").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize(
+    "soon, loop",
+    [(True, True), (False, True), (True, False)],
+    ids=["daemon", "control-a-tool-on-a-loop", "control-no-loop"],
+)
+def test_a_deleted_entry_leaves_results_at_once_and_its_trash_empties(tmp_path, soon, loop, caplog):
+    """The daemon's cache (remove_soon) on its event loop renames a deleted entry into
+    results-deleted/ and has it unlinked there later, off the loop: results/ lists nothing the
+    moment delete() returns. A tool's cache (its loop ends with its call; the cache dir may be
+    libcni's), or no loop, unlinks it in the call and makes no results-deleted/. A file that
+    cannot leave is warned about, and stays."""
+    cache = ResultCache(str(tmp_path), remove_soon=soon)
+    cache.write(golden_entry())
+
+    async def delete() -> list[str]:
+        cache.delete("nct-golden", "c0ffee", "eth0")
+        listed = os.listdir(cache.results_dir)
+        if soon:
+            assert len(os.listdir(cache.deleted_dir)) == 1
+        await asyncio.wait_for(emptied(cache.deleted_dir), 60)
+        return listed
+
+    if loop:
+        assert asyncio.run(delete()) == []
+    else:
+        cache.delete("nct-golden", "c0ffee", "eth0")
+    assert os.path.exists(cache.deleted_dir) == (soon and loop)
+    if soon and loop:
+        assert os.listdir(cache.deleted_dir) == []
+    assert os.listdir(cache.results_dir) == [] and cache.read("nct-golden", "c0ffee", "eth0") is None
+    os.makedirs(cache.path("nct-golden", "c0ffee", "eth0"))  # a directory where the entry was
+    with caplog.at_level(logging.WARNING):
+        cache.delete("nct-golden", "c0ffee", "eth0")
+    assert "cannot remove CNI cache file" in caplog.text
+    assert os.listdir(cache.results_dir) == ["nct-golden-c0ffee-eth0"]

@@ -12,11 +12,10 @@ import threading
 import pytest
 
 from nri_cni.errors import Kind, NriCniError
-from nri_cni.pod import intents
 from nri_cni.pod.intents import IntendedNetwork, Intent, IntentStore
 from nri_cni.safety import files
 from nri_cni.safety.validate import InvalidInput
-from tests.support.aio import on_a_loop
+from tests.support.aio import emptied, on_a_loop
 
 
 def test_intent_round_trip_and_damaged_records(tmp_path):
@@ -159,45 +158,55 @@ def test_load_all_removes_a_half_written_record_and_reads_the_rest(tmp_path):
     assert sorted(os.listdir(tmp_path / "intents")) == ["pod1", "pod2.tmp"]
 
 
-@pytest.mark.parametrize("loop", [True, False], ids=["on-the-loop", "control-no-loop"])
-def test_a_record_is_cleared_by_a_rename_and_unlinked_off_the_loop(tmp_path, monkeypatch, loop):
-    """On the event loop (a pod's ADD) the clear renames the record into intents-cleared/ (it
-    is gone from intents/ at once: no load, no pod id) and its file is unlinked there on a worker
-    thread (held here until the directories were looked at). Control: without a loop (a tool)
-    the unlink runs in the call."""
-    store = IntentStore(str(tmp_path))
+@pytest.mark.parametrize(
+    "soon, loop",
+    [(True, True), (False, True), (True, False)],
+    ids=["daemon", "control-a-tool-on-a-loop", "control-no-loop"],
+)
+def test_a_record_is_cleared_at_once_and_its_file_unlinked_off_the_loop(tmp_path, monkeypatch, soon, loop):
+    """The daemon's store (remove_soon) on its event loop (a pod's ADD) clears a record by a
+    rename into intents-cleared/ (it is gone from intents/ at once: no load, no pod id), and its
+    file is unlinked there by a worker thread later (files.remove_soon; held here until the
+    directories were looked at). Controls: a tool's store, or no loop: the record is unlinked
+    in the call, and no intents-cleared/ is made."""
+    store = IntentStore(str(tmp_path), remove_soon=soon)
     store.write(Intent("pod1", "", []))
     unlinked: list[tuple[str, bool]] = []
     looked = threading.Event()
-    real = intents._unlink
+    real = files._unlink_logged
 
     def spy(path: str) -> None:
         unlinked.append((os.path.basename(path), on_a_loop()))
-        if loop and not on_a_loop():  # a worker's: it waits (on the loop it would hang the test)
-            looked.wait()
+        looked.wait()
         real(path)
 
-    monkeypatch.setattr(intents, "_unlink", spy)
+    monkeypatch.setattr(files, "_unlink_logged", spy)
 
     async def clear() -> list[str]:
         store.clear("pod1")
         assert os.listdir(tmp_path / "intents") == []
-        left = os.listdir(tmp_path / "intents-cleared")
+        left = os.listdir(tmp_path / "intents-cleared") if soon else []
         assert store.load("pod1") is None and store.pod_ids() == []
         looked.set()
-        await asyncio.get_running_loop().shutdown_default_executor()
+        await asyncio.wait_for(emptied(tmp_path / "intents-cleared"), 60)
         return left
 
     if loop:
         left = asyncio.run(clear())
+    else:
+        looked.set()  # never waited for: nothing runs on a worker
+        store.clear("pod1")
+        left = []
+        assert store.load("pod1") is None and store.pod_ids() == []
+    if soon and loop:
         assert len(left) == 1 and left[0].startswith("pod1.")
         assert unlinked == [(left[0], False)]
+        assert os.listdir(tmp_path / "intents-cleared") == []
     else:
-        store.clear("pod1")
-        assert len(unlinked) == 1 and unlinked[0][0].startswith("pod1.")
-    assert os.listdir(tmp_path / "intents") == os.listdir(tmp_path / "intents-cleared") == []
+        assert unlinked == [] and not (tmp_path / "intents-cleared").exists()
+    assert os.listdir(tmp_path / "intents") == []
     store.clear("pod1")  # nothing left to clear: no error, nothing unlinked
-    assert len(unlinked) == 1
+    assert len(unlinked) == (1 if soon and loop else 0)
 
 
 def test_a_record_cleared_but_not_yet_unlinked_is_no_record_at_start_up(tmp_path):
@@ -321,11 +330,12 @@ def _everything(tmp_path) -> list[str]:
 
 
 @pytest.mark.parametrize("loop", [True, False], ids=["on-the-loop", "control-no-loop"])
-def test_a_new_record_is_written_into_a_file_made_ahead_on_the_loop(tmp_path, monkeypatch, loop):
+def test_a_new_record_is_written_into_a_file_made_ahead_on_the_loop(tmp_path, monkeypatch, fsynced, loop):
     """The daemon's way: the first record is created as it is written (none made yet) and the
     next one's file is made on a worker thread; the next new record is that file, given its
-    name, and another is made ahead. Nothing but the records shows in the state directory.
-    Control: without a loop (a tool) every record is created as written, none made ahead."""
+    name (not fsynced: its sync() does that), and another is made ahead, one at a time.
+    Nothing but the records shows in the state directory. Control: without a loop (a tool)
+    every record is created as written, none made ahead."""
     made, created = _Made(monkeypatch), _created(monkeypatch)
     store = IntentStore(str(tmp_path))
     second = Intent("pod2", "/run/netns/x", [IntendedNetwork("n", "eth0", b"{}")])
@@ -335,8 +345,12 @@ def test_a_new_record_is_written_into_a_file_made_ahead_on_the_loop(tmp_path, mo
         assert made.attempts == 0  # not beside the write: the plugin's spawn comes next
         await store.sync("pod1")
         await _landed(store)
+        await store.sync("pod1")  # one made ahead already: no other
+        await _landed(store)
         assert made.attempts == 1 and _everything(tmp_path) == ["intents/pod1"]
+        fsynced.clear()
         store.write(second, durable=False)
+        assert fsynced == []
         await store.sync("pod2")
         await _landed(store)
 
@@ -348,7 +362,7 @@ def test_a_new_record_is_written_into_a_file_made_ahead_on_the_loop(tmp_path, mo
     else:
         store.write(Intent("pod1", "", []), durable=False)
         store.write(second, durable=False)
-        assert created == ["pod1", "pod2"] and made.attempts == 0
+        assert created == ["pod1", "pod2"] and made.attempts == 0 and fsynced == []
     assert store.load("pod2") == second and store.pod_ids() == ["pod1", "pod2"]
     assert _everything(tmp_path) == ["intents/pod1", "intents/pod2"]
     assert oct(os.stat(tmp_path / "intents" / "pod2").st_mode & 0o777) == "0o600"
@@ -404,17 +418,20 @@ def test_a_file_system_without_files_made_ahead_is_not_asked_again(tmp_path, mon
 @pytest.mark.parametrize("landed", [True, False], ids=["made-before-close", "landing-after-close"])
 def test_close_lets_the_file_made_ahead_go_and_makes_none_after(tmp_path, monkeypatch, landed):
     made = _Made(monkeypatch)
-    store = IntentStore(str(tmp_path))
+    store = IntentStore(str(tmp_path), remove_soon=True)
 
     async def main() -> None:
         store.write(Intent("pod1", "", []))
         if landed:
             await _landed(store)
+        store.clear("pod1")  # its unlink is due in UNLINK_AFTER: close() does it now
+        assert len(os.listdir(tmp_path / "intents-cleared")) == 1
         store.close()
+        assert os.listdir(tmp_path / "intents-cleared") == []
         await _landed(store)
         store.write(Intent("pod2", "", []))  # the usual way: nothing made ahead
         await _landed(store)
 
     asyncio.run(main())
     assert made.attempts == 1 and made.files[0].fd == -1
-    assert _everything(tmp_path) == ["intents/pod1", "intents/pod2"]
+    assert _everything(tmp_path) == ["intents/pod2"]

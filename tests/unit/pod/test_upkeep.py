@@ -223,13 +223,18 @@ def test_sweep_drops_the_temp_files_of_other_processes_only(tmp_path):
     for name in names:
         with open(os.path.join(results, name), "w") as f:
             f.write("{}")
-    node.upkeep.sweep_cache_temp_files()
+    deleted = node.cni.cache.deleted_dir  # entries deleted, not yet unlinked when a kill came
+    os.makedirs(deleted)
+    with open(os.path.join(deleted, "net-a-y-eth0.999.3"), "w") as f:
+        f.write("{}")
+    node.upkeep.sweep_cache_leftovers()
     assert sorted(os.listdir(results)) == sorted(n for n, kept in names.items() if kept)
+    assert os.listdir(deleted) == []
 
 
 def test_sweep_without_a_cache_dir_does_nothing(tmp_path):
     node = Node(tmp_path)
-    node.upkeep.sweep_cache_temp_files()
+    node.upkeep.sweep_cache_leftovers()
     assert not os.path.exists(node.cni.cache.results_dir)
 
 
