@@ -696,7 +696,8 @@ def test_a_deleted_entry_leaves_results_at_once_and_its_trash_empties(tmp_path, 
     moment delete() returns. A tool's cache (its loop ends with its call; the cache dir may be
     libcni's), or no loop, unlinks it in the call and makes no results-deleted/. A file that
     cannot leave is warned about, and stays."""
-    cache = ResultCache(str(tmp_path), remove_soon=soon)
+    cache = ResultCache(str(tmp_path), remove_soon=True) if soon else ResultCache(str(tmp_path))
+    assert cache.deleted_dir == str(tmp_path / "results-deleted")  # docs/reliability.md, the leak checker
     cache.write(golden_entry())
 
     async def delete() -> list[str]:
