@@ -134,11 +134,7 @@ class AtomicFile:
     def commit(self, data: bytes, *, durable: bool = True) -> None:
         """Raises OSError (ENOSPC, EIO...) and then leaves no temporary file behind."""
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view) :]
-            if durable:
-                os.fsync(self.fd)
+            _write_all(self.fd, data, durable=durable)
             fd, self.fd = self.fd, -1
             os.close(fd)
             os.rename(self.tmp, self.path)
@@ -156,6 +152,14 @@ class AtomicFile:
             os.unlink(self.tmp)
         except OSError:
             pass
+
+
+def _write_all(fd: int, data: bytes, *, durable: bool) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    if durable:
+        os.fsync(fd)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -178,11 +182,7 @@ class Unnamed:
 
     def publish(self, path: str, data: bytes, *, durable: bool = True) -> None:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view) :]
-            if durable:
-                os.fsync(self.fd)
+            _write_all(self.fd, data, durable=durable)
             source = f"/proc/self/fd/{self.fd}".encode()
             if _libc.linkat(_AT_FDCWD, source, _AT_FDCWD, os.fsencode(path), _AT_SYMLINK_FOLLOW) != 0:
                 err = ctypes.get_errno()
