@@ -174,7 +174,7 @@ class ResultCache:
         self.cache_dir = cache_dir
         self.results_dir = os.path.join(cache_dir, "results")
         self.deleted_dir = os.path.join(cache_dir, "results-deleted")
-        self.remove_soon = remove_soon
+        self._trash = self.deleted_dir if remove_soon else ""  # files.remove_soon's
         self._syncer: _Syncer | None = None
 
     def path(self, network: str, container_id: str, ifname: str) -> str:
@@ -311,9 +311,7 @@ class ResultCache:
 
     def _unlink(self, path: str) -> None:
         try:
-            files.remove_soon(path, self.deleted_dir) if self.remove_soon else os.unlink(path)
-        except FileNotFoundError:
-            pass
+            files.remove_soon(path, self._trash)
         except OSError as exc:
             log.warning("cannot remove CNI cache file %s: %s", path, exc.strerror)
 

@@ -90,7 +90,7 @@ class IntentStore:
     def __init__(self, state_dir: str, *, remove_soon: bool = False) -> None:
         self.dir = os.path.join(state_dir, "intents")
         self.cleared_dir = os.path.join(state_dir, "intents-cleared")
-        self.remove_soon = remove_soon
+        self._trash = self.cleared_dir if remove_soon else ""  # files.remove_soon's
         self._checked = False  # the directory made private, or fixed, by this store's first write
         # the pods with a record, known once load_all() read the directory (start-up, before
         # anything is served): from then on only this store writes and clears records, so a
@@ -199,11 +199,8 @@ class IntentStore:
             self._make_ahead()
 
     def clear(self, pod_id: str) -> None:
-        path = self._path(pod_id)
-        if self.remove_soon:  # the record is gone at once (a rename); its file a moment later
-            files.remove_soon(path, self.cleared_dir)
-        else:
-            _unlink(path)
+        # the daemon's: the record is gone at once (a rename), its file a moment later
+        files.remove_soon(self._path(pod_id), self._trash)
         self._held.discard(pod_id)  # after: a clear that failed leaves it held
 
     def pod_ids(self) -> list[str]:

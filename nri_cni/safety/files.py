@@ -206,16 +206,17 @@ UNLINK_AFTER = 0.01  # seconds
 
 
 def remove_soon(path: str, trash: str) -> bool:
-    """Removes `path`; False when there was none. Where an event loop runs (the daemon), the
-    file leaves its directory at once by a rename into `trash` (on the same file system, made
-    private when missing) and is unlinked there on a worker thread UNLINK_AFTER later: an
-    unlink waited for the file system (0.3-0.8 ms beside a runtime creating pods, strace -T; a
-    rename 0.02-0.05) on the pod's path before its answer. Elsewhere (a tool) it is unlinked in
-    the call, and no `trash` is made. What a kill (or the loop's end) leaves in `trash` is
-    `empty`'s (start-up). Raises OSError when the file cannot be removed."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    """Removes `path`; False when there was none. Given a `trash` directory (the daemon's
+    stores: their event loop outlives the call) and on a running loop, the file leaves its
+    directory at once by a rename into `trash` (on the same file system, made private when
+    missing) and is unlinked there on a worker thread UNLINK_AFTER later: an unlink waited for
+    the file system (0.3-0.8 ms beside a runtime creating pods, strace -T; a rename 0.02-0.05)
+    on the pod's path before its answer. With `trash` "" (a tool: its loop ends with its call,
+    and the directory may be libcni's) or no loop it is unlinked in the call, and no trash is
+    made. What a kill (or the loop's end) leaves in `trash` is `empty`'s (start-up). Raises
+    OSError when the file cannot be removed."""
+    loop = _running_loop() if trash else None
+    if loop is None:
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -231,6 +232,13 @@ def remove_soon(path: str, trash: str) -> bool:
         os.rename(path, gone)
     loop.call_later(UNLINK_AFTER, _unlink_off, loop, gone)
     return True
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _unlink_off(loop: asyncio.AbstractEventLoop, path: str) -> None:
