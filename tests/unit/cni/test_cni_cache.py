@@ -690,12 +690,15 @@ def test_a_missing_cache_dir_is_made_private_with_its_results_dir(tmp_path):
     [(True, True), (False, True), (True, False)],
     ids=["daemon", "control-a-tool-on-a-loop", "control-no-loop"],
 )
-def test_a_deleted_entry_leaves_results_at_once_and_its_trash_empties(tmp_path, soon, loop, caplog):
+def test_a_deleted_entry_leaves_results_at_once_and_its_trash_empties(
+    tmp_path, monkeypatch, soon, loop, caplog
+):
     """The daemon's cache (remove_soon) on its event loop renames a deleted entry into
     results-deleted/ and has it unlinked there later, off the loop: results/ lists nothing the
     moment delete() returns. A tool's cache (its loop ends with its call; the cache dir may be
     libcni's), or no loop, unlinks it in the call and makes no results-deleted/. A file that
     cannot leave is warned about, and stays."""
+    monkeypatch.chdir(tmp_path)
     cache = ResultCache(str(tmp_path), remove_soon=True) if soon else ResultCache(str(tmp_path))
     assert cache.deleted_dir == str(tmp_path / "results-deleted")  # docs/reliability.md, the leak checker
     cache.write(golden_entry())
@@ -713,6 +716,7 @@ def test_a_deleted_entry_leaves_results_at_once_and_its_trash_empties(tmp_path, 
     else:
         cache.delete("nct-golden", "c0ffee", "eth0")
     assert os.path.exists(cache.deleted_dir) == (soon and loop)
+    assert sorted(os.listdir(os.getcwd())) == ["results", "results-deleted"][: 2 if soon and loop else 1]
     if soon and loop:
         assert os.listdir(cache.deleted_dir) == []
     assert os.listdir(cache.results_dir) == [] and cache.read("nct-golden", "c0ffee", "eth0") is None

@@ -169,6 +169,7 @@ def test_a_record_is_cleared_at_once_and_its_file_unlinked_off_the_loop(tmp_path
     file is unlinked there by a worker thread later (files.remove_soon; held here until the
     directories were looked at). Controls: a tool's store, or no loop: the record is unlinked
     in the call, and no intents-cleared/ is made."""
+    monkeypatch.chdir(tmp_path)
     store = IntentStore(str(tmp_path), remove_soon=True) if soon else IntentStore(str(tmp_path))
     store.write(Intent("pod1", "", []))
     unlinked: list[tuple[str, bool]] = []
@@ -204,6 +205,7 @@ def test_a_record_is_cleared_at_once_and_its_file_unlinked_off_the_loop(tmp_path
         assert os.listdir(tmp_path / "intents-cleared") == []
     else:
         assert unlinked == [] and not (tmp_path / "intents-cleared").exists()
+        assert os.listdir(os.getcwd()) == ["intents"]  # no trash anywhere (cwd: tmp_path)
     assert os.listdir(tmp_path / "intents") == []
     store.clear("pod1")  # nothing left to clear: no error, nothing unlinked
     assert len(unlinked) == (1 if soon and loop else 0)
