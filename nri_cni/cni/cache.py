@@ -309,6 +309,10 @@ class ResultCache:
             out.append(entry)
         return out
 
+    def close(self) -> None:
+        """The daemon stops: the deleted entries whose unlink is still due go now."""
+        files.empty(self.deleted_dir)
+
     def _unlink(self, path: str) -> None:
         try:
             files.remove_soon(path, self._trash)

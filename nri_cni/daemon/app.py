@@ -109,7 +109,7 @@ class Daemon:
         cfg = self.cfg
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self.pods.plan.intents.close)  # its file made ahead, its cleared records
-            stack.callback(files.empty, self.cni.cache.deleted_dir)  # entries deleted, their unlink due
+            stack.callback(self.cni.cache.close)  # entries deleted, their unlink due
             stack.push_async_callback(asyncio.to_thread, self.cni.cache.flush)  # the last ADDs' entries
             recovered = await self.pods.timers.recover()  # before anything serves
             if recovered:

@@ -725,3 +725,16 @@ def test_a_deleted_entry_leaves_results_at_once_and_its_trash_empties(
         cache.delete("nct-golden", "c0ffee", "eth0")
     assert "cannot remove CNI cache file" in caplog.text
     assert os.listdir(cache.results_dir) == ["nct-golden-c0ffee-eth0"]
+
+
+def test_close_unlinks_the_deleted_entries_still_due_and_leaves_the_entries_alone(tmp_path):
+    """The daemon's stop: what waits in results-deleted/ for its unlink goes; the control, a
+    live entry in results/, stays. A cache that never deleted anything closes too."""
+    cache = ResultCache(str(tmp_path), remove_soon=True)
+    cache.close()  # no results-deleted/ yet
+    cache.write(golden_entry())
+    os.makedirs(cache.deleted_dir)
+    Path(cache.deleted_dir, "nct-golden-0ddba11-eth0.1.0").write_bytes(b"{}")
+    cache.close()
+    assert os.listdir(cache.deleted_dir) == []
+    assert os.listdir(cache.results_dir) == ["nct-golden-c0ffee-eth0"]
